@@ -1,0 +1,111 @@
+/*
+ * libh3 — native inference engine for MiniMax-H3 (joint video + stereo-audio diffusion).
+ *
+ * This is the only header other programs include. Everything declared here is exported from
+ * the shared library and works; nothing is declared ahead of its implementation.
+ *
+ * Conventions
+ *  - Functions that can fail return 0 on success and a negative H3_E* code on failure (or NULL
+ *    for constructors). The message of the most recent failure on the calling thread is returned
+ *    by h3_last_error(); it names the file and the problem in one line.
+ *  - A context (h3_ctx) is not thread-safe: use one context per thread, or serialise calls.
+ *  - All tensors crossing the API are dense, row-major, little-endian.
+ */
+#ifndef H3_H
+#define H3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define H3_API __declspec(dllexport)
+#else
+#define H3_API __attribute__((visibility("default")))
+#endif
+
+#define H3_VERSION_MAJOR 0
+#define H3_VERSION_MINOR 1
+#define H3_VERSION_PATCH 0
+
+/* Error codes (negated on return). */
+enum {
+    H3_OK = 0,
+    H3_E_INVALID = 1,   /* bad argument or impossible request */
+    H3_E_IO = 2,        /* file missing, unreadable or truncated */
+    H3_E_FORMAT = 3,    /* malformed safetensors / JSON / config */
+    H3_E_SCHEMA = 4,    /* tensor missing, or wrong dtype or shape */
+    H3_E_NOMEM = 5,     /* allocation failed */
+    H3_E_CANCELLED = 6, /* a callback asked to stop */
+    H3_E_UNSUPPORTED = 7
+};
+
+/* Version string, e.g. "0.1.0". */
+H3_API const char *h3_version(void);
+
+/* Message of the last failure on this thread ("" if none). Valid until the next failing call. */
+H3_API const char *h3_last_error(void);
+
+/* CPU features the engine dispatches on at run time, e.g. "avx2 fma f16c" or "neon". */
+H3_API const char *h3_cpu_features(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context                                                                                     */
+
+typedef struct h3_ctx h3_ctx;
+
+typedef struct h3_options {
+    uint32_t struct_size; /* sizeof(h3_options): lets older callers keep working */
+    int32_t threads;      /* worker threads; 0 = number of online CPUs */
+    uint32_t flags;       /* H3_OPT_* */
+} h3_options;
+
+/* Use the Ref2VA partition instead of FL2VA when the directory holds both. */
+#define H3_OPT_REF2VA 1u
+
+/* Fill *o with defaults (all cores, FL2VA). */
+H3_API void h3_options_default(h3_options *o);
+
+/*
+ * Open a model directory: the official MiniMaxAI/MiniMax-H3 layout (a root holding FL2VA/ and
+ * optionally Ref2VA/, or one partition folder directly). Reads configs and safetensors headers
+ * only; no tensor data is touched. Components that are absent are allowed: a stage that needs
+ * one fails when it runs. Returns NULL on failure (see h3_last_error).
+ */
+H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options);
+H3_API void h3_free(h3_ctx *ctx);
+
+/* Threads the context computes with. */
+H3_API int h3_threads(const h3_ctx *ctx);
+
+/*
+ * Description of the opened model as a JSON object: partition, components present, their
+ * files, tensor counts, dtypes, bytes, config dimensions. The string is owned by the context
+ * and valid until h3_free.
+ */
+H3_API const char *h3_model_info_json(h3_ctx *ctx);
+
+/*
+ * Peak-memory estimate (bytes) per phase for a render of width x height pixels, `frames` frames
+ * and `prompt_tokens` text tokens, as a JSON object owned by the context (valid until the next
+ * call or h3_free). Computed from configs and tensor sizes only.
+ */
+H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, int frames,
+                                           int prompt_tokens);
+
+/*
+ * Validate one safetensors file completely (header, dtypes, shapes, spans). Returns 0 when the
+ * file is well formed, a negative H3_E* code otherwise. Used by fuzzing and `h3ctl check`.
+ */
+H3_API int h3_safetensors_check(const char *path);
+
+/* Same, for a header held in memory: `buf` holds the whole file image of `len` bytes. */
+H3_API int h3_safetensors_check_buffer(const void *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* H3_H */

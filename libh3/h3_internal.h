@@ -1,0 +1,243 @@
+/*
+ * Shared internals of libh3. Not installed, not part of the API: stage files include it to get
+ * the error helpers, the JSON reader, the safetensors store and the model-directory description.
+ */
+#ifndef H3_INTERNAL_H
+#define H3_INTERNAL_H
+
+#include "h3.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define H3_INTERNAL __attribute__((visibility("hidden")))
+
+#if defined(__GNUC__)
+#define H3_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define H3_PRINTF(a, b)
+#endif
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+/* Record a one-line message for h3_last_error and return -code (so `return h3_err(...)`). */
+H3_INTERNAL int h3_err(int code, const char *fmt, ...) H3_PRINTF(2, 3);
+/* Prefix the current message with "what: " (adds context while an error travels up). */
+H3_INTERNAL void h3_err_prefix(const char *fmt, ...) H3_PRINTF(1, 2);
+H3_INTERNAL void h3_err_clear(void);
+
+/* Allocation helpers that record H3_E_NOMEM on failure. */
+H3_INTERNAL void *h3_malloc(size_t n);
+H3_INTERNAL void *h3_calloc(size_t count, size_t size);
+H3_INTERNAL void *h3_realloc(void *p, size_t n);
+H3_INTERNAL char *h3_strdup(const char *s);
+/* 64-byte aligned allocation for SIMD buffers; free with h3_free_aligned. */
+H3_INTERNAL void *h3_alloc_aligned(size_t n);
+H3_INTERNAL void h3_free_aligned(void *p);
+
+/* printf into a freshly allocated string. */
+H3_INTERNAL char *h3_asprintf(const char *fmt, ...) H3_PRINTF(1, 2);
+/* Join a directory and a relative path ("a" + "b/c" -> "a/b/c"). */
+H3_INTERNAL char *h3_path_join(const char *dir, const char *rel);
+H3_INTERNAL bool h3_is_dir(const char *path);
+H3_INTERNAL bool h3_is_file(const char *path);
+/* Read a whole (small) file; *len gets its size; the buffer is NUL-terminated. */
+H3_INTERNAL int h3_read_file(const char *path, char **out, size_t *len, size_t max_len);
+
+/* Growable byte buffer used to build JSON answers. */
+typedef struct h3_buf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} h3_buf;
+H3_INTERNAL void h3_buf_printf(h3_buf *b, const char *fmt, ...) H3_PRINTF(2, 3);
+H3_INTERNAL void h3_buf_json_str(h3_buf *b, const char *s); /* quoted, escaped */
+H3_INTERNAL void h3_buf_free(h3_buf *b);
+
+/* ---- JSON ------------------------------------------------------------------------------ */
+
+typedef enum { H3J_NULL, H3J_FALSE, H3J_TRUE, H3J_NUM, H3J_STR, H3J_ARR, H3J_OBJ } h3j_type;
+
+/*
+ * A parsed document is a flat array of values. Containers point at their first child; children
+ * are chained through `next`. Object members carry their key. Strings are unescaped UTF-8,
+ * NUL-terminated (they may also contain NUL bytes: use `len`).
+ */
+typedef struct h3j {
+    uint8_t type;
+    bool is_int;     /* number written without fraction/exponent and fits int64 */
+    uint32_t len;    /* string byte length, or number of children */
+    int32_t next;    /* next sibling, -1 at the end */
+    int32_t child;   /* first child, -1 if none */
+    uint32_t key;    /* offset of the key in the string pool (object members) */
+    uint32_t keylen;
+    uint32_t str;    /* offset of the string in the pool */
+    int64_t i;       /* exact value when is_int */
+    double num;
+} h3j;
+
+typedef struct h3_json {
+    h3j *v;
+    size_t n, cap;
+    char *pool;
+    size_t pool_n, pool_cap;
+} h3_json;
+
+/* Parse `len` bytes. On failure returns -H3_E_FORMAT with "line L, column C: problem". */
+H3_INTERNAL int h3_json_parse(h3_json *doc, const char *text, size_t len);
+/* Parse a file; errors are prefixed with its path. */
+H3_INTERNAL int h3_json_parse_file(h3_json *doc, const char *path, size_t max_len);
+H3_INTERNAL void h3_json_free(h3_json *doc);
+
+static inline const h3j *h3j_root(const h3_json *d) { return d->n ? &d->v[0] : 0; }
+static inline const h3j *h3j_first(const h3_json *d, const h3j *v)
+{
+    return (v && v->child >= 0) ? &d->v[v->child] : 0;
+}
+static inline const h3j *h3j_next(const h3_json *d, const h3j *v)
+{
+    return (v && v->next >= 0) ? &d->v[v->next] : 0;
+}
+static inline const char *h3j_str(const h3_json *d, const h3j *v) { return d->pool + v->str; }
+static inline const char *h3j_key(const h3_json *d, const h3j *v) { return d->pool + v->key; }
+/* Member of an object by key (NULL if absent or `obj` is not an object). */
+H3_INTERNAL const h3j *h3j_get(const h3_json *d, const h3j *obj, const char *key);
+/* Nested lookup: h3j_path(d, root, "vit_decoder_kwargs", "heads", NULL). */
+H3_INTERNAL const h3j *h3j_path(const h3_json *d, const h3j *obj, ...);
+H3_INTERNAL const h3j *h3j_at(const h3_json *d, const h3j *arr, uint32_t index);
+
+/* ---- dtypes ---------------------------------------------------------------------------- */
+
+typedef enum {
+    H3_DT_F64, H3_DT_F32, H3_DT_F16, H3_DT_BF16,
+    H3_DT_I64, H3_DT_I32, H3_DT_I16, H3_DT_I8,
+    H3_DT_U64, H3_DT_U32, H3_DT_U16, H3_DT_U8,
+    H3_DT_BOOL, H3_DT_F8_E4M3, H3_DT_F8_E5M2,
+    H3_DT_COUNT
+} h3_dtype;
+
+H3_INTERNAL const char *h3_dtype_name(h3_dtype t);
+H3_INTERNAL size_t h3_dtype_size(h3_dtype t);
+H3_INTERNAL int h3_dtype_parse(const char *name, h3_dtype *out); /* 0 or -1 */
+
+/* ---- safetensors ----------------------------------------------------------------------- */
+
+#define H3_MAX_DIMS 8
+
+typedef struct h3_tensor {
+    const char *name;
+    h3_dtype dtype;
+    int ndim;
+    int64_t shape[H3_MAX_DIMS];
+    uint64_t begin, end; /* byte span inside the file's data area */
+    int file;            /* index into the store's files */
+} h3_tensor;
+
+typedef struct h3_st_file {
+    char *path;
+    uint64_t size;      /* file size in bytes */
+    uint64_t data_off;  /* 8 + header length */
+    int fd;             /* -1 when closed */
+    uint8_t *map;       /* whole-file mapping, or NULL while only the header is read */
+} h3_st_file;
+
+/*
+ * A set of safetensors shards seen as one name space (one model component). Names are unique
+ * across shards; lookups are hashed.
+ */
+typedef struct h3_store {
+    h3_st_file *files;
+    int nfiles;
+    h3_tensor *tensors;
+    size_t ntensors, cap;
+    char *names;        /* pool of tensor names (offsets stored until finalised) */
+    size_t names_n, names_cap;
+    uint32_t *hash;     /* open addressing, tensor index + 1, 0 = empty */
+    size_t hash_cap;
+    uint64_t bytes;     /* sum of tensor spans */
+} h3_store;
+
+/* Parse and validate one file's header into the store (header only; nothing is mapped). */
+H3_INTERNAL int h3_store_add_file(h3_store *s, const char *path);
+/* Validate an in-memory file image (fuzzing); the store is left empty. */
+H3_INTERNAL int h3_store_check_buffer(const uint8_t *buf, size_t len, const char *label);
+/*
+ * Open a component: if `dir`/model.safetensors.index.json exists, the shards it names (every
+ * listed tensor must be in the shard the index says); otherwise every *.safetensors in `dir`,
+ * sorted by name. Names must be unique across shards.
+ */
+H3_INTERNAL int h3_store_open_dir(h3_store *s, const char *dir);
+H3_INTERNAL void h3_store_close(h3_store *s);
+H3_INTERNAL const h3_tensor *h3_store_find(const h3_store *s, const char *name);
+/*
+ * Data of a tensor that must have exactly `dtype` and the given shape (ndim entries). Maps the
+ * shard on first use. On mismatch or absence, records an error naming tensor, file, expected
+ * and found, and returns NULL.
+ */
+H3_INTERNAL const void *h3_store_get(h3_store *s, const char *name, h3_dtype dtype, int ndim,
+                                     const int64_t *shape);
+/* Same but accepts any of the float dtypes F32/BF16/F16 (caller converts); *dtype_out set. */
+H3_INTERNAL const void *h3_store_get_float(h3_store *s, const char *name, int ndim,
+                                           const int64_t *shape, h3_dtype *dtype_out);
+/* Drop the page cache and mappings of every shard (phase end); headers stay. */
+H3_INTERNAL void h3_store_release(h3_store *s);
+
+/* ---- model directory ------------------------------------------------------------------- */
+
+typedef enum {
+    H3_COMP_TRANSFORMER,
+    H3_COMP_TEXT_ENCODER,
+    H3_COMP_TOKENIZER,
+    H3_COMP_VIDEO_VAE,
+    H3_COMP_AUDIO_VAE,
+    H3_COMP_COUNT
+} h3_component;
+
+H3_INTERNAL const char *h3_component_name(h3_component c);
+
+typedef struct h3_comp {
+    bool present;
+    char *dir;          /* component folder */
+    char *weights_dir;  /* folder holding the shards (video_vae/source) */
+    char *config_path;  /* main config (tokenizer: tokenizer.json) */
+    h3_json config;     /* parsed main config (empty for the tokenizer) */
+    h3_json config2;    /* video_vae/source/config.json, audio_vae/metadata.json */
+    bool config_loaded, config2_loaded;
+    bool headers_loaded;
+    h3_store store;
+} h3_comp;
+
+typedef struct h3_model {
+    char *root;         /* directory given by the user */
+    char *partition_dir;
+    const char *partition; /* "FL2VA", "Ref2VA" or "partition" when given directly */
+    bool has_ref2va;
+    h3_json index;      /* partition model_index.json (may be empty) */
+    bool index_loaded;
+    double shift_video, shift_audio;
+    h3_comp comp[H3_COMP_COUNT];
+} h3_model;
+
+/* Locate the partition and its components; read configs and headers (no tensor data). */
+H3_INTERNAL int h3_model_open(h3_model *m, const char *dir, unsigned flags);
+H3_INTERNAL void h3_model_close(h3_model *m);
+/* Error (naming the folder) if a component a stage needs is absent. */
+H3_INTERNAL int h3_model_require(h3_model *m, h3_component c, const char *stage);
+
+/* Integer / float config value by any of several alias names (NULL-terminated); -1 if absent. */
+H3_INTERNAL int h3_cfg_int(const h3_json *d, const h3j *obj, int64_t *out, ...);
+H3_INTERNAL int h3_cfg_num(const h3_json *d, const h3j *obj, double *out, ...);
+
+/* ---- the context ----------------------------------------------------------------------- */
+
+struct h3_ctx {
+    h3_model model;
+    int threads;
+    unsigned flags;
+    char *info_json;
+    char *mem_json;
+};
+
+#endif /* H3_INTERNAL_H */

@@ -127,7 +127,7 @@ H3_INTERNAL int h3_dtype_parse(const char *name, h3_dtype *out); /* 0 or -1 */
 #define H3_MAX_DIMS 8
 
 typedef struct h3_tensor {
-    const char *name;
+    size_t name;         /* offset into the store's name pool: use h3_tensor_name */
     h3_dtype dtype;
     int ndim;
     int64_t shape[H3_MAX_DIMS];
@@ -171,6 +171,10 @@ H3_INTERNAL int h3_store_check_buffer(const uint8_t *buf, size_t len, const char
 H3_INTERNAL int h3_store_open_dir(h3_store *s, const char *dir);
 H3_INTERNAL void h3_store_close(h3_store *s);
 H3_INTERNAL const h3_tensor *h3_store_find(const h3_store *s, const char *name);
+static inline const char *h3_tensor_name(const h3_store *s, const h3_tensor *t)
+{
+    return s->names + t->name;
+}
 /*
  * Data of a tensor that must have exactly `dtype` and the given shape (ndim entries). Maps the
  * shard on first use. On mismatch or absence, records an error naming tensor, file, expected
@@ -229,6 +233,48 @@ H3_INTERNAL int h3_model_require(h3_model *m, h3_component c, const char *stage)
 /* Integer / float config value by any of several alias names (NULL-terminated); -1 if absent. */
 H3_INTERNAL int h3_cfg_int(const h3_json *d, const h3j *obj, int64_t *out, ...);
 H3_INTERNAL int h3_cfg_num(const h3_json *d, const h3j *obj, double *out, ...);
+
+/* ---- component configs ----------------------------------------------------------------- */
+/*
+ * Dimensions of each component, read from its config (official names, with the diffusers names
+ * accepted as aliases). Nothing in libh3 hard-codes a model size: the same code serves h3-tiny
+ * and the 33B release.
+ */
+typedef struct h3_dit_cfg {
+    int hidden, layers, refiner_layers, heads, head_dim, ffn;
+    int video_ch, audio_ch, patch[3], text_dim;
+    int freq_dim, temb_hidden, temb_dim, rope_freq;
+    double rope_theta, norm_eps, qk_eps, final_eps;
+    double shift_video, shift_audio; /* from model_index.json (12 and 3 by default) */
+} h3_dit_cfg;
+
+typedef struct h3_text_cfg {
+    int hidden, layers, heads, kv_heads, head_dim, inter, vocab;
+    int cond_layer;     /* hidden_states index handed to the DiT (50 for the release) */
+    double rms_eps, rope_theta;
+} h3_text_cfg;
+
+typedef struct h3_vvae_cfg {
+    int latent_ch, out_ch, spatial, temporal;      /* 24, 3, 16, 4 */
+    int dec_layers, dec_heads, dec_head_dim, dec_registers, dec_ffn_mult;
+    double dec_rope_theta, dec_rope_ratio, dec_eps;
+    int clip_length, token_drop, tile_size, tile_overlap;
+    float latents_mean[64], latents_std[64];
+} h3_vvae_cfg;
+
+typedef struct h3_avae_cfg {
+    int latent_ch, latent_dim, decoder_dim, sample_rate;
+    int n_up, rates[16], kernels[16];
+    int n_res, res_kernels[8], res_dil[8][8], n_dil;
+    float latents_mean[64], latents_std[64];
+} h3_avae_cfg;
+
+H3_INTERNAL int h3_dit_cfg_load(h3_model *m, h3_dit_cfg *c);
+H3_INTERNAL int h3_text_cfg_load(h3_model *m, h3_text_cfg *c);
+H3_INTERNAL int h3_vvae_cfg_load(h3_model *m, h3_vvae_cfg *c);
+H3_INTERNAL int h3_avae_cfg_load(h3_model *m, h3_avae_cfg *c);
+/* Load the safetensors headers of a component (once). */
+H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 
 /* ---- the context ----------------------------------------------------------------------- */
 

@@ -1,0 +1,169 @@
+/*
+ * Peak-memory estimate per phase, from configs and safetensors headers only. Weights are counted
+ * at their stored size (libh3 computes from the mapped bytes, it does not widen them in memory);
+ * activations follow the buffers each stage allocates for the given render shape.
+ */
+#include "h3_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t bytes_where(const h3_store *s, const char *prefix, const char *contains, bool exclude)
+{
+    uint64_t n = 0;
+    size_t pl = prefix ? strlen(prefix) : 0;
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const char *name = h3_tensor_name(s, &s->tensors[i]);
+        if (prefix && strncmp(name, prefix, pl) != 0) continue;
+        bool has = contains && strstr(name, contains);
+        if (contains && has == exclude) continue;
+        n += s->tensors[i].end - s->tensors[i].begin;
+    }
+    return n;
+}
+
+typedef struct {
+    int frames, lat_t, lat_h, lat_w, audio_lat;
+    int64_t video_tokens, seq;
+} shape_plan;
+
+H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, int frames,
+                                           int prompt_tokens)
+{
+    if (!ctx) {
+        h3_err(H3_E_INVALID, "NULL context");
+        return NULL;
+    }
+    if (width <= 0 || height <= 0 || frames <= 0 || prompt_tokens <= 0 || width > 16384 ||
+        height > 16384 || frames > 100000 || prompt_tokens > 1000000) {
+        h3_err(H3_E_INVALID, "impossible render shape %dx%d, %d frames, %d prompt tokens", width, height,
+               frames, prompt_tokens);
+        return NULL;
+    }
+    h3_model *m = &ctx->model;
+    h3_err_clear();
+    /* Geometry defaults are the release's; a present VAE config overrides them. */
+    int spatial = 16, temporal = 4, clip = 17, drop = 3, hop_rate = 40;
+    h3_vvae_cfg vv;
+    bool have_vv = m->comp[H3_COMP_VIDEO_VAE].present && h3_vvae_cfg_load(m, &vv) == 0;
+    if (have_vv) {
+        spatial = vv.spatial;
+        temporal = vv.temporal;
+        clip = vv.clip_length;
+        drop = vv.token_drop;
+    }
+    h3_avae_cfg av;
+    bool have_av = m->comp[H3_COMP_AUDIO_VAE].present && h3_avae_cfg_load(m, &av) == 0;
+    if (have_av) {
+        int hop = 1;
+        for (int i = 0; i < av.n_up; i++) hop *= av.rates[i];
+        hop_rate = av.sample_rate / hop;
+    }
+    h3_err_clear();
+    int chunk = (clip + temporal - 1) / temporal;
+    shape_plan sp;
+    sp.frames = frames;
+    while (sp.frames % clip != chunk) sp.frames++;
+    sp.lat_t = (sp.frames - chunk) / clip * chunk + 2;
+    sp.lat_h = height / spatial;
+    sp.lat_w = width / spatial;
+    sp.audio_lat = (int)lround(sp.frames / 24.0 * hop_rate);
+    h3_dit_cfg dc;
+    bool have_dit = m->comp[H3_COMP_TRANSFORMER].present && h3_dit_cfg_load(m, &dc) == 0;
+    int ph = have_dit ? dc.patch[1] : 2, pw = have_dit ? dc.patch[2] : 2;
+    sp.video_tokens = (int64_t)sp.lat_t * (sp.lat_h / ph) * (sp.lat_w / pw);
+    sp.seq = prompt_tokens + 2LL * sp.audio_lat + sp.video_tokens;
+    h3_err_clear();
+
+    h3_buf b = {0};
+    h3_buf_printf(&b, "{\"frames\": %d, \"latent_frames\": %d, \"latent_height\": %d, \"latent_width\": %d, "
+                  "\"audio_latents\": %d, \"video_tokens\": %lld, \"sequence\": %lld, \"phases\": {",
+                  sp.frames, sp.lat_t, sp.lat_h, sp.lat_w, sp.audio_lat, (long long)sp.video_tokens,
+                  (long long)sp.seq);
+    bool first = true;
+    int rc = 0;
+
+    h3_text_cfg tc;
+    if (m->comp[H3_COMP_TEXT_ENCODER].present && (rc = h3_text_cfg_load(m, &tc)) == 0 &&
+        (rc = h3_model_headers(m, H3_COMP_TEXT_ENCODER)) == 0) {
+        const h3_store *s = &m->comp[H3_COMP_TEXT_ENCODER].store;
+        /* Streaming keeps the layer in use plus one prefetched. */
+        uint64_t layer = bytes_where(s, "model.language_model.layers.0.", NULL, false);
+        uint64_t emb_row = (uint64_t)tc.hidden * 2;
+        uint64_t act = (uint64_t)prompt_tokens *
+                       ((uint64_t)tc.hidden * 5 + (uint64_t)(tc.heads + 2 * tc.kv_heads) * tc.head_dim +
+                        2ull * tc.inter) * 4;
+        uint64_t total = 2 * layer + (uint64_t)prompt_tokens * emb_row + act;
+        h3_buf_printf(&b, "\"text_encoding\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu}",
+                      (unsigned long long)(2 * layer + (uint64_t)prompt_tokens * emb_row),
+                      (unsigned long long)act, (unsigned long long)total);
+        first = false;
+    }
+    if (!rc && have_dit && (rc = h3_model_headers(m, H3_COMP_TRANSFORMER)) == 0) {
+        const h3_store *s = &m->comp[H3_COMP_TRANSFORMER].store;
+        uint64_t all = s->bytes, adaln = bytes_where(s, NULL, "adaln_proj", false);
+        int attn = dc.heads * dc.head_dim;
+        uint64_t act = (uint64_t)sp.seq *
+                       ((uint64_t)dc.hidden * 5 + 4ull * attn + 2ull * dc.ffn + 3ull * dc.head_dim) * 4;
+        /* Per step: (video t, video), (video t, text), (audio t, audio) rows of 6 slots per block,
+           plus two final-layer rows of 2 slots. Stored as f32. */
+        int steps = 20;
+        uint64_t tables = (uint64_t)steps * (3ull * 6 * dc.hidden * dc.layers + 2ull * 2 * dc.hidden) * 4;
+        h3_buf_printf(&b,
+                      "%s\"denoise_precomputed_adaln\": {\"weights\": %llu, \"adaln_tables\": %llu, "
+                      "\"activations\": %llu, \"total\": %llu, \"steps\": %d}, "
+                      "\"denoise_without_precompute\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu}, "
+                      "\"adaln_weights_released\": %llu",
+                      first ? "" : ", ", (unsigned long long)(all - adaln), (unsigned long long)tables,
+                      (unsigned long long)act, (unsigned long long)(all - adaln + tables + act), steps,
+                      (unsigned long long)all, (unsigned long long)act, (unsigned long long)(all + act),
+                      (unsigned long long)adaln);
+        first = false;
+    }
+    if (!rc && have_vv && (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE)) == 0) {
+        const h3_store *s = &m->comp[H3_COMP_VIDEO_VAE].store;
+        uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "post_quant_conv.", NULL, false);
+        int tile = vv.tile_size / spatial;
+        int th = sp.lat_h < tile ? sp.lat_h : tile, tw = sp.lat_w < tile ? sp.lat_w : tile;
+        int window = chunk + ((chunk - drop % chunk) % chunk);
+        if (window > sp.lat_t) window = sp.lat_t;
+        uint64_t ntok = (uint64_t)window * th * tw + (uint64_t)vv.dec_registers + 1;
+        uint64_t dim = (uint64_t)vv.dec_heads * vv.dec_head_dim;
+        uint64_t act = ntok * (dim * 6 + 2ull * vv.dec_ffn_mult * dim) * 4 +
+                       ntok * (uint64_t)vv.out_ch * temporal * spatial * spatial * 4;
+        uint64_t frames_out = (uint64_t)width * height * sp.frames * 3;
+        uint64_t stitch = (uint64_t)width * height * ((uint64_t)window * temporal) * 3 * 4;
+        h3_buf_printf(&b, "%s\"video_decode\": {\"weights\": %llu, \"activations\": %llu, \"frames\": %llu, "
+                      "\"total\": %llu}",
+                      first ? "" : ", ", (unsigned long long)w, (unsigned long long)(act + stitch),
+                      (unsigned long long)frames_out, (unsigned long long)(w + act + stitch + frames_out));
+        first = false;
+    }
+    if (!rc && have_av && (rc = h3_model_headers(m, H3_COMP_AUDIO_VAE)) == 0) {
+        const h3_store *s = &m->comp[H3_COMP_AUDIO_VAE].store;
+        uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "dec_in_proj.", NULL, false);
+        uint64_t len = (uint64_t)sp.audio_lat, ch = (uint64_t)av.decoder_dim, peak = len * av.latent_dim;
+        for (int i = 0; i < av.n_up; i++) {
+            len *= (uint64_t)av.rates[i];
+            ch /= 2;
+            if (len * ch * 2 > peak) peak = len * ch * 2; /* 2x inside the anti-aliased activation */
+        }
+        uint64_t act = 2ull * 6 * peak * 4; /* both stereo sides, ~6 live buffers */
+        uint64_t pcm = 2ull * len * 4;
+        h3_buf_printf(&b, "%s\"audio_decode\": {\"weights\": %llu, \"activations\": %llu, \"pcm\": %llu, "
+                      "\"total\": %llu}",
+                      first ? "" : ", ", (unsigned long long)w, (unsigned long long)act,
+                      (unsigned long long)pcm, (unsigned long long)(w + act + pcm));
+    }
+    h3_buf_printf(&b, "}}");
+    if (rc || b.oom) {
+        if (!rc) h3_err(H3_E_NOMEM, "out of memory");
+        h3_buf_free(&b);
+        return NULL;
+    }
+    free(ctx->mem_json);
+    ctx->mem_json = b.p;
+    return ctx->mem_json;
+}

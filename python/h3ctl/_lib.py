@@ -1,0 +1,125 @@
+"""ctypes bindings of libh3.
+
+Every function exported by the shared library is declared here with its argtypes and restype;
+tests check that this table and the library's exported symbols are the same set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_LIBNAME = "libh3.dylib" if sys.platform == "darwin" else "libh3.so"
+
+c_int, c_int32, c_int64, c_uint32 = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
+c_size_t, c_char_p, c_void_p = ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
+c_float_p = ctypes.POINTER(ctypes.c_float)
+c_int32_p = ctypes.POINTER(ctypes.c_int32)
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+
+
+class H3Options(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32)]
+
+
+H3_OPT_REF2VA = 1
+
+# name -> (restype, argtypes). Keep in the order of libh3/h3.h.
+BINDINGS: dict[str, tuple[object, list[object]]] = {
+    "h3_version": (c_char_p, []),
+    "h3_last_error": (c_char_p, []),
+    "h3_cpu_features": (c_char_p, []),
+    "h3_options_default": (None, [ctypes.POINTER(H3Options)]),
+    "h3_init": (c_void_p, [c_char_p, ctypes.POINTER(H3Options)]),
+    "h3_free": (None, [c_void_p]),
+    "h3_threads": (c_int, [c_void_p]),
+    "h3_model_info_json": (c_char_p, [c_void_p]),
+    "h3_memory_estimate_json": (c_char_p, [c_void_p, c_int, c_int, c_int, c_int]),
+    "h3_safetensors_check": (c_int, [c_char_p]),
+    "h3_safetensors_check_buffer": (c_int, [c_void_p, c_size_t]),
+}
+
+
+class H3Error(Exception):
+    """A libh3 failure: `str(err)` is the one-line message naming the file and the problem."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _source_root() -> Path | None:
+    root = _HERE.parent.parent
+    if (root / "Makefile").is_file() and (root / "libh3").is_dir():
+        return root
+    return None
+
+
+def _lib_path() -> Path:
+    env = os.environ.get("H3CTL_LIB")
+    if env:
+        return Path(env)
+    so = _HERE / _LIBNAME
+    root = _source_root()
+    if root is not None:
+        # Editable/source checkout: rebuild when a C file is newer than the library, so a stale
+        # library never answers for edited sources.
+        srcs = [p for p in (root / "libh3").glob("*.[ch]")] + [root / "Makefile"]
+        if not so.exists() or so.stat().st_mtime < max(p.stat().st_mtime for p in srcs):
+            proc = subprocess.run(["make", "-s", "-C", str(root), "lib"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise H3Error("building libh3 failed:\n" + proc.stdout + proc.stderr)
+    return so
+
+
+_lock = threading.Lock()
+_lib = None
+
+
+def lib():
+    """The loaded library with every binding declared."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = _lib_path()
+            if not path.exists():
+                raise H3Error(f"{path}: libh3 is not built (run `make lib` or reinstall h3ctl)")
+            handle = ctypes.CDLL(str(path))
+            for name, (restype, argtypes) in BINDINGS.items():
+                fn = getattr(handle, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
+            _lib = handle
+    return _lib
+
+
+def last_error() -> str:
+    msg = lib().h3_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(rc: int) -> int:
+    """Raise H3Error for a negative return code."""
+    if rc < 0:
+        raise H3Error(last_error() or f"libh3 error {rc}", -rc)
+    return rc
+
+
+def exported_symbols() -> set[str]:
+    """Names the shared library exports (for the bindings test)."""
+    path = _lib_path()
+    tool = ["nm", "-gU", str(path)] if sys.platform == "darwin" else ["nm", "-D", "--defined-only", str(path)]
+    out = subprocess.run(tool, capture_output=True, text=True, check=True).stdout
+    names = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] in ("T", "t"):
+            names.add(parts[2].lstrip("_") if sys.platform == "darwin" else parts[2])
+    return {n for n in names if n.startswith("h3_")}

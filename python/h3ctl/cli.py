@@ -1,0 +1,126 @@
+"""The `h3ctl` command line.
+
+Every failure the user can cause (bad paths, malformed files, impossible sizes, unwritable
+outputs) ends as one line on stderr and exit status 2; Ctrl-C exits with 130. Set H3CTL_DEBUG=1
+to see Python tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ._lib import H3Error
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise H3Error(f"{self.prog}: {message} (see --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="h3ctl", description="Native MiniMax-H3 video+audio generation on libh3.")
+    p.add_argument("--version", action="store_true", help="print versions and exit")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    pi = sub.add_parser("info", help="describe a model directory (headers only)")
+    pi.add_argument("-d", "--model-dir", required=True, help="model directory (official layout)")
+    pi.add_argument("--json", action="store_true", help="machine-readable output")
+    pi.add_argument("--width", type=_positive_int, default=864, help="render width for the memory estimate")
+    pi.add_argument("--height", type=_positive_int, default=480, help="render height for the memory estimate")
+    pi.add_argument("--frames", type=_positive_int, default=121, help="frames for the memory estimate")
+    pi.add_argument("--prompt-tokens", type=_positive_int, default=64, help="prompt length for the estimate")
+    pi.add_argument("--ref2va", action="store_true", help="describe the Ref2VA partition")
+
+    pp = sub.add_parser("parity", help="run one libh3 stage on tensors from a safetensors file")
+    pp.add_argument("stage", nargs="?", help="stage name (see --list)")
+    pp.add_argument("--model", help="model directory")
+    pp.add_argument("--inputs", help="input tensors (.safetensors)")
+    pp.add_argument("--out", help="output tensors (.safetensors)")
+    pp.add_argument("--threads", type=int, default=0, help="worker threads (0 = all cores)")
+    pp.add_argument("--list", action="store_true", help="list stages and their tensors")
+
+    pc = sub.add_parser("check", help="validate safetensors files or a model directory's headers")
+    pc.add_argument("paths", nargs="+", help="files (.safetensors) or model directories")
+    return p
+
+
+def _cmd_parity(args) -> int:
+    from . import parity, stages  # noqa: F401  (stages registers the available stages)
+
+    if args.list:
+        print(parity.describe())
+        return 0
+    if not args.stage:
+        raise H3Error("parity: a stage name is required (see `h3ctl parity --list`)")
+    if not args.inputs or not args.out:
+        raise H3Error("parity: --inputs and --out are required")
+    parity.run(args.stage, args.model, args.inputs, args.out, {"threads": args.threads})
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from . import _lib
+    from .context import Context
+
+    lib = _lib.lib()
+    for path in args.paths:
+        if os.path.isdir(path):
+            with Context(path) as ctx:
+                info = ctx.info()
+            n = sum(c.get("tensors", 0) for c in info["components"].values())
+            print(f"{path}: ok ({n} tensors)")
+        else:
+            _lib.check(lib.h3_safetensors_check(os.fsencode(path)))
+            print(f"{path}: ok")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.version:
+            from . import __version__, _lib
+
+            lib = _lib.lib()
+            print(f"h3ctl {__version__}, libh3 {lib.h3_version().decode()} ({lib.h3_cpu_features().decode()})")
+            return 0
+        if args.command == "info":
+            from . import info
+
+            return info.main(args)
+        if args.command == "parity":
+            return _cmd_parity(args)
+        if args.command == "check":
+            return _cmd_check(args)
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    except H3Error as e:
+        print(f"h3ctl: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("h3ctl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("H3CTL_DEBUG"):
+            raise
+        print(f"h3ctl: internal error: {type(e).__name__}: {e} (set H3CTL_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 1

@@ -1,0 +1,100 @@
+"""`h3ctl info`: what a model directory holds and what a render of it will need."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .context import Context
+
+COMPONENT_ORDER = ["transformer", "text_encoder", "tokenizer", "video_vae", "audio_vae"]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens: int, ref2va: bool = False) -> dict:
+    t0 = time.perf_counter()
+    with Context(model_dir, ref2va=ref2va) as ctx:
+        info = ctx.info()
+        info["memory_estimate"] = ctx.memory_estimate(width, height, frames, prompt_tokens)
+        info["memory_estimate"]["render"] = {
+            "width": width,
+            "height": height,
+            "frames": frames,
+            "prompt_tokens": prompt_tokens,
+        }
+    info["elapsed_s"] = round(time.perf_counter() - t0, 4)
+    return info
+
+
+def render_text(info: dict) -> str:
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    out = io.StringIO()
+    console = Console(file=out, width=110, force_terminal=False, color_system=None)
+    console.print(f"[bold]{info['root']}[/]  partition {info['partition']}"
+                  f"{'  (Ref2VA also present)' if info.get('ref2va_present') else ''}")
+    table = Table(show_header=True, header_style="bold")
+    for col in ("component", "files", "tensors", "dtypes", "size"):
+        table.add_column(col)
+    for name in COMPONENT_ORDER:
+        c = info["components"].get(name, {})
+        if not c.get("present"):
+            table.add_row(name, "-", "-", "missing", "-")
+            continue
+        if name == "tokenizer":
+            table.add_row(name, "1", "-", "tokenizer.json", human_bytes(c.get("bytes", 0)))
+            continue
+        dtypes = ", ".join(f"{k} {v['tensors']}" for k, v in c["dtypes"].items())
+        table.add_row(name, str(c["files"]), str(c["tensors"]), dtypes, human_bytes(c["bytes"]))
+    console.print(table)
+    for name in COMPONENT_ORDER:
+        cfg = info["components"].get(name, {}).get("config")
+        if cfg:
+            dims = ", ".join(f"{k}={v}" for k, v in cfg.items())
+            console.print(f"[bold]{name}[/]: {dims}")
+    mem = info["memory_estimate"]
+    r = mem["render"]
+    console.print(
+        f"\n[bold]Peak memory estimate[/] for {r['width']}x{r['height']}, {mem['frames']} frames, "
+        f"{r['prompt_tokens']} prompt tokens ({mem['sequence']} packed tokens):"
+    )
+    labels = {
+        "text_encoding": "text encoding (layers streamed)",
+        "denoise_precomputed_adaln": "denoise, AdaLN precomputed",
+        "denoise_without_precompute": "denoise, AdaLN computed per step",
+        "video_decode": "video decode (one tile)",
+        "audio_decode": "audio decode",
+    }
+    mt = Table(show_header=True, header_style="bold")
+    mt.add_column("phase")
+    mt.add_column("peak", justify="right")
+    for key, label in labels.items():
+        if key in mem["phases"]:
+            mt.add_row(label, human_bytes(mem["phases"][key]["total"]))
+    console.print(mt)
+    if "adaln_weights_released" in mem["phases"]:
+        console.print(
+            f"AdaLN precompute releases {human_bytes(mem['phases']['adaln_weights_released'])} of adaln_proj "
+            "weights during denoising."
+        )
+    console.print(f"[dim]read in {info['elapsed_s']:.3f} s (headers only)[/]")
+    return out.getvalue()
+
+
+def main(args) -> int:
+    info = collect(args.model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(render_text(info), end="")
+    return 0

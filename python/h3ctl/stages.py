@@ -1,0 +1,1 @@
+"""Parity stages available in this build of libh3 (registered into h3ctl.parity.STAGES)."""

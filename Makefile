@@ -29,7 +29,7 @@ endif
 
 LIB      := python/h3ctl/libh3.$(LIBEXT)
 SRC      := $(sort $(wildcard libh3/*.c))
-HDR      := $(wildcard libh3/*.h)
+HDR      := $(wildcard libh3/*.h libh3/*.inc)
 OBJ      := $(patsubst libh3/%.c,build/obj/%.o,$(SRC))
 ASAN_OBJ := $(patsubst libh3/%.c,build/asan/%.o,$(SRC))
 SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -45,9 +45,14 @@ lib: $(LIB)
 $(LIB): $(OBJ)
 	$(CC) $(SHARED) -o $@ $(OBJ) $(LDLIBS)
 
+# Kernel files get -O3: their inner loops are written for the vectoriser.
 build/obj/%_avx2.o: libh3/%_avx2.c $(HDR) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(CFLAGS) $(AVX2_FLAGS) -c -o $@ $<
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -O3 $(AVX2_FLAGS) -c -o $@ $<
+
+build/obj/ops_generic.o: libh3/ops_generic.c $(HDR) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -O3 -Wno-psabi -c -o $@ $<
 
 build/obj/%.o: libh3/%.c $(HDR) Makefile
 	@mkdir -p $(dir $@)
@@ -59,7 +64,7 @@ build/asan/%_avx2.o: libh3/%_avx2.c $(HDR) Makefile
 
 build/asan/%.o: libh3/%.c $(HDR) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -c -o $@ $<
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-psabi -c -o $@ $<
 
 # C tests link the objects directly (not the .so) so they can reach internal functions.
 build/tests/%: tests/c/%.c $(OBJ) tests/c/ctest.h

@@ -1,5 +1,5 @@
 /* The context object: open a model directory, describe it, estimate memory per phase. */
-#include "h3_internal.h"
+#include "ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,12 +72,19 @@ H3_API void h3_free(h3_ctx *ctx)
 {
     if (!ctx) return;
     h3_model_close(&ctx->model);
+    h3_pool_destroy(ctx->pool);
     free(ctx->info_json);
     free(ctx->mem_json);
     free(ctx);
 }
 
 H3_API int h3_threads(const h3_ctx *ctx) { return ctx ? ctx->threads : 0; }
+
+h3_pool *h3_ctx_pool(h3_ctx *ctx)
+{
+    if (!ctx->pool) ctx->pool = h3_pool_create(ctx->threads);
+    return ctx->pool;
+}
 
 /* ---- info ------------------------------------------------------------------------------ */
 

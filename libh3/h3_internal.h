@@ -187,6 +187,8 @@ H3_INTERNAL const void *h3_store_get_float(h3_store *s, const char *name, int nd
                                            const int64_t *shape, h3_dtype *dtype_out);
 /* Drop the page cache and mappings of every shard (phase end); headers stay. */
 H3_INTERNAL void h3_store_release(h3_store *s);
+/* Tell the kernel a tensor's pages are no longer needed (e.g. adaln_proj after precompute). */
+H3_INTERNAL void h3_store_release_tensor(h3_store *s, const char *name);
 
 /* ---- model directory ------------------------------------------------------------------- */
 
@@ -278,12 +280,18 @@ H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 
 /* ---- the context ----------------------------------------------------------------------- */
 
+struct h3_pool;
+
 struct h3_ctx {
     h3_model model;
     int threads;
     unsigned flags;
     char *info_json;
     char *mem_json;
+    struct h3_pool *pool; /* created on first compute, see h3_ctx_pool */
 };
+
+/* The context's worker pool (created on first use). NULL with an error on failure. */
+H3_INTERNAL struct h3_pool *h3_ctx_pool(h3_ctx *ctx);
 
 #endif /* H3_INTERNAL_H */

@@ -700,6 +700,20 @@ void h3_store_release(h3_store *s)
     }
 }
 
+void h3_store_release_tensor(h3_store *s, const char *name)
+{
+    const h3_tensor *t = h3_store_find(s, name);
+    if (!t) return;
+    h3_st_file *f = &s->files[t->file];
+    if (!f->map) return;
+    /* Only whole pages inside the span can go; neighbours may still be in use. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t b = (uintptr_t)(f->map + f->data_off + t->begin), e = (uintptr_t)(f->map + f->data_off + t->end);
+    b = (b + page - 1) & ~(page - 1);
+    e &= ~(page - 1);
+    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
 H3_API int h3_safetensors_check(const char *path)
 {
     h3_store s;

@@ -1,0 +1,220 @@
+/* Kernel dispatch and the row-wise operations every stage shares. */
+#include "ops.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const h3_kernels *g_k;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void pick_kernels(void)
+{
+    g_k = &h3_kernels_generic;
+    const char *no = getenv("H3_NO_SIMD");
+    if (no && no[0] && strcmp(no, "0") != 0) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        g_k = &h3_kernels_avx2;
+#endif
+}
+
+static const h3_kernels *K(void)
+{
+    pthread_once(&g_once, pick_kernels);
+    return g_k;
+}
+
+const char *h3_kernels_variant(void) { return K()->name; }
+
+void h3_to_f32(const void *src, h3_dtype dt, float *dst, int64_t n) { K()->to_f32(src, dt, dst, n); }
+
+uint16_t h3_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float h3_silu(float x) { return x / (1.0f + expf(-x)); }
+
+float h3_gelu_tanh(float x)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+/* ---- linear ---------------------------------------------------------------------------- */
+
+#define KC_ 256
+#define MC_ 96
+#define NT 256 /* columns per task */
+#define SMALL_M 6
+
+typedef struct {
+    const h3_kernels *k;
+    h3_pool *p;
+    const float *X;
+    int64_t ldx, M, N, mt, nt, rows_per_task;
+    const h3_mat *W;
+    const float *bias;
+    float *Y;
+    int64_t ldy;
+} lin_job;
+
+static void lin_task(void *a, int64_t b, int64_t e, int thread)
+{
+    lin_job *j = a;
+    for (int64_t t = b; t < e; t++) {
+        int64_t ti = t / j->nt, tj = t % j->nt;
+        int64_t m0 = ti * j->rows_per_task, m1 = m0 + j->rows_per_task < j->M ? m0 + j->rows_per_task : j->M;
+        int64_t n0 = tj * NT, n1 = n0 + NT < j->N ? n0 + NT : j->N;
+        j->k->linear_tile(j->p, thread, j->X, j->ldx, j->W, j->bias, j->Y, j->ldy, m0, m1, n0, n1);
+    }
+}
+
+static void lin_rows_task(void *a, int64_t b, int64_t e, int thread)
+{
+    lin_job *j = a;
+    (void)thread;
+    j->k->linear_rows(j->X, j->ldx, j->W, j->bias, j->Y, j->ldy, 0, j->M, b, e);
+}
+
+static int reserve(h3_pool *p, int slot, size_t bytes)
+{
+    for (int t = 0; t < h3_pool_threads(p); t++)
+        if (!h3_pool_scratch(p, t, slot, bytes)) return -H3_E_NOMEM;
+    return 0;
+}
+
+int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias,
+              float *Y, int64_t ldy)
+{
+    if (M <= 0 || W->rows <= 0) return 0;
+    lin_job j = {K(), p, X, ldx, M, W->rows, 0, 0, 0, W, bias, Y, ldy};
+    if (M <= SMALL_M) {
+        /* A few rows: streaming dot products beat packing the whole weight matrix. */
+        h3_parallel_for(p, W->rows, 64, lin_rows_task, &j);
+        return 0;
+    }
+    int rc;
+    if ((rc = reserve(p, 0, sizeof(float) * MC_ * KC_)) ||
+        (rc = reserve(p, 1, sizeof(float) * (size_t)((NT + 15) / 16 * 16) * KC_)))
+        return rc;
+    j.nt = (W->rows + NT - 1) / NT;
+    /* Split rows too when there are few column tiles, so every thread gets work. */
+    int64_t want = (int64_t)h3_pool_threads(p) * 3;
+    int64_t mt = (want + j.nt - 1) / j.nt;
+    if (mt < 1) mt = 1;
+    int64_t rows = (M + mt - 1) / mt;
+    rows = (rows + 5) / 6 * 6;
+    if (rows < 24) rows = 24 < M ? 24 : M;
+    j.rows_per_task = rows;
+    j.mt = (M + rows - 1) / rows;
+    h3_parallel_for(p, j.mt * j.nt, 1, lin_task, &j);
+    return 0;
+}
+
+/* ---- attention ------------------------------------------------------------------------- */
+
+#define ABR_ 48
+#define ABC_ 64
+
+typedef struct {
+    const h3_kernels *k;
+    h3_pool *p;
+    const float *Q, *Kp, *V;
+    int64_t ldq, ldk, ldv, ldo, Lq, Lk, qblocks;
+    int heads, kv_heads, D;
+    float scale;
+    bool causal;
+    float *O;
+} attn_job;
+
+static void attn_task(void *a, int64_t b, int64_t e, int thread)
+{
+    attn_job *j = a;
+    for (int64_t t = b; t < e; t++) {
+        int h = (int)(t / j->qblocks);
+        int64_t qb = t % j->qblocks;
+        int kvh = h / (j->heads / j->kv_heads);
+        int64_t q0 = qb * ABR_, q1 = q0 + ABR_ < j->Lq ? q0 + ABR_ : j->Lq;
+        j->k->attn_block(j->p, thread, j->Q + (int64_t)h * j->D, j->ldq, j->Kp + (int64_t)kvh * j->D, j->ldk,
+                         j->V + (int64_t)kvh * j->D, j->ldv, q0, q1, j->Lk, j->Lq, j->D, j->scale, j->causal,
+                         j->O + (int64_t)h * j->D, j->ldo);
+    }
+}
+
+int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const float *Kx, int64_t ldk, const float *V,
+                 int64_t ldv, int64_t Lq, int64_t Lk, int heads, int kv_heads, int D, float scale,
+                 bool causal, float *O, int64_t ldo)
+{
+    if (Lq <= 0) return 0;
+    if (kv_heads <= 0 || heads % kv_heads) return h3_err(H3_E_INVALID, "attention: %d heads, %d kv heads", heads, kv_heads);
+    int dpad = (D + 15) / 16 * 16;
+    size_t floats = (size_t)ABR_ * dpad * 2 + (size_t)ABC_ * dpad * 2 + (size_t)ABR_ * ABC_ * 2 + 2 * ABR_;
+    int rc = reserve(p, 2, floats * sizeof(float));
+    if (rc) return rc;
+    attn_job j = {K(), p, Q, Kx, V, ldq, ldk, ldv, ldo, Lq, Lk, (Lq + ABR_ - 1) / ABR_, heads, kv_heads, D,
+                  scale, causal, O};
+    h3_parallel_for(p, (int64_t)heads * j.qblocks, 1, attn_task, &j);
+    return 0;
+}
+
+/* ---- norms ----------------------------------------------------------------------------- */
+
+typedef struct {
+    const float *x, *w, *b;
+    float *y;
+    int64_t ldx, ldy, n;
+    float eps;
+    bool layer;
+} norm_job;
+
+static void norm_task(void *a, int64_t b0, int64_t e0, int thread)
+{
+    norm_job *j = a;
+    (void)thread;
+    for (int64_t r = b0; r < e0; r++) {
+        const float *x = j->x + r * j->ldx;
+        float *y = j->y + r * j->ldy;
+        if (j->layer) {
+            /* Two-pass mean/variance in double: matches torch's f32 result to rounding. */
+            double mean = 0, var = 0;
+            for (int64_t i = 0; i < j->n; i++) mean += x[i];
+            mean /= (double)j->n;
+            for (int64_t i = 0; i < j->n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+            var /= (double)j->n;
+            float inv = (float)(1.0 / sqrt(var + j->eps)), mu = (float)mean;
+            for (int64_t i = 0; i < j->n; i++) {
+                float v = (x[i] - mu) * inv;
+                if (j->w) v *= j->w[i];
+                if (j->b) v += j->b[i];
+                y[i] = v;
+            }
+        } else {
+            double ss = 0;
+            for (int64_t i = 0; i < j->n; i++) ss += (double)x[i] * x[i];
+            float inv = (float)(1.0 / sqrt(ss / (double)j->n + j->eps));
+            for (int64_t i = 0; i < j->n; i++) y[i] = j->w ? x[i] * inv * j->w[i] : x[i] * inv;
+        }
+    }
+}
+
+void h3_rmsnorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n,
+                const float *w, float eps)
+{
+    norm_job j = {x, w, NULL, y, ldx, ldy, n, eps, false};
+    h3_parallel_for(p, rows, 16, norm_task, &j);
+}
+
+void h3_layernorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n,
+                  const float *w, const float *b, float eps)
+{
+    norm_job j = {x, w, b, y, ldx, ldy, n, eps, true};
+    h3_parallel_for(p, rows, 16, norm_task, &j);
+}

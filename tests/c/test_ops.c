@@ -1,0 +1,115 @@
+/* Kernels vs straightforward double-precision references; thread-count and variant checks. */
+#include "ctest.h"
+#include "ops.h"
+
+#include <stdlib.h>
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static double rel_l2(const float *a, const double *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void test_linear(h3_pool *p1, h3_pool *p3, int64_t M, int64_t N, int64_t Kd, h3_dtype dt)
+{
+    float *X = malloc(sizeof(float) * M * Kd), *Wf = malloc(sizeof(float) * N * Kd);
+    float *b = malloc(sizeof(float) * N), *Y1 = malloc(sizeof(float) * M * N), *Y3 = malloc(sizeof(float) * M * N);
+    uint16_t *Wh = malloc(2 * N * Kd);
+    double *ref = malloc(sizeof(double) * M * N);
+    for (int64_t i = 0; i < M * Kd; i++) X[i] = frand();
+    for (int64_t i = 0; i < N * Kd; i++) {
+        Wf[i] = frand();
+        if (dt == H3_DT_BF16) {
+            Wh[i] = h3_f32_to_bf16(Wf[i]);
+            Wf[i] = h3_bf16_to_f32(Wh[i]);
+        }
+    }
+    for (int64_t i = 0; i < N; i++) b[i] = frand();
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = b[n];
+            for (int64_t k = 0; k < Kd; k++) s += (double)X[m * Kd + k] * Wf[n * Kd + k];
+            ref[m * N + n] = s;
+        }
+    h3_mat W = {dt == H3_DT_BF16 ? (void *)Wh : (void *)Wf, dt, N, Kd};
+    CHECK(h3_linear(p1, X, M, Kd, &W, b, Y1, N) == 0);
+    CHECK(h3_linear(p3, X, M, Kd, &W, b, Y3, N) == 0);
+    double e = rel_l2(Y1, ref, M * N);
+    CHECK_MSG(e < 1e-6, "linear %lldx%lldx%lld %s rel-L2 %g", (long long)M, (long long)N, (long long)Kd,
+              h3_dtype_name(dt), e);
+    CHECK_MSG(memcmp(Y1, Y3, sizeof(float) * M * N) == 0, "linear not identical across thread counts");
+    free(X), free(Wf), free(b), free(Y1), free(Y3), free(Wh), free(ref);
+}
+
+static void test_attention(h3_pool *p1, h3_pool *p3, int64_t Lq, int64_t Lk, int H, int KVH, int D, bool causal)
+{
+    int64_t ldq = (int64_t)H * D, ldk = (int64_t)KVH * D;
+    float *Q = malloc(sizeof(float) * Lq * ldq), *Kx = malloc(sizeof(float) * Lk * ldk), *V = malloc(sizeof(float) * Lk * ldk);
+    float *O1 = malloc(sizeof(float) * Lq * ldq), *O3 = malloc(sizeof(float) * Lq * ldq);
+    double *ref = malloc(sizeof(double) * Lq * ldq), *s = malloc(sizeof(double) * Lk);
+    for (int64_t i = 0; i < Lq * ldq; i++) Q[i] = frand() * 2;
+    for (int64_t i = 0; i < Lk * ldk; i++) Kx[i] = frand() * 2, V[i] = frand();
+    float scale = 1.0f / sqrtf((float)D);
+    for (int h = 0; h < H; h++) {
+        int kvh = h / (H / KVH);
+        for (int64_t i = 0; i < Lq; i++) {
+            double mx = -1e300, sum = 0;
+            int64_t lim = causal ? i + (Lk - Lq) + 1 : Lk;
+            for (int64_t j = 0; j < lim; j++) {
+                double d = 0;
+                for (int c = 0; c < D; c++) d += (double)Q[i * ldq + h * D + c] * Kx[j * ldk + kvh * D + c];
+                s[j] = d * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int64_t j = 0; j < lim; j++) sum += (s[j] = exp(s[j] - mx));
+            for (int c = 0; c < D; c++) {
+                double o = 0;
+                for (int64_t j = 0; j < lim; j++) o += s[j] * V[j * ldk + kvh * D + c];
+                ref[i * ldq + h * D + c] = o / sum;
+            }
+        }
+    }
+    CHECK(h3_attention(p1, Q, ldq, Kx, ldk, V, ldk, Lq, Lk, H, KVH, D, scale, causal, O1, ldq) == 0);
+    CHECK(h3_attention(p3, Q, ldq, Kx, ldk, V, ldk, Lq, Lk, H, KVH, D, scale, causal, O3, ldq) == 0);
+    double e = rel_l2(O1, ref, Lq * ldq);
+    CHECK_MSG(e < 2e-6, "attention Lq=%lld Lk=%lld H=%d KV=%d D=%d causal=%d rel-L2 %g", (long long)Lq,
+              (long long)Lk, H, KVH, D, causal, e);
+    CHECK_MSG(memcmp(O1, O3, sizeof(float) * Lq * ldq) == 0, "attention not identical across thread counts");
+    free(Q), free(Kx), free(V), free(O1), free(O3), free(ref), free(s);
+}
+
+int main(void)
+{
+    printf("kernels: %s\n", h3_kernels_variant());
+    h3_pool *p1 = h3_pool_create(1), *p3 = h3_pool_create(3);
+    int64_t shapes[][3] = {{1, 7, 5}, {3, 33, 17}, {7, 100, 300}, {37, 61, 29}, {130, 300, 520}, {6, 16, 256}, {97, 257, 257}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        test_linear(p1, p3, shapes[i][0], shapes[i][1], shapes[i][2], H3_DT_F32);
+        test_linear(p1, p3, shapes[i][0], shapes[i][1], shapes[i][2], H3_DT_BF16);
+    }
+    test_attention(p1, p3, 1, 1, 1, 1, 8, false);
+    test_attention(p1, p3, 50, 50, 2, 2, 32, false);
+    test_attention(p1, p3, 131, 131, 3, 3, 64, false);
+    test_attention(p1, p3, 70, 200, 4, 2, 24, false);
+    test_attention(p1, p3, 100, 100, 4, 1, 16, true);
+    test_attention(p1, p3, 7, 7, 2, 2, 128, true);
+    /* bf16 round trip and rounding */
+    CHECK(h3_f32_to_bf16(1.0f) == 0x3F80);
+    CHECK(h3_bf16_to_f32(h3_f32_to_bf16(3.140625f)) == 3.140625f);
+    h3_pool_destroy(p1);
+    h3_pool_destroy(p3);
+    CTEST_END();
+}

@@ -22,17 +22,17 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PYDIR = os.path.join(ROOT, "python")
-for p in (HERE, PYDIR):
+for p in (ROOT, PYDIR):
     if p not in sys.path:
         sys.path.insert(0, p)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-import vvae_oracle as O  # noqa: E402
 from h3ctl import parity_vae_video as PV  # noqa: E402
 from h3ctl._lib import H3Error  # noqa: E402
 from h3ctl.context import Context  # noqa: E402
+from tests import vvae_oracle as O  # noqa: E402
 
 # One torch thread: the reference decodes are tiny, and on a shared machine OpenMP threads contending for cores
 # made them 10x slower.
@@ -40,17 +40,15 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    vae = O.build_vae(O.TINY, seed=0)
-    root = O.write_official(vae, tmp_path_factory.mktemp("vvae_tiny"))
-    return vae, root
+def tiny(tiny_models, tiny_ckpt):
+    """The session's tiny checkpoint (official layout, F32 VAE) and the diffusers video VAE it was written from."""
+    return tiny_models["video_vae"], tiny_ckpt
 
 
 @pytest.fixture(scope="module")
 def odd(tmp_path_factory):
-    vae = O.build_vae(O.ODD, seed=1)
-    root = O.write_official(vae, tmp_path_factory.mktemp("vvae_odd"))
-    return vae, root
+    vae = O.build_video_vae("odd", seed=1)
+    return vae, O.write_video_vae(vae, tmp_path_factory.mktemp("vvae_odd"))
 
 
 def latents(C, T, h, w, seed=0):
@@ -58,9 +56,9 @@ def latents(C, T, h, w, seed=0):
 
 
 def check_parity(vae, root, lat, *, tile=0, overlap=0, untiled=False, tol=1e-5, threads=2):
-    O.set_tiling(vae, tile, overlap, untiled)
-    ref_sample = O.reference_sample(vae, lat)
-    ref_videos = O.reference_videos(vae, lat)
+    with O.tiling(vae, tile, overlap, untiled):
+        ref_sample = O.reference_sample(vae, lat)
+        ref_videos = O.reference_videos(vae, lat)
     with Context(root, threads=threads) as ctx:
         _, sample = PV.decode(ctx, lat, tile_px=tile, overlap_px=overlap, untiled=untiled, raw=True, want_rgb=False)
         rgb, videos = PV.decode(ctx, lat, tile_px=tile, overlap_px=overlap, untiled=untiled)
@@ -244,8 +242,7 @@ def test_cli_stage_matches_decode_step(tiny, tmp_path):
                 "--out", str(tmp_path / "out.safetensors"), "--threads", "2")
     assert r.returncode == 0, r.stderr
     videos = load_file(str(tmp_path / "out.safetensors"))["videos"]
-    O.set_tiling(vae, 0, 0)
-    ref = O.reference_videos(vae, lat)
+    ref = O.reference_videos(vae, lat)  # diffusers' default tiling
     assert videos.shape == ref.shape == (1, 22, 96, 96, 3)
     assert O.rel_l2(videos, ref) <= 1e-5
 
@@ -261,7 +258,7 @@ def test_cli_bad_inputs(tiny, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "16 channels" in r.stderr
     assert not out.exists()
 
-    broken = O.write_official(vae, tmp_path / "broken", drop=("decoder.transformer_blocks.1.ff.w1.weight",))
+    broken = O.write_video_vae(vae, tmp_path / "broken", drop=("decoder.transformer_blocks.1.ff.w1.weight",))
     save_file({"latents": latents(24, 7, 4, 4)[None]}, str(tmp_path / "ok.safetensors"))
     r = run_cli("parity", "video_decode", "--model", str(broken), "--inputs", str(tmp_path / "ok.safetensors"),
                 "--out", str(out))

@@ -38,6 +38,7 @@ typedef struct h3_vvae_plan {
     int tile_h, tile_w;          /* tile size in pixels (every tile of an axis has the same size) */
     int *y0, *x0, *ovy, *ovx;    /* starts and overlaps (overlap i lies between tile i and i+1) */
     int max_ovy, max_ovx;
+    bool col_major;              /* visit tiles column by column (fewer strip bytes to keep) */
     /* Per-tile token counts. */
     int grid;                    /* win * (tile_h/ps) * (tile_w/ps) */
     int tokens;                  /* grid + registers + 1 */

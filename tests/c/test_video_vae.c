@@ -78,7 +78,12 @@ static void test_geometry(void)
             h3_vvae_plan_free(&p);
         }
     }
+    /* Traversal order: the one keeping fewer overlap-strip bytes (landscape: by columns). */
     h3_vvae_plan p;
+    CHECK(h3_vvae_plan_make(&c, 7, 6, 10, 64, 32, 0, &p) == 0 && p.col_major && p.ny == 2 && p.nx == 4);
+    h3_vvae_plan_free(&p);
+    CHECK(h3_vvae_plan_make(&c, 7, 10, 6, 64, 32, 0, &p) == 0 && !p.col_major && p.ny == 4 && p.nx == 2);
+    h3_vvae_plan_free(&p);
     CHECK(h3_vvae_plan_make(&c, 2, 2, 2, 0, 0, 0, &p) == -H3_E_INVALID);
     CHECK(h3_vvae_plan_make(&c, 7, 2, 2, 40, 16, 0, &p) == -H3_E_INVALID);  /* not a multiple of 16 */
     CHECK(h3_vvae_plan_make(&c, 7, 2, 2, 64, 64, 0, &p) == -H3_E_INVALID);  /* overlap >= tile */
@@ -308,10 +313,12 @@ static void test_decodes(const char *dir)
     CHECK_MSG(num > 0 && num < den, "tiled vs untiled relative energy %g", num / den);
     free_outputs(&s), free_outputs(&u), free_outputs(&a);
 
-    /* Padded latent count (T = 9 -> 30 frames) with blending in both directions. */
-    outputs pd = {0};
+    /* Padded latent count (T = 9 -> 30 frames) with blending in both directions; landscape (tiles
+       visited by columns) and portrait (by rows). */
+    outputs pd = {0}, pt = {0};
     CHECK(decode_all(c3, lat, 9, H, W, 16, 8, 0, &pd) == 0 && pd.n == (size_t)30 * 28 * 36 * 3);
-    free_outputs(&pd);
+    CHECK(decode_all(c1, lat, 9, W, H, 16, 8, 0, &pt) == 0 && pt.n == (size_t)30 * 36 * 28 * 3);
+    free_outputs(&pd), free_outputs(&pt);
 
     /* Progress: one call per (window, tile); a non-zero return cancels. */
     progress_log log = {0};

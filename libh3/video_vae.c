@@ -197,7 +197,13 @@ int h3_vvae_plan_make(const h3_vvae_cfg *c, int T, int h, int w, int tile_px, in
     int64_t strips_row = (int64_t)p->nx * p->max_ovy * p->tile_w + (int64_t)p->tile_h * p->max_ovx;
     int64_t strips_col = (int64_t)p->ny * p->max_ovx * p->tile_h + (int64_t)p->tile_w * p->max_ovy;
     p->col_major = strips_col < strips_row;
-    p->grid = p->win * (p->tile_h / p->ps) * (p->tile_w / p->ps);
+    int64_t grid = (int64_t)p->win * (p->tile_h / p->ps) * (p->tile_w / p->ps);
+    if (grid > (1 << 26)) {
+        h3_vvae_plan_free(p);
+        return h3_err(H3_E_INVALID, "video decode: a %dx%d px tile of %d latent frames is %lld tokens, too many "
+                      "for one attention (tile the decode)", p->tile_h, p->tile_w, p->win, (long long)grid);
+    }
+    p->grid = (int)grid;
     p->tokens = p->grid + c->dec_registers + 1;
     p->rows_block = p->tokens < ROWS_BLOCK ? p->tokens : ROWS_BLOCK;
     p->workspace_bytes = vv_layout(c, p, NULL, NULL);
@@ -297,21 +303,22 @@ static int vv_load(h3_model *m, vv_model *M)
     M->nlayers = c->dec_layers;
     M->pix = c->out_ch * c->temporal * c->spatial * c->spatial;
     /* diffusers: rope dim = int(head_dim * rope_dim_ratio), split over 3 axes of sin/cos pairs. */
-    M->rd = (int)(M->dh * c->dec_rope_ratio);
-    if (M->rd <= 0 || M->rd % 6 || M->rd > M->dh)
+    int rd = (int)(M->dh * c->dec_rope_ratio);
+    if (rd <= 0 || rd % 6 || rd > M->dh)
         return h3_err(H3_E_UNSUPPORTED,
                       "%s/config.json: rotary width %d (dim_head %d x rope_dim_ratio %g) must be a positive "
-                      "multiple of 6 not above dim_head", m->comp[H3_COMP_VIDEO_VAE].weights_dir, M->rd, M->dh,
+                      "multiple of 6 not above dim_head", m->comp[H3_COMP_VIDEO_VAE].weights_dir, rd, M->dh,
                       c->dec_rope_ratio);
-    /* torch.arange(0, 1, 6 / rd) has ceil(rd / 6) entries computed in double (one more than rd / 6
-       for a few widths), and the rotated width is what the tables span: 6 x entries. */
-    M->nf = (int)ceil(1.0 / (6.0 / M->rd));
+    /* inv_freq = 1 / theta ** torch.arange(0, 1, 6 / rd): float32 values computed in double, with
+       ceil(rd / 6) entries as torch counts them (one more than rd / 6 for a few widths). The rotated
+       width is what the tables span: 6 x entries. */
+    double step = 6.0 / rd;
+    M->nf = (int)ceil(1.0 / step);
     M->rd = 6 * M->nf;
     if (M->rd > M->dh || M->nf > 64)
         return h3_err(H3_E_UNSUPPORTED, "video VAE: %d rotary dims exceed dim_head %d", M->rd, M->dh);
     for (int f = 0; f < M->nf; f++) {
-        /* torch.arange(0, 1, 6/rd) in float32 (computed in double), theta ** e, then 1 / x. */
-        float e = (float)(f * (6.0 / M->rd));
+        float e = (float)(f * step);
         M->inv_freq[f] = 1.0f / powf((float)c->dec_rope_theta, e);
     }
     int64_t D = M->D, C = M->C, I = M->I;

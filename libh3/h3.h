@@ -82,6 +82,16 @@ H3_API void h3_free(h3_ctx *ctx);
 H3_API int h3_threads(const h3_ctx *ctx);
 
 /*
+ * Progress and cancellation. Long stages call `fn` on the calling thread between units of work
+ * (e.g. after each text-encoder layer), with `phase` naming the stage ("text_encoder") and
+ * done/total counting units; done = 0 is reported before the first unit. Returning non-zero
+ * cancels: the running call stops at that point and fails with H3_E_CANCELLED. fn = NULL removes
+ * the hook. The hook belongs to the context and stays set until changed.
+ */
+typedef int (*h3_progress_fn)(void *user, const char *phase, int done, int total);
+H3_API void h3_set_progress(h3_ctx *ctx, h3_progress_fn fn, void *user);
+
+/*
  * Description of the opened model as a JSON object: partition, components present, their
  * files, tensor counts, dtypes, bytes, config dimensions. The string is owned by the context
  * and valid until h3_free.
@@ -111,6 +121,49 @@ H3_API int h3_safetensors_check(const char *path);
 
 /* Same, for a header held in memory: `buf` holds the whole file image of `len` bytes. */
 H3_API int h3_safetensors_check_buffer(const void *buf, size_t len);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Text encoder                                                                                */
+/*
+ * MiniMax-H3 conditions on hidden_states[K] of its Qwen3-VL language model (K = config key
+ * "minimax_h3_conditioning_layer", 50 for the release): the residual stream after decoder layer
+ * K-1, before any final norm, exactly what transformers' Qwen3VLForConditionalGeneration returns
+ * for a text-only prompt. Token ids are the tokenizer's ids without special tokens and without a
+ * chat template. Layers are streamed from the shards one at a time (layers >= K are never read);
+ * H3_TEXT_PREFETCH=0 in the environment turns the background prefetch of the next layer off
+ * (results are bit-identical either way).
+ */
+
+/* Hidden size of the text encoder (the width of each output row), or a negative H3_E* code. */
+H3_API int h3_text_hidden_size(h3_ctx *ctx);
+
+/*
+ * out[n * hidden] (f32, row-major [n, hidden]) = the conditioning hidden state for the n token
+ * ids. n must be >= 1 (an empty prompt is refused, as transformers cannot encode one either) and
+ * every id must lie in [0, vocab_size). Results are served from the context's prompt cache when
+ * the same ids were encoded before with the same weights. Reports progress per layer through the
+ * context's progress hook (phase "text_encoder"). Returns 0 or a negative H3_E* code; on failure
+ * `out` holds unspecified values.
+ */
+H3_API int h3_text_encode(h3_ctx *ctx, const int32_t *ids, int n, float *out);
+
+/* Prompt cache: in-memory, per context, keyed by (text-encoder weights identity, token ids),
+   evicting least-recently-used entries to stay within a byte budget (default 256 MiB). */
+typedef struct h3_text_cache_stats {
+    uint32_t struct_size;     /* sizeof(h3_text_cache_stats), set by the caller */
+    uint32_t reserved;
+    uint64_t hits, misses;    /* lookups answered / not answered from the cache */
+    uint64_t entries, bytes;  /* what the cache holds now (bytes include keys) */
+    uint64_t budget;          /* byte budget; 0 = caching off */
+    uint64_t evictions;
+    uint64_t last_bytes_read; /* weight bytes the last h3_text_encode read from disk (0 on a hit) */
+} h3_text_cache_stats;
+
+H3_API int h3_text_cache_stats_get(h3_ctx *ctx, h3_text_cache_stats *out);
+/* Set the budget in bytes (0 disables caching); entries beyond it are evicted now. */
+H3_API int h3_text_cache_set_budget(h3_ctx *ctx, uint64_t bytes);
+/* Drop every entry (the counters stay). */
+H3_API void h3_text_cache_clear(h3_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@ _HERE = Path(__file__).resolve().parent
 _LIBNAME = "libh3.dylib" if sys.platform == "darwin" else "libh3.so"
 
 c_int, c_int32, c_int64, c_uint32 = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
+c_uint64 = ctypes.c_uint64
 c_size_t, c_char_p, c_void_p = ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
 c_float_p = ctypes.POINTER(ctypes.c_float)
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
@@ -29,6 +30,15 @@ class H3Options(ctypes.Structure):
 
 H3_OPT_REF2VA = 1
 
+# int (*)(void *user, const char *phase, int done, int total); non-zero return cancels.
+H3ProgressFn = ctypes.CFUNCTYPE(c_int, c_void_p, c_char_p, c_int, c_int)
+
+
+class H3TextCacheStats(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("hits", c_uint64), ("misses", c_uint64),
+                ("entries", c_uint64), ("bytes", c_uint64), ("budget", c_uint64), ("evictions", c_uint64),
+                ("last_bytes_read", c_uint64)]
+
 # name -> (restype, argtypes). Keep in the order of libh3/h3.h.
 BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_version": (c_char_p, []),
@@ -38,11 +48,17 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_init": (c_void_p, [c_char_p, ctypes.POINTER(H3Options)]),
     "h3_free": (None, [c_void_p]),
     "h3_threads": (c_int, [c_void_p]),
+    "h3_set_progress": (None, [c_void_p, H3ProgressFn, c_void_p]),
     "h3_model_info_json": (c_char_p, [c_void_p]),
     "h3_memory_estimate_json": (c_char_p, [c_void_p, c_int, c_int, c_int, c_int]),
     "h3_model_check": (c_int, [c_void_p, c_int]),
     "h3_safetensors_check": (c_int, [c_char_p]),
     "h3_safetensors_check_buffer": (c_int, [c_void_p, c_size_t]),
+    "h3_text_hidden_size": (c_int, [c_void_p]),
+    "h3_text_encode": (c_int, [c_void_p, c_int32_p, c_int, c_float_p]),
+    "h3_text_cache_stats_get": (c_int, [c_void_p, ctypes.POINTER(H3TextCacheStats)]),
+    "h3_text_cache_set_budget": (c_int, [c_void_p, c_uint64]),
+    "h3_text_cache_clear": (None, [c_void_p]),
 }
 
 

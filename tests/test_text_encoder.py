@@ -203,6 +203,24 @@ def test_parity_bf16_official_dtype(models, tmp_path):
             assert err <= 1e-4, f"{n} tokens: rel-L2 {err:.3g}"
 
 
+def test_official_fixture_checkpoints(tiny_models, tiny_ckpt, tiny_ckpt_f32):
+    """The shared oracle fixtures (full official layout, every component): F32 and released-dtype (BF16)."""
+    from tests.fixtures import conditioning_layer
+
+    model = tiny_models["text_encoder"]
+    layer = conditioning_layer(model)
+    vocab = model.config.text_config.vocab_size
+    upcast = type(model)(model.config).eval()
+    upcast.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
+    rng = np.random.default_rng(11)
+    for part, ref_model, tol in ((tiny_ckpt_f32, model, 1e-5), (tiny_ckpt, upcast, 1e-4)):
+        with Context(part, threads=2) as ctx:
+            for n in (1, 64, 512):
+                ids = rng.integers(0, vocab, n)
+                err = rel_l2(text.encode(ctx, ids), oracle(ref_model, ids, layer))
+                assert err <= tol, f"{part}, {n} tokens: rel-L2 {err:.3g}"
+
+
 def test_bit_identical_threads_and_prefetch(ckpts, monkeypatch):
     ids = random_ids(333, 7)
     outs = []

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +22,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from h3ctl import _lib, text  # noqa: E402
+from h3ctl import text  # noqa: E402
 from h3ctl._lib import H3Error  # noqa: E402
 from h3ctl.context import Context  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 COND_KEY = "minimax_h3_conditioning_layer"
 VOCAB = 300
 LENGTHS = (1, 2, 7, 64, 333, 512)
@@ -359,22 +355,25 @@ def _parity(tmp_path, model_dir, ids, name="in"):
 
 
 def test_parity_cli_roundtrip(models, ckpts, tmp_path):
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file, save_file
+
+    from tests.h3cli import assert_clean_error, run
 
     model, layer = models["gqa"]
     ids = random_ids(33, 5)[None]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     inp, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
-    from safetensors.numpy import save_file
-
     save_file({"input_ids": ids.astype(np.int32)}, str(inp))
-    proc = subprocess.run([sys.executable, "-m", "h3ctl", "parity", "text", "--model", str(ckpts["gqa"]),
-                           "--inputs", str(inp), "--out", str(out), "--threads", "2"],
-                          capture_output=True, text=True, env=env)
+    proc = run("parity", "text", "--model", ckpts["gqa"], "--inputs", inp, "--out", out, "--threads", 2)
     assert proc.returncode == 0, proc.stderr
     got = load_file(str(out))["prompt_embeds"]
     assert got.shape == (1, 33, 48) and got.dtype == np.float32
     assert rel_l2(got[0], oracle(model, ids[0], layer)) <= 1e-5
+    # the same through a real process on bad input: one line, exit 2, no output file
+    out.unlink()
+    save_file({"input_ids": np.array([[3, VOCAB + 7]], np.int64)}, str(inp))
+    proc = run("parity", "text", "--model", ckpts["gqa"], "--inputs", inp, "--out", out)
+    assert_clean_error(proc, f"token id {VOCAB + 7} at position 1 is outside the vocabulary")
+    assert not out.exists()
 
 
 @pytest.fixture(scope="module")
@@ -420,3 +419,46 @@ def test_parity_cli_bad_input(case, needle, ckpts, broken_ckpts, tmp_path, capsy
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("h3ctl: error: "), err
     assert needle in lines[0], lines[0]
+
+
+# ---- config handling -----------------------------------------------------------------------------
+
+
+def _with_config(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    p = dst / "FL2VA" / "text_encoder" / "config.json"
+    cfg = json.loads(p.read_text())
+    edit(cfg)
+    p.write_text(json.dumps(cfg))
+    return dst
+
+
+def test_rope_theta_defaults_like_transformers(models, ckpts, tmp_path):
+    """No rope_theta anywhere: transformers falls back to Qwen3VLTextConfig.default_theta (500000)."""
+    from transformers import Qwen3VLConfig
+
+    model, layer = models["gqa"]
+    root = _with_config(ckpts["gqa"], tmp_path / "no_theta",
+                        lambda c: c["text_config"]["rope_parameters"].pop("rope_theta"))
+    cfg = json.loads((root / "FL2VA" / "text_encoder" / "config.json").read_text())
+    cfg.pop(COND_KEY)
+    ref = type(model)(Qwen3VLConfig.from_dict(cfg)).eval()
+    assert ref.config.text_config.rope_parameters["rope_theta"] == 500000.0
+    ref.load_state_dict(model.state_dict())
+    ids = random_ids(200, 4)
+    with Context(root, threads=2) as ctx:
+        assert rel_l2(text.encode(ctx, ids), oracle(ref, ids, layer)) <= 1e-5
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda c: c["text_config"]["rope_parameters"].update(rope_type="yarn", factor=2.0), "rope_type 'yarn'"),
+    (lambda c: c["text_config"].update(hidden_act="gelu"), "hidden_act 'gelu'"),
+    (lambda c: c["text_config"].update(attention_bias=True), "attention_bias must be false"),
+    (lambda c: c.update({COND_KEY: 4}), "needs more than 4 layers (it has 4)"),
+])
+def test_unsupported_configs_are_refused(edit, needle, ckpts, tmp_path):
+    root = _with_config(ckpts["gqa"], tmp_path / "cfg", edit)
+    with Context(root) as ctx:
+        with pytest.raises(H3Error) as e:
+            text.encode(ctx, [1, 2, 3])
+    assert needle in str(e.value) and "config.json" in str(e.value)

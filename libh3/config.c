@@ -205,6 +205,9 @@ int h3_text_cfg_load(h3_model *m, h3_text_cfg *c)
         return h3_err(H3_E_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                       p, c->heads, c->kv_heads);
     if (c->head_dim % 2) return h3_err(H3_E_FORMAT, "%s: head_dim must be even, got %d", p, c->head_dim);
+    if ((int64_t)c->heads * c->head_dim > MAXD)
+        return h3_err(H3_E_FORMAT, "%s: num_attention_heads x head_dim = %lld is out of range (at most %d)", p,
+                      (long long)c->heads * c->head_dim, MAXD);
     if (c->cond_layer >= c->layers)
         return h3_err(H3_E_FORMAT,
                       "%s: MiniMax-H3 reads hidden state %d, so the text encoder needs more than %d layers "

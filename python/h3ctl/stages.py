@@ -1,3 +1,3 @@
 """Parity stages available in this build of libh3 (registered into h3ctl.parity.STAGES)."""
 
-from . import parity_text  # noqa: F401,E402
+from . import parity_text  # noqa: F401

@@ -1064,8 +1064,9 @@ static bmerge heap_pop(bmerge *h, size_t *n)
 
 static void queue_pair(const h3_tokenizer *t, bsym *sy, bmerge *hp, size_t *hn, int32_t pos)
 {
+    if (pos < 0) return;
     int32_t nx = sy[pos].next;
-    if (pos < 0 || nx < 0) return;
+    if (nx < 0) return;
     const mslot *m = merge_get(t, sy[pos].id, sy[nx].id);
     if (m) heap_push(hp, hn, (bmerge){m->rank, (uint32_t)pos, sy[pos].id, sy[nx].id, m->id});
 }

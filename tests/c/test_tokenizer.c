@@ -228,6 +228,92 @@ static void test_nfc(void)
     CHECK(h3u_ccc(0x0301) == 230 && h3u_ccc(0x0316) == 220 && h3u_ccc('a') == 0);
 }
 
+/* unk / fuse_unk / byte_fallback / ignore_merges on a vocab missing most bytes; the expected
+   ids are HF tokenizers' for the same file. */
+static void test_model_options(void)
+{
+    static const char *fmt =
+        "{\"added_tokens\":[],\"normalizer\":{\"type\":\"NFC\"},\"pre_tokenizer\":{\"type\":\"Sequence\","
+        "\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+        "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}|"
+        " ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+        "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+        "\"use_regex\":false}]},\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\","
+        "\"unk_token\":\"<unk>\",\"fuse_unk\":%s,\"byte_fallback\":%s,\"ignore_merges\":%s,"
+        "\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"<unk>\":3,\"<0x43>\":4,\"abc\":5,\"c\":6,"
+        "\"\\u0120a\":7,\"<0xC4>\":8,\"<0xA0>\":9},\"merges\":[\"a b\"]}}";
+    char json[2048];
+    snprintf(json, sizeof json, fmt, "false", "false", "false");
+    char *p = write_file("opt1.json", json);
+    h3_tokenizer *t = h3_tokenizer_load(p);
+    CHECK_MSG(t != NULL, "%s", h3_last_error());
+    if (t) {
+        IDS(t, "abCxyab", 2, 3, 3, 3, 2);
+        IDS(t, "abc a", 2, 6, 3, 0);
+    }
+    h3_tokenizer_free(t);
+    unlink(p);
+    free(p);
+    snprintf(json, sizeof json, fmt, "true", "true", "false");
+    p = write_file("opt2.json", json);
+    t = h3_tokenizer_load(p);
+    CHECK_MSG(t != NULL, "%s", h3_last_error());
+    if (t) {
+        IDS(t, "abCxyab", 2, 4, 3, 2);
+        IDS(t, "abc a", 2, 6, 8, 9, 0);
+        IDS(t, "xyz", 3);
+    }
+    h3_tokenizer_free(t);
+    unlink(p);
+    free(p);
+    snprintf(json, sizeof json, fmt, "false", "false", "true");
+    p = write_file("opt3.json", json);
+    t = h3_tokenizer_load(p);
+    CHECK_MSG(t != NULL, "%s", h3_last_error());
+    if (t) {
+        IDS(t, "abc a", 5, 7);
+        IDS(t, "abc", 5);
+    }
+    h3_tokenizer_free(t);
+    unlink(p);
+    free(p);
+}
+
+/* Added-token options (checked against HF in tests/test_tokenizer.py on a trained file). */
+static void test_added_options(void)
+{
+    const char *added =
+        "{\"id\":265,\"content\":\"[M]\",\"single_word\":true,\"lstrip\":true,\"rstrip\":true,"
+        "\"normalized\":false,\"special\":false},"
+        "{\"id\":266,\"content\":\"<s>\",\"lstrip\":true,\"normalized\":false,\"special\":true},"
+        "{\"id\":267,\"content\":\"<e>\",\"rstrip\":true,\"normalized\":false,\"special\":true},"
+        "{\"id\":268,\"content\":\"e\\u0301\",\"normalized\":true,\"special\":false}";
+    char *p = write_tokenizer("added.json", false, "BPE", added);
+    h3_tokenizer *t = h3_tokenizer_load(p);
+    CHECK_MSG(t != NULL, "%s", h3_last_error());
+    if (t) {
+        IDS(t, "a [M] b", 'a', 265, 'b');
+        IDS(t, "a[M]b", 'a', '[', 'M', ']', 'b');
+        IDS(t, "x  <s>y", 'x', 266, 'y');
+        IDS(t, "x<e>  y", 'x', 267, 'y');
+        IDS(t, "cafe\xcc\x81", 'c', 'a', 'f', 268);
+        IDS(t, "\xc3\xa9", 268);
+        /* A long word and a long run of marks go through the heap and the counting sort. */
+        char big[3000];
+        memset(big, 'l', sizeof big);
+        int32_t ids[2000];
+        CHECK(h3_tokenize(t, big, sizeof big, ids, 2000) == 1500);
+        for (int i = 0; i < 1500; i++) CHECK(ids[i] == 257);
+        char marks[1 + 2 * 1000];
+        marks[0] = 'x';
+        for (int i = 0; i < 1000; i++) memcpy(marks + 1 + 2 * i, i % 2 ? "\xcc\x81" : "\xcc\x96", 2);
+        CHECK(h3_tokenize(t, marks, sizeof marks, NULL, 0) == 2001);
+    }
+    h3_tokenizer_free(t);
+    unlink(p);
+    free(p);
+}
+
 static void expect_load_error(const char *path, const char *needle)
 {
     h3_tokenizer *t = h3_tokenizer_load(path);
@@ -280,6 +366,8 @@ int main(void)
         h3_tokenizer_free(t);
     }
     test_load_errors();
+    test_model_options();
+    test_added_options();
     for (int k = 0; k < 2; k++) {
         unlink(paths[k]);
         free(paths[k]);

@@ -7,6 +7,14 @@
  * split by the pattern (a hand-written matcher, no regex engine), mapped byte-wise to the
  * GPT-2 alphabet and merged by rank.
  *
+ * Unicode data follows what HF tokenizers 0.23.3 itself uses, not the newest Unicode: the
+ * pattern's \p{L} \p{N} \p{M} \s are Oniguruma's Unicode 16.0 classes, NFC uses Unicode 9.0
+ * data (HF's normalizer crate); see tools/gen_unicode_tables.py. A later tokenizers release that
+ * moves either version changes ids only for characters added to Unicode in between.
+ *
+ * Text must be well-formed UTF-8: HF only ever sees Python str, so bytes it could not receive
+ * are refused (with the offset of the first bad byte) rather than silently replaced.
+ *
  * After loading, a tokenizer is read-only: calls may run concurrently on one tokenizer.
  * Every encode call owns its scratch space and its word cache.
  */
@@ -668,7 +676,7 @@ static int load_pre_tokenizer(h3_tokenizer *t, const h3_json *d, const h3j *p)
 static int load_vocab(h3_tokenizer *t, const h3_json *d, const h3j *vocab, int64_t *max_id)
 {
     if (!vocab || vocab->type != H3J_OBJ) return h3_err(H3_E_FORMAT, "model.vocab must be an object");
-    t->vt_cap = pow2_at_least((size_t)vocab->len * 2 + 2);
+    t->vt_cap = pow2_at_least((size_t)vocab->len * 3 / 2 + 2);
     t->vt = h3_malloc(t->vt_cap * sizeof *t->vt);
     if (!t->vt) return -H3_E_NOMEM;
     for (size_t i = 0; i < t->vt_cap; i++) t->vt[i].id = -1;

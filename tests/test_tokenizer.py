@@ -423,13 +423,13 @@ def test_speed(qwen_path, lib):
 # ---------------------------------------------------------------------------------------------
 # Fuzz
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(st.characters(exclude_categories=("Cs",)), max_size=40))
 def test_fuzz_text(qwen, qwen_hf, text):
     assert qwen.encode(text) == qwen_hf.encode(text, add_special_tokens=False).ids
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(st.lists(st.sampled_from(["a", "'", "s", "S", "ſ", " ", "  ", "\n", "\r", "\t", "1", "é", "e", "\u0301",
                                  "\u0316", "日", "🦊", "\u200d", "<|im_start|>", "<|", "|>", "!", "\u3000",
                                  "\u00a0", "ll", "LL", "re"]), max_size=30).map("".join))
@@ -437,7 +437,7 @@ def test_fuzz_tricky_pieces(qwen, qwen_hf, text):
     assert qwen.encode(text) == qwen_hf.encode(text, add_special_tokens=False).ids
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(st.binary(max_size=24))
 def test_fuzz_bytes(qwen, qwen_hf, lib, data):
     try:

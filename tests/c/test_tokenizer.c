@@ -6,6 +6,7 @@
 
 #include "ctest.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,6 +315,38 @@ static void test_added_options(void)
     free(p);
 }
 
+/* A loaded tokenizer is read-only: several threads encode with it at once. */
+typedef struct {
+    h3_tokenizer *t;
+    int ok;
+} thread_arg;
+
+static void *encode_many(void *p)
+{
+    thread_arg *a = p;
+    const char *text = "<|im_start|>hello world e\xcc\x81 Hello  123\r\n";
+    int32_t want[64], got[64];
+    int64_t n = h3_tokenize(a->t, text, strlen(text), want, 64);
+    a->ok = n > 0;
+    for (int i = 0; i < 300 && a->ok; i++)
+        a->ok = h3_tokenize(a->t, text, strlen(text), got, 64) == n && !memcmp(got, want, (size_t)n * sizeof *got);
+    return NULL;
+}
+
+static void test_threads(h3_tokenizer *t)
+{
+    pthread_t th[4];
+    thread_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (thread_arg){t, 0};
+        CHECK(pthread_create(&th[i], NULL, encode_many, &args[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(args[i].ok);
+    }
+}
+
 static void expect_load_error(const char *path, const char *needle)
 {
     h3_tokenizer *t = h3_tokenizer_load(path);
@@ -362,6 +395,7 @@ int main(void)
             test_encode(t);
             test_lookup_decode(t);
             test_bad_input(t);
+            test_threads(t);
         }
         h3_tokenizer_free(t);
     }

@@ -977,7 +977,10 @@ int32_t h3_tokenizer_vocab_size(h3_tokenizer *t)
 
 int32_t h3_token_id(h3_tokenizer *t, const char *token)
 {
-    if (!t || !token) return -1;
+    if (!t || !token) {
+        h3_err(H3_E_INVALID, "h3_token_id: NULL tokenizer or token");
+        return -1;
+    }
     size_t n = strlen(token);
     for (size_t k = 0; k < t->nadded; k++)
         if (t->added[k].len == n && !memcmp(t->pool + t->added[k].off, token, n)) return t->added[k].id;

@@ -123,6 +123,46 @@ H3_API int h3_safetensors_check(const char *path);
 H3_API int h3_safetensors_check_buffer(const void *buf, size_t len);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Tokenizer                                                                                   */
+
+/*
+ * Byte-level BPE tokenizer read from a HF tokenizer.json of the Qwen2 family (NFC normalizer,
+ * the Qwen2 split pattern, ByteLevel pre-tokenizer and decoder, added/special tokens). Other
+ * configurations are refused with H3_E_UNSUPPORTED. A loaded tokenizer is read-only: any
+ * number of threads may encode and decode with it at once.
+ */
+typedef struct h3_tokenizer h3_tokenizer;
+
+/* Load tokenizer.json (HF format). NULL on failure (h3_last_error names the file and problem). */
+H3_API h3_tokenizer *h3_tokenizer_load(const char *path);
+H3_API void h3_tokenizer_free(h3_tokenizer *tok);
+
+/*
+ * Encode `len` bytes of UTF-8 as HF tokenizers does with add_special_tokens=False: the same ids
+ * as Tokenizer.from_file(path).encode(text, add_special_tokens=False).ids. Added and special
+ * tokens written in the text are recognised. Writes up to `cap` ids; returns the total number
+ * of ids (may exceed cap: call again with a larger buffer) or a negative H3_E_* code. Empty
+ * input gives 0. Text that is not well-formed UTF-8 (overlong forms, surrogates, truncated
+ * sequences) is refused with H3_E_INVALID and a message naming the first bad byte offset.
+ */
+H3_API int64_t h3_tokenize(h3_tokenizer *tok, const char *text, size_t len, int32_t *ids, int64_t cap);
+
+/* Token id of an exact token string (added/special content, or a vocab entry in its
+   byte-level spelling such as "\xc4\xa0the" for " the"), or -1. */
+H3_API int32_t h3_token_id(h3_tokenizer *tok, const char *token);
+
+/* Largest id + 1 over the vocab and the added tokens (151669 for Qwen3). */
+H3_API int32_t h3_tokenizer_vocab_size(h3_tokenizer *tok);
+
+/*
+ * Decode ids back to bytes with the byte-level decoder; special tokens are included (like HF
+ * decode(ids, skip_special_tokens=False)). The bytes are not NUL-terminated and may be invalid
+ * UTF-8 when the ids cut a character (HF then shows U+FFFD). Returns the byte count (may exceed
+ * cap) or a negative H3_E_* code (an id outside the vocabulary is H3_E_INVALID).
+ */
+H3_API int64_t h3_detokenize(h3_tokenizer *tok, const int32_t *ids, int64_t n, char *out, int64_t cap);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Text encoder                                                                                */
 /*
  * MiniMax-H3 conditions on hidden_states[K] of its Qwen3-VL language model (K = config key

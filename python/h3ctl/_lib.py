@@ -54,6 +54,13 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_model_check": (c_int, [c_void_p, c_int]),
     "h3_safetensors_check": (c_int, [c_char_p]),
     "h3_safetensors_check_buffer": (c_int, [c_void_p, c_size_t]),
+    # tokenizer
+    "h3_tokenizer_load": (c_void_p, [c_char_p]),
+    "h3_tokenizer_free": (None, [c_void_p]),
+    "h3_tokenize": (c_int64, [c_void_p, c_char_p, c_size_t, c_int32_p, c_int64]),
+    "h3_token_id": (c_int32, [c_void_p, c_char_p]),
+    "h3_tokenizer_vocab_size": (c_int32, [c_void_p]),
+    "h3_detokenize": (c_int64, [c_void_p, c_int32_p, c_int64, c_char_p, c_int64]),
     "h3_text_hidden_size": (c_int, [c_void_p]),
     "h3_text_encode": (c_int, [c_void_p, c_int32_p, c_int, c_float_p]),
     "h3_text_cache_stats_get": (c_int, [c_void_p, ctypes.POINTER(H3TextCacheStats)]),

@@ -1,3 +1,4 @@
 """Parity stages available in this build of libh3 (registered into h3ctl.parity.STAGES)."""
 
 from . import parity_text  # noqa: F401
+from . import parity_tokenize  # noqa: F401

@@ -284,6 +284,7 @@ H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 /* ---- the context ----------------------------------------------------------------------- */
 
 struct h3_pool;
+struct h3_dit;
 
 struct h3_ctx {
     h3_model model;
@@ -292,6 +293,8 @@ struct h3_ctx {
     char *info_json;
     char *mem_json;
     struct h3_pool *pool; /* created on first compute, see h3_ctx_pool */
+    struct h3_dit *dit;   /* the transformer, opened on first use (dit_api.c) */
+    char *dit_json;       /* h3_dit_profile_json answer */
 };
 
 /* The context's worker pool (created on first use). NULL with an error on failure. */

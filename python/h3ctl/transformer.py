@@ -24,6 +24,13 @@ def _f32(a, name: str, ndim: int) -> np.ndarray:
     return a
 
 
+def _config(ctx) -> dict:
+    comp = ctx.info()["components"]["transformer"]
+    if not comp.get("present"):
+        raise H3Error(f"{ctx.model_dir}: component 'transformer' is missing")
+    return comp["config"]
+
+
 def sigma_schedule(steps: int, shift: float) -> tuple[np.ndarray, np.ndarray]:
     """(sigmas, timesteps) of MiniMaxH3Scheduler.set_timesteps(steps) with `shift` (steps = sigma grid points)."""
     steps = int(steps)
@@ -80,6 +87,12 @@ def forward(ctx, hidden_states, audio_hidden_states, encoder_hidden_states, time
     for name, a, rows in (("video_indices", vix, hs), ("audio_indices", aix, ahs), ("text_indices", tix, ehs)):
         if a.shape[0] != rows.shape[0]:
             raise H3Error(f"{name} has {a.shape[0]} entries for {rows.shape[0]} input rows")
+    cfg = _config(ctx)
+    patch = cfg["latents_dim"] * cfg["patch_size"][1] * cfg["patch_size"][2]
+    for name, a, width in (("hidden_states", hs, patch), ("audio_hidden_states", ahs, cfg["audio_latents_dim"]),
+                           ("encoder_hidden_states", ehs, cfg["text_dim"])):
+        if a.shape[1] != width:
+            raise H3Error(f"{name} rows have {a.shape[1]} features, the transformer takes {width}")
     sample = np.zeros(hs.shape, np.float32)
     audio_sample = np.zeros(ahs.shape, np.float32)
     f, l = ctypes.c_float, ctypes.c_int64
@@ -101,7 +114,7 @@ def denoise(ctx, prompt_embeds, latents, audio_latents, steps: int, text_tags=No
     if lat.ndim != 4 or aud.ndim != 3 or aud.shape[0] != 2:
         raise H3Error(f"latents must be [C, T, H, W] and audio_latents [2, C, T_a], got {list(lat.shape)} and "
                       f"{list(aud.shape)}")
-    cfg = ctx.info()["components"]["transformer"]["config"]
+    cfg = _config(ctx)
     if lat.shape[0] != cfg["latents_dim"] or aud.shape[1] != cfg["audio_latents_dim"]:
         raise H3Error(f"latents have {lat.shape[0]} channels and audio latents {aud.shape[1]}, but the transformer "
                       f"takes {cfg['latents_dim']} and {cfg['audio_latents_dim']}")

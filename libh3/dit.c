@@ -75,6 +75,20 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+const char *h3_dit_part_name(int part)
+{
+    static const char *names[H3_DIT_PARTS] = {"linear", "attention", "norm_modulate", "qk_norm_rope", "eltwise"};
+    return part >= 0 && part < H3_DIT_PARTS ? names[part] : "?";
+}
+
+/* Charge the time since *t to a part of the forward's breakdown and restart the clock. */
+static void charge(h3_dit *d, int part, double *t)
+{
+    double n = now_ms();
+    d->stats.part_ms[part] += n - *t;
+    *t = n;
+}
+
 /* ---- weights --------------------------------------------------------------------------- */
 
 static int get_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char *fmt, ...) H3_PRINTF(5, 6);
@@ -399,7 +413,7 @@ static void swiglu_task(void *a, int64_t b, int64_t e, int thread)
     for (int64_t r = b; r < e; r++) {
         const float *gate = j->f + r * 2 * j->F, *up = gate + j->F;
         float *g = j->g + r * j->F;
-        for (int64_t i = 0; i < j->F; i++) g[i] = up[i] * h3_silu(gate[i]);
+        h3_silu_mul(gate, up, g, j->F);
     }
 }
 
@@ -487,28 +501,40 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     const h3_dit_cfg *c = &d->c;
     const int64_t H = c->hidden, A = d->A, F = c->ffn;
     int rc;
+    double t = now_ms();
     norm_job nj = {.x = d->x, .y = d->nb, .w = b->norm1, .tab = tab, .row_mod = row_mod, .n = H, .ldx = H,
                    .ldy = H, .slot = 0, .stride = 6, .eps = (float)c->norm_eps};
     run_norm(d, &nj, rows);
+    charge(d, H3_DIT_PART_NORM, &t);
     if ((rc = h3_linear(d->pool, d->nb, rows, H, &b->qkv, NULL, d->big, 3 * A))) return rc;
+    charge(d, H3_DIT_PART_LINEAR, &t);
     float *Q = d->qkv3, *K = Q + rows * A, *V = K + rows * A;
     qkv_job qj = {d, d->big, Q, K, V, b->qn, b->kn, cos, sin};
     h3_parallel_for(d->pool, rows, 4, qkv_task, &qj);
+    charge(d, H3_DIT_PART_QKV, &t);
     if ((rc = h3_attention(d->pool, Q, A, K, A, V, A, rows, rows, c->heads, c->heads, c->head_dim,
                            1.0f / sqrtf((float)c->head_dim), false, d->ob, A)))
         return rc;
+    charge(d, H3_DIT_PART_ATTENTION, &t);
     if ((rc = h3_linear(d->pool, d->ob, rows, A, &b->out, NULL, d->tmp, H))) return rc;
+    charge(d, H3_DIT_PART_LINEAR, &t);
     gate_job gj = {d->x, d->tmp, tab, row_mod, H, 2};
     h3_parallel_for(d->pool, rows, 8, gate_task, &gj);
+    charge(d, H3_DIT_PART_ELTWISE, &t);
     nj.w = b->norm2;
     nj.slot = 3;
     run_norm(d, &nj, rows);
+    charge(d, H3_DIT_PART_NORM, &t);
     if ((rc = h3_linear(d->pool, d->nb, rows, H, &b->fc1, NULL, d->big, 2 * F))) return rc;
+    charge(d, H3_DIT_PART_LINEAR, &t);
     swiglu_job sj = {d->big, d->qkv3, F};
     h3_parallel_for(d->pool, rows, 8, swiglu_task, &sj);
+    charge(d, H3_DIT_PART_ELTWISE, &t);
     if ((rc = h3_linear(d->pool, d->qkv3, rows, F, &b->fc2, NULL, d->tmp, H))) return rc;
+    charge(d, H3_DIT_PART_LINEAR, &t);
     gj.slot = 5;
     h3_parallel_for(d->pool, rows, 8, gate_task, &gj);
+    charge(d, H3_DIT_PART_ELTWISE, &t);
     return 0;
 }
 
@@ -527,13 +553,17 @@ int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
         if (!d->text) return -H3_E_NOMEM;
     }
     d->has_text = false;
+    /* The refiner's time is not part of any forward's breakdown. */
+    double saved[H3_DIT_PARTS];
+    memcpy(saved, d->stats.part_ms, sizeof saved);
     if ((rc = h3_linear(d->pool, text_states, n, c->text_dim, &d->cond, d->cond_b, d->x, H))) return rc;
     for (int i = 0; i < c->refiner_layers; i++)
         if ((rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL))) return rc;
     norm_job nj = {.x = d->x, .y = d->text, .w = d->ref_final, .n = H, .ldx = H, .ldy = H, .eps = (float)c->final_eps};
     run_norm(d, &nj, n);
+    memcpy(d->stats.part_ms, saved, sizeof saved);
     d->has_text = true;
-    d->stats.refine_ms += now_ms() - t0;
+    d->stats.refine_ms = now_ms() - t0;
     return 0;
 }
 
@@ -818,6 +848,10 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     if (!d->has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before preparing a schedule");
     const double t0 = now_ms();
     drop_schedule(d);
+    /* Forward timings are per prepared request. */
+    d->stats.forwards = 0;
+    d->stats.forward_ms_min = d->stats.forward_ms_last = d->stats.forward_ms_total = 0;
+    memset(d->stats.part_ms, 0, sizeof d->stats.part_ms);
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
     int rc = 0, n[2] = {0, 0};
@@ -874,7 +908,7 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     }
     d->n_steps = evals;
     d->has_plan = true;
-    d->stats.prepare_ms += now_ms() - t0;
+    d->stats.prepare_ms = now_ms() - t0;
     return evals;
 }
 

@@ -150,12 +150,18 @@ H3_INTERNAL int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, cons
 /* Bytes of the adaln_proj tensors (released after precompute) and of the precomputed tables. */
 H3_INTERNAL void h3_dit_adaln_bytes(const h3_dit *d, uint64_t *weights, uint64_t *tables, bool *released);
 
-/* Timing of the work done so far (milliseconds) for profiles. */
+/* Timings in milliseconds for profiles: open, the last refine and prepare, and the forwards since
+   the last prepared schedule. */
+enum { H3_DIT_PART_LINEAR, H3_DIT_PART_ATTENTION, H3_DIT_PART_NORM, H3_DIT_PART_QKV, H3_DIT_PART_ELTWISE,
+       H3_DIT_PARTS };
 typedef struct h3_dit_stats {
     double open_ms, refine_ms, prepare_ms;
     double forward_ms_last, forward_ms_min, forward_ms_total;
+    double part_ms[H3_DIT_PARTS]; /* forward time by kind of work, summed over the forwards */
     int forwards;
 } h3_dit_stats;
+/* Names of the parts ("linear", "attention", "norm_modulate", "qk_norm_rope", "eltwise"). */
+H3_INTERNAL const char *h3_dit_part_name(int part);
 H3_INTERNAL void h3_dit_get_stats(const h3_dit *d, h3_dit_stats *s);
 
 #endif /* H3_DIT_H */

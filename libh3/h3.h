@@ -188,6 +188,13 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
  */
 H3_API const char *h3_dit_profile_json(h3_ctx *ctx);
 
+/*
+ * Throughput of libh3's f32 GEMM (the kernel every projection runs on) for Y[m,n] = X[m,k] W^T
+ * on the context's threads: best GFLOP/s over `reps` timed runs (negative H3_E_* on error). For
+ * benchmarks and profiles: the machine's achievable peak next to a stage's achieved rate.
+ */
+H3_API double h3_bench_gemm(h3_ctx *ctx, int64_t m, int64_t n, int64_t k, int reps);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_dit_denoise": (c_int, [c_void_p, c_float_p, c_int64, c_uint8_p, c_int, c_int, c_int, c_int, c_int,
                                c_float_p, c_float_p]),
     "h3_dit_profile_json": (c_char_p, [c_void_p]),
+    "h3_bench_gemm": (c_double, [c_void_p, c_int64, c_int64, c_int64, c_int]),
 }
 
 

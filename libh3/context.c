@@ -1,6 +1,7 @@
 /* The context object: open a model directory, describe it, estimate memory per phase. */
 #include "ops.h"
 #include "text_encoder.h"
+#include "dit.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,8 +74,10 @@ H3_API void h3_free(h3_ctx *ctx)
 {
     if (!ctx) return;
     h3_text_cache_free(ctx->text_cache);
+    h3_dit_close(ctx->dit); /* before the model: its weights are mapped from the model's store */
     h3_model_close(&ctx->model);
     h3_pool_destroy(ctx->pool);
+    free(ctx->dit_json);
     free(ctx->info_json);
     free(ctx->mem_json);
     free(ctx);

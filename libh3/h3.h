@@ -205,6 +205,89 @@ H3_API int h3_text_cache_set_budget(h3_ctx *ctx, uint64_t bytes);
 /* Drop every entry (the counters stay). */
 H3_API void h3_text_cache_clear(h3_ctx *ctx);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Transformer                                                                                 */
+/*
+ * The MiniMax-H3 DiT and its sampler, matching diffusers 0.42.1 (MiniMaxH3Transformer3DModel,
+ * MiniMaxH3Scheduler and the modular pipeline's t2va layout). Computation is f32; BF16/F16
+ * weights are widened on the fly. Latents are f32: video [C, T, H, W] (C = latents_dim, H/W in
+ * latent pixels), audio [2, C_a, T_a] (stereo side, channel, time).
+ */
+
+/*
+ * Sigma schedule of MiniMaxH3Scheduler.set_timesteps(steps) with the given shift, bit for bit.
+ * `steps` counts sigma grid points including the terminal 0 (diffusers' num_inference_steps), so
+ * a schedule drives (returned count - 1) model evaluations. sigmas needs room for `steps`
+ * values, timesteps (t = 1 - sigma, may be NULL) for `steps - 1`. Returns the number of sigmas
+ * (>= 2; fewer than `steps` only when the f32 shift collapses neighbouring points).
+ */
+H3_API int h3_sigma_schedule(int steps, double shift, float *sigmas, float *timesteps);
+
+/*
+ * Standard-normal noise from libh3's counter-based generator: out[i] = element offset + i of
+ * stream `stream` under `seed` (Philox4x32-10 + Box-Muller, documented in libh3/schedule.c).
+ * Any element is reproducible on its own. The engine uses stream 0 for video noise in
+ * [C, T, H, W] order and stream 1 for audio noise in [2, C_a, T_a] order.
+ */
+H3_API int h3_noise_fill(uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n);
+
+/*
+ * The packed t2va layout [text | keyframe rows | audio | video] of a request, as diffusers'
+ * build_packed_sequence builds it: n_text prompt rows (text_tags: 1 text / 0 vision span per
+ * row, or NULL for all text), the generated latent geometry, and optional FL2VA keyframe anchors
+ * (0 = first frame, 1 = last frame). Returns the sequence length L (negative on error). Output
+ * buffers may be NULL: position_ids [L, 3] (float64), token_tags [L], text_indices [n_text],
+ * video_indices [anchors*rows_per_frame + frames*rows_per_frame], audio_indices [2 * T_a].
+ */
+H3_API int64_t h3_dit_packed_layout(h3_ctx *ctx, int64_t n_text, const uint8_t *text_tags, int latent_frames,
+                             int latent_height, int latent_width, int audio_latents, const int32_t *anchors,
+                             int n_anchors, double *position_ids, int64_t *token_tags, int64_t *text_indices,
+                             int64_t *video_indices, int64_t *audio_indices);
+
+/*
+ * One transformer forward with diffusers' arguments (batch 1): hidden_states [num_video_rows,
+ * latents_dim * patch_h * patch_w] (conditioning rows first), audio_hidden_states
+ * [num_audio_rows, audio_latents_dim], encoder_hidden_states [num_text_rows, text_dim], timestep
+ * [num_timesteps] (distinct values in [0, 1]), timestep_indices / token_tags [seq_len],
+ * position_ids [seq_len, 3] (float64), video/audio/text_indices. Writes the velocities sample
+ * [num_video_rows, patch] and audio_sample [num_audio_rows, audio_latents_dim].
+ */
+H3_API int h3_dit_forward(h3_ctx *ctx, const float *hidden_states, int64_t num_video_rows,
+                          const float *audio_hidden_states, int64_t num_audio_rows,
+                          const float *encoder_hidden_states, int64_t num_text_rows, const float *timestep,
+                          int32_t num_timesteps, const int64_t *timestep_indices, const int64_t *token_tags,
+                          const double *position_ids, int64_t seq_len, const int64_t *video_indices,
+                          const int64_t *audio_indices, const int64_t *text_indices, float *sample,
+                          float *audio_sample);
+
+/*
+ * The t2va denoising loop as the engine runs it: the prompt is refined once, the AdaLN
+ * modulation of every step is precomputed (then the adaln_proj weights are released), and each
+ * step is one forward plus the Euler update of both modalities with their own schedules (video
+ * and audio shift from model_index.json, default 12 and 3). `steps` = sigma grid points as in
+ * h3_sigma_schedule. latents [C, T, H, W] and audio_latents [2, C_a, T_a] hold the initial noise
+ * on entry and the denoised latents on return (audio_latents_io). Returns the number of model
+ * evaluations.
+ */
+H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_text, const uint8_t *text_tags,
+                          int latent_frames, int latent_height, int latent_width, int audio_latents, int steps,
+                          float *latents, float *audio_latents_io);
+
+/*
+ * Transformer profile as a JSON object owned by the context (valid until the next call):
+ * adaln_weight_bytes (bytes of the adaln_proj tensors, released after the precompute),
+ * adaln_table_bytes (the precomputed tables that replace them), adaln_released, steps, kernels,
+ * threads and timings in milliseconds (open, refine, prepare, forward last/min/mean).
+ */
+H3_API const char *h3_dit_profile_json(h3_ctx *ctx);
+
+/*
+ * Throughput of libh3's f32 GEMM (the kernel every projection runs on) for Y[m,n] = X[m,k] W^T
+ * on the context's threads: best GFLOP/s over `reps` timed runs (negative H3_E_* on error). For
+ * benchmarks and profiles: the machine's achievable peak next to a stage's achieved rate.
+ */
+H3_API double h3_bench_gemm(h3_ctx *ctx, int64_t m, int64_t n, int64_t k, int reps);
+
 #ifdef __cplusplus
 }
 #endif

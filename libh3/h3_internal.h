@@ -285,6 +285,7 @@ H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 
 struct h3_pool;
 struct h3_text_cache;
+struct h3_dit;
 
 struct h3_ctx {
     h3_model model;
@@ -296,6 +297,8 @@ struct h3_ctx {
     h3_progress_fn progress; /* h3_set_progress */
     void *progress_user;
     struct h3_text_cache *text_cache; /* prompt embeddings (text_cache.c), created on first use */
+    struct h3_dit *dit;   /* the transformer, opened on first use (dit_api.c) */
+    char *dit_json;       /* h3_dit_profile_json answer */
 };
 
 /* Ask a progress hook (may be NULL); returns -H3_E_CANCELLED (with a message) when it says stop. */

@@ -19,7 +19,10 @@ _LIBNAME = "libh3.dylib" if sys.platform == "darwin" else "libh3.so"
 c_int, c_int32, c_int64, c_uint32 = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
 c_uint64 = ctypes.c_uint64
 c_size_t, c_char_p, c_void_p = ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
+c_uint8_p = ctypes.POINTER(ctypes.c_uint8)
+c_uint64, c_double = ctypes.c_uint64, ctypes.c_double
 c_float_p = ctypes.POINTER(ctypes.c_float)
+c_double_p = ctypes.POINTER(ctypes.c_double)
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
@@ -66,6 +69,18 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_text_cache_stats_get": (c_int, [c_void_p, ctypes.POINTER(H3TextCacheStats)]),
     "h3_text_cache_set_budget": (c_int, [c_void_p, c_uint64]),
     "h3_text_cache_clear": (None, [c_void_p]),
+    # Transformer
+    "h3_sigma_schedule": (c_int, [c_int, c_double, c_float_p, c_float_p]),
+    "h3_noise_fill": (c_int, [c_uint64, c_uint32, c_uint64, c_float_p, c_int64]),
+    "h3_dit_packed_layout": (c_int64, [c_void_p, c_int64, c_uint8_p, c_int, c_int, c_int, c_int, c_int32_p, c_int,
+                                       c_double_p, c_int64_p, c_int64_p, c_int64_p, c_int64_p]),
+    "h3_dit_forward": (c_int, [c_void_p, c_float_p, c_int64, c_float_p, c_int64, c_float_p, c_int64, c_float_p,
+                               c_int32, c_int64_p, c_int64_p, c_double_p, c_int64, c_int64_p, c_int64_p,
+                               c_int64_p, c_float_p, c_float_p]),
+    "h3_dit_denoise": (c_int, [c_void_p, c_float_p, c_int64, c_uint8_p, c_int, c_int, c_int, c_int, c_int,
+                               c_float_p, c_float_p]),
+    "h3_dit_profile_json": (c_char_p, [c_void_p]),
+    "h3_bench_gemm": (c_double, [c_void_p, c_int64, c_int64, c_int64, c_int]),
 }
 
 

@@ -2,3 +2,4 @@
 
 from . import parity_text  # noqa: F401
 from . import parity_tokenize  # noqa: F401
+from . import parity_dit  # noqa: F401,E402  (dit, schedule, denoise)

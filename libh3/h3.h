@@ -288,6 +288,61 @@ H3_API const char *h3_dit_profile_json(h3_ctx *ctx);
  */
 H3_API double h3_bench_gemm(h3_ctx *ctx, int64_t m, int64_t n, int64_t k, int reps);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Video decoder                                                                               */
+/*
+ * Decodes video latents [C, T, h, w] (normalised, as the DiT produces them) into frames, exactly
+ * as diffusers' MiniMaxH3VideoDecodeStep does: latents * latents_std + latents_mean, the video
+ * VAE's decode() (temporal windows of 7 latents cross-faded over 5 frames, each window in spatial
+ * tiles blended over their overlaps), ImageNet de-normalisation, clamp to [0, 1] and uint8
+ * rounding round(x * 255) (half to even).
+ *
+ * Output: F x H x W frames with H = h * s, W = w * s (s the spatial ratio, 16 for the release) and,
+ * for the release's clip geometry, F = 17n + 5 for T = 5n + 2 (other T are padded and cut as
+ * diffusers does; T >= 3). h3_video_decode_shape gives the shape for any model. Memory stays bounded by one tile
+ * and one window: tiles are decoded one at a time and blended straight into the caller's buffers.
+ */
+
+/* Flags of h3_video_decode_opts.flags. */
+#define H3_VIDEO_RAW 1u     /* `pixels` receives vae.decode()'s sample: [3, F, H, W], ImageNet-
+                               normalised, unclamped (the rgb output is unaffected) */
+#define H3_VIDEO_UNTILED 2u /* decode each window as a single tile (diffusers' disable_tiling();
+                               memory then grows with the canvas) */
+
+typedef struct h3_video_decode_opts {
+    uint32_t struct_size;    /* sizeof(h3_video_decode_opts) */
+    int32_t tile_px;         /* spatial tile size in pixels, a multiple of 16; 0 = the config's
+                                vae_tile_size (256). A canvas side not larger is one tile. */
+    int32_t overlap_px;      /* minimum tile overlap in pixels, a multiple of 16 and smaller than
+                                the tile; 0 = the config's vae_tile_overlap_min (64) */
+    uint32_t flags;          /* H3_VIDEO_* */
+    h3_progress_fn progress; /* optional */
+    void *user;              /* passed to progress */
+} h3_video_decode_opts;
+
+/* Fill *o with defaults (config tiling, no callback). */
+H3_API void h3_video_decode_opts_default(h3_video_decode_opts *o);
+
+/* Output shape for T latent frames of h x w: frames, height and width in pixels. */
+H3_API int h3_video_decode_shape(h3_ctx *ctx, int T, int h, int w, int *frames, int *height, int *width);
+
+/*
+ * Bytes of working memory h3_video_decode allocates for this request, weights and the caller's
+ * buffers excluded (the mapped weights are reported by h3_memory_estimate_json). Negative H3_E*
+ * on an invalid request. `opts` may be NULL (defaults).
+ */
+H3_API int64_t h3_video_decode_workspace(h3_ctx *ctx, int T, int h, int w, const h3_video_decode_opts *opts);
+
+/*
+ * Decode latents [C, T, h, w]; C must be the model's latent channel count (checked). `rgb`
+ * (optional) receives uint8 frames [F, H, W, 3]. `pixels` (optional) receives float frames
+ * [F, H, W, 3] in [0, 1] (the decode step's output_type="np" values), or with H3_VIDEO_RAW the
+ * float sample of vae.decode() as [3, F, H, W]. At least one of them must be given. Weights are mapped for the call and released after it. Results do not depend on the
+ * thread count. `opts` may be NULL.
+ */
+H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int h, int w,
+                           const h3_video_decode_opts *opts, uint8_t *rgb, float *pixels);
+
 #ifdef __cplusplus
 }
 #endif

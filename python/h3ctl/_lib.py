@@ -31,6 +31,21 @@ class H3Options(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32)]
 
 
+# int (*)(void *user, const char *phase, int done, int total): non-zero cancels.
+H3ProgressFn = ctypes.CFUNCTYPE(c_int, c_void_p, c_char_p, c_int, c_int)
+
+
+class H3VideoDecodeOpts(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("tile_px", c_int32), ("overlap_px", c_int32), ("flags", c_uint32),
+                ("progress", H3ProgressFn), ("user", c_void_p)]
+
+
+H3_VIDEO_RAW = 1
+H3_VIDEO_UNTILED = 2
+c_uint8_p = ctypes.POINTER(ctypes.c_uint8)
+c_int_p = ctypes.POINTER(c_int)
+
+
 H3_OPT_REF2VA = 1
 
 # int (*)(void *user, const char *phase, int done, int total); non-zero return cancels.
@@ -81,6 +96,11 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
                                c_float_p, c_float_p]),
     "h3_dit_profile_json": (c_char_p, [c_void_p]),
     "h3_bench_gemm": (c_double, [c_void_p, c_int64, c_int64, c_int64, c_int]),
+    "h3_video_decode_opts_default": (None, [ctypes.POINTER(H3VideoDecodeOpts)]),
+    "h3_video_decode_shape": (c_int, [c_void_p, c_int, c_int, c_int, c_int_p, c_int_p, c_int_p]),
+    "h3_video_decode_workspace": (c_int64, [c_void_p, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts)]),
+    "h3_video_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts),
+                                c_uint8_p, c_float_p]),
 }
 
 

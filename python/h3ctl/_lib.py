@@ -20,6 +20,7 @@ c_int, c_int32, c_int64, c_uint32 = ctypes.c_int, ctypes.c_int32, ctypes.c_int64
 c_size_t, c_char_p, c_void_p = ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
 c_float_p = ctypes.POINTER(ctypes.c_float)
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
+c_int_p = ctypes.POINTER(ctypes.c_int)
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 
@@ -28,6 +29,9 @@ class H3Options(ctypes.Structure):
 
 
 H3_OPT_REF2VA = 1
+
+# typedef int (*h3_progress_fn)(void *user, int64_t done, int64_t total): non-zero cancels.
+H3ProgressFn = ctypes.CFUNCTYPE(c_int, c_void_p, c_int64, c_int64)
 
 # name -> (restype, argtypes). Keep in the order of libh3/h3.h.
 BINDINGS: dict[str, tuple[object, list[object]]] = {
@@ -42,6 +46,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_memory_estimate_json": (c_char_p, [c_void_p, c_int, c_int, c_int, c_int]),
     "h3_safetensors_check": (c_int, [c_char_p]),
     "h3_safetensors_check_buffer": (c_int, [c_void_p, c_size_t]),
+    "h3_audio_info": (c_int, [c_void_p, c_int_p, c_int_p, c_int_p]),
+    "h3_audio_samples": (c_int64, [c_void_p, c_int]),
+    "h3_audio_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_float_p, c_int64, H3ProgressFn, c_void_p]),
 }
 
 

@@ -1,0 +1,709 @@
+/*
+ * Audio VAE decoder on CPU: diffusers' AutoencoderKLMiniMaxH3Audio.decode (dec_in_proj, then the
+ * BigVGAN decoder) preceded by the per-channel de-normalisation of MiniMaxH3AudioDecodeStep.
+ * The two stereo sides are independent batch items, decoded one after the other.
+ *
+ * Data flow per side (activations time-major [time, channels], see audio_vae.h):
+ *   x*std+mean -> dec_in_proj (1x1) -> conv_pre (k7) -> for each stage: ConvTranspose1d, then the
+ *   mean of the stage's AMP blocks -> activation_post -> conv_post -> clamp [-1, 1].
+ * Every convolution is one GEMM per phase through h3_linear: a dilated convolution splits time
+ * into `dilation` phases that are ordinary convolutions; a transposed convolution of stride u
+ * splits its output into u phases that are ordinary convolutions over consecutive input rows.
+ * Zero padding is real zero rows around each phase, so a GEMM input row is just a pointer.
+ *
+ * Weight norm is folded at load (w = v * (g / ||v||), the arithmetic of torch's fused CPU
+ * kernel) into GEMM-layout copies; the file mapping is dropped before decoding starts.
+ */
+#include "audio_vae.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_FRAMES (1 << 20) /* ~7 hours at 40 Hz: keeps every length well inside int64 */
+#define ACT_TILE 64          /* activation output rows per scratch tile */
+#define ACT_SLOT 3           /* pool scratch slot of the activation tiles (h3_linear uses 0, 1) */
+#define ACT_COST 40          /* progress units per activation output value, next to 1 per MAC */
+#define PRE_K 7              /* conv_pre / conv_post kernel size (fixed by diffusers) */
+
+typedef struct {
+    h3_mat w;    /* [cout, k * cin]: column k * cin + i is tap k of input channel i */
+    float *wbuf, *bias;
+    int cin, cout, k, dil;
+} conv_w;
+
+typedef struct {
+    int u, k, p, cin, cout;
+    h3_mat w[64];      /* per output phase r: [cout, ntap[r] * cin], input rows in time order */
+    float *wbuf[64];
+    int ntap[64], c[64]; /* phase r reads input rows q + c[r] - ntap[r] + 1 .. q + c[r] */
+    float *bias;
+} tconv_w;
+
+typedef struct {
+    int C, period;
+    float *a, *rb; /* exp(alpha), 1 / (exp(beta) + 1e-9), repeated to `period` = lcm(C, 8) floats */
+    float fup[H3_AA_TAPS], fdown[H3_AA_TAPS];
+} act_w;
+
+typedef struct {
+    int k, ndil;
+    conv_w c1[8], c2[8];
+    act_w a1[8], a2[8];
+} amp_w;
+
+typedef struct {
+    h3_avae_cfg cfg;
+    conv_w in_proj, pre;
+    tconv_w ups[16];
+    amp_w *res; /* [n_up * n_res], diffusers' resblocks index i * n_res + j */
+    act_w post;
+    float *post_w; /* conv_post folded, [PRE_K * C] in GEMM layout */
+} decoder;
+
+/* ---- geometry --------------------------------------------------------------------------- */
+
+static int stage_ch(const h3_avae_cfg *c, int i) { return c->decoder_dim >> i; }
+
+/* ConvTranspose1d output length for stage i (padding (k - u) // 2, no output padding). */
+static int64_t up_len(const h3_avae_cfg *c, int i, int64_t lin)
+{
+    int u = c->rates[i], k = c->kernels[i], p = (k - u) / 2;
+    return (lin - 1) * u - 2 * (int64_t)p + k;
+}
+
+static int check_geometry(const h3_avae_cfg *c, const char *path)
+{
+    if (c->n_up < 1 || c->n_up > 16 || c->n_res < 1 || c->n_dil < 1)
+        return h3_err(H3_E_FORMAT, "%s: the decoder needs at least one stage, resblock and dilation", path);
+    for (int i = 0; i < c->n_up; i++) {
+        if (c->kernels[i] < c->rates[i] || c->rates[i] > 64)
+            return h3_err(H3_E_UNSUPPORTED, "%s: upsampling stage %d has kernel %d below its rate %d", path, i,
+                          c->kernels[i], c->rates[i]);
+    }
+    for (int j = 0; j < c->n_res; j++)
+        if (c->res_kernels[j] % 2 == 0)
+            return h3_err(H3_E_UNSUPPORTED, "%s: resblock kernel %d is even (its convolutions would change the "
+                          "length; diffusers fails on it too)", path, c->res_kernels[j]);
+    return 0;
+}
+
+int64_t h3_avae_samples(const h3_avae_cfg *c, int64_t frames)
+{
+    if (frames < 1 || frames > MAX_FRAMES)
+        return h3_err(H3_E_INVALID, "audio latent frames must be between 1 and %d, got %lld", MAX_FRAMES,
+                      (long long)frames);
+    int64_t L = frames;
+    for (int i = 0; i < c->n_up; i++) L = up_len(c, i, L);
+    if (L < 1) return h3_err(H3_E_INVALID, "audio decoder: %lld frames decode to no samples", (long long)frames);
+    return L;
+}
+
+/* ---- loading ---------------------------------------------------------------------------- */
+
+/* Copy a tensor that must be F32 with exactly this shape (the mapping may be unaligned). */
+static int read_f32(h3_store *s, const char *name, int ndim, const int64_t *shape, float *out)
+{
+    const void *p = h3_store_get(s, name, H3_DT_F32, ndim, shape);
+    if (!p) {
+        /* h3_store_get recorded the message; it fails on a schema mismatch or a mapping error. */
+        const h3_tensor *t = h3_store_find(s, name);
+        bool schema = !t || t->dtype != H3_DT_F32 || t->ndim != ndim;
+        for (int i = 0; t && !schema && i < ndim; i++) schema = t->shape[i] != shape[i];
+        return schema ? -H3_E_SCHEMA : -H3_E_IO;
+    }
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    memcpy(out, p, (size_t)n * sizeof(float));
+    h3_store_release_tensor(s, name);
+    return 0;
+}
+
+static float *falloc(int64_t n) { return h3_malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+
+/*
+ * v [rows, per_row] with gain g [rows, 1, 1] -> w = v * (g / ||v_row||) in place. torch's CPU
+ * _weight_norm_interface computes the row norm, then g / norm, then one product per element;
+ * the norm is summed in double here (torch sums in float lanes), a difference far below the
+ * rounding of the convolutions themselves.
+ */
+static int weight_norm(h3_store *s, const char *base, float *v, int64_t rows, int64_t per_row, int64_t d1,
+                       int64_t d2)
+{
+    char name[256];
+    int64_t vshape[3] = {rows, d1, d2}, gshape[3] = {rows, 1, 1};
+    int rc;
+    snprintf(name, sizeof name, "%s.weight_v", base);
+    if ((rc = read_f32(s, name, 3, vshape, v))) return rc;
+    float *g = falloc(rows);
+    if (!g) return -H3_E_NOMEM;
+    snprintf(name, sizeof name, "%s.weight_g", base);
+    if ((rc = read_f32(s, name, 3, gshape, g))) {
+        free(g);
+        return rc;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = v + r * per_row;
+        double ss = 0;
+        for (int64_t j = 0; j < per_row; j++) ss += (double)row[j] * row[j];
+        float norm = (float)sqrt(ss);
+        float scale = g[r] / norm;
+        for (int64_t j = 0; j < per_row; j++) row[j] = row[j] * scale;
+    }
+    free(g);
+    return 0;
+}
+
+static int read_bias(h3_store *s, const char *base, int n, float **out)
+{
+    char name[256];
+    int64_t shape[1] = {n};
+    snprintf(name, sizeof name, "%s.bias", base);
+    if (!(*out = falloc(n))) return -H3_E_NOMEM;
+    return read_f32(s, name, 1, shape, *out);
+}
+
+/* [cout, cin, k] (torch Conv1d) -> [cout][k * cin + i] (GEMM layout). */
+static int to_gemm(const float *src, int cout, int cin, int k, conv_w *cv)
+{
+    if (!(cv->wbuf = falloc((int64_t)cout * cin * k))) return -H3_E_NOMEM;
+    for (int o = 0; o < cout; o++)
+        for (int t = 0; t < k; t++) {
+            float *dst = cv->wbuf + ((int64_t)o * k + t) * cin;
+            const float *col = src + (int64_t)o * cin * k + t;
+            for (int i = 0; i < cin; i++) dst[i] = col[(int64_t)i * k];
+        }
+    cv->w = (h3_mat){cv->wbuf, H3_DT_F32, cout, (int64_t)k * cin};
+    cv->cin = cin, cv->cout = cout, cv->k = k;
+    return 0;
+}
+
+/* A Conv1d, weight-normed (`wn`) or plain, with or without bias. */
+static int load_conv(h3_store *s, const char *base, int cout, int cin, int k, int dil, bool wn, bool bias,
+                     conv_w *cv)
+{
+    int64_t n = (int64_t)cout * cin * k;
+    float *v = falloc(n);
+    if (!v) return -H3_E_NOMEM;
+    int rc;
+    if (wn) {
+        rc = weight_norm(s, base, v, cout, (int64_t)cin * k, cin, k);
+    } else {
+        char name[256];
+        int64_t shape[3] = {cout, cin, k};
+        snprintf(name, sizeof name, "%s.weight", base);
+        rc = read_f32(s, name, 3, shape, v);
+    }
+    if (!rc) rc = to_gemm(v, cout, cin, k, cv);
+    free(v);
+    cv->dil = dil;
+    if (!rc && bias) rc = read_bias(s, base, cout, &cv->bias);
+    return rc;
+}
+
+/* ConvTranspose1d [cin, cout, k] with weight norm over dim 0 (input channels), split in phases. */
+static int load_tconv(h3_store *s, const char *base, int cin, int cout, int k, int u, tconv_w *t)
+{
+    t->u = u, t->k = k, t->p = (k - u) / 2, t->cin = cin, t->cout = cout;
+    float *v = falloc((int64_t)cin * cout * k);
+    if (!v) return -H3_E_NOMEM;
+    int rc = weight_norm(s, base, v, cin, (int64_t)cout * k, cout, k);
+    for (int r = 0; !rc && r < u; r++) {
+        /* Output t = q*u + r gathers taps k' = kr, kr + u, ... from input s = (t + p - k') / u. */
+        int kr = (r + t->p) % u, n = kr < k ? (k - kr + u - 1) / u : 0;
+        t->ntap[r] = n;
+        t->c[r] = (r + t->p) / u;
+        if (!n) continue;
+        if (!(t->wbuf[r] = falloc((int64_t)cout * n * cin))) {
+            rc = -H3_E_NOMEM;
+            break;
+        }
+        /* Column block e holds input row s0 + e, i.e. tap j = n - 1 - e (taps run backwards in time). */
+        for (int o = 0; o < cout; o++)
+            for (int e = 0; e < n; e++) {
+                int kk = kr + (n - 1 - e) * u;
+                for (int i = 0; i < cin; i++)
+                    t->wbuf[r][((int64_t)o * n + e) * cin + i] = v[((int64_t)i * cout + o) * k + kk];
+            }
+        t->w[r] = (h3_mat){t->wbuf[r], H3_DT_F32, cout, (int64_t)n * cin};
+    }
+    free(v);
+    if (!rc) rc = read_bias(s, base, cout, &t->bias);
+    return rc;
+}
+
+static int load_act(h3_store *s, const char *base, int C, act_w *a)
+{
+    char name[256];
+    int64_t cs[1] = {C}, fs[3] = {1, 1, H3_AA_TAPS};
+    int rc;
+    a->C = C;
+    a->period = C % 8 == 0 ? C : (C % 4 == 0 ? 2 * C : (C % 2 == 0 ? 4 * C : 8 * C));
+    if (!(a->a = falloc(a->period)) || !(a->rb = falloc(a->period))) return -H3_E_NOMEM;
+    snprintf(name, sizeof name, "%s.act.alpha", base);
+    if ((rc = read_f32(s, name, 1, cs, a->a))) return rc;
+    snprintf(name, sizeof name, "%s.act.beta", base);
+    if ((rc = read_f32(s, name, 1, cs, a->rb))) return rc;
+    /* Each activation reads its own filter buffers: diffusers registers them per activation
+       (persistent) and loads whatever the checkpoint holds. */
+    snprintf(name, sizeof name, "%s.upsample.filter", base);
+    if ((rc = read_f32(s, name, 3, fs, a->fup))) return rc;
+    snprintf(name, sizeof name, "%s.downsample.lowpass.filter", base);
+    if ((rc = read_f32(s, name, 3, fs, a->fdown))) return rc;
+    /* SnakeBeta stores log-scale parameters; torch evaluates exp and (beta + 1e-9)^-1 in f32. */
+    for (int c = 0; c < C; c++) {
+        a->a[c] = expf(a->a[c]);
+        a->rb[c] = 1.0f / (expf(a->rb[c]) + 1e-9f);
+    }
+    /* The kernel runs SnakeBeta on flattened [rows, C] tiles with whole vectors. */
+    for (int i = C; i < a->period; i++) {
+        a->a[i] = a->a[i % C];
+        a->rb[i] = a->rb[i % C];
+    }
+    return 0;
+}
+
+static void free_conv(conv_w *c)
+{
+    free(c->wbuf);
+    free(c->bias);
+}
+
+static void free_act(act_w *a)
+{
+    free(a->a);
+    free(a->rb);
+}
+
+static void dec_free(decoder *d)
+{
+    if (!d) return;
+    free_conv(&d->in_proj);
+    free_conv(&d->pre);
+    for (int i = 0; i < 16; i++) {
+        for (int r = 0; r < 64; r++) free(d->ups[i].wbuf[r]);
+        free(d->ups[i].bias);
+    }
+    if (d->res) {
+        for (int g = 0; g < d->cfg.n_up * d->cfg.n_res; g++) {
+            amp_w *b = &d->res[g];
+            for (int j = 0; j < 8; j++) {
+                free_conv(&b->c1[j]);
+                free_conv(&b->c2[j]);
+                free_act(&b->a1[j]);
+                free_act(&b->a2[j]);
+            }
+        }
+        free(d->res);
+    }
+    free_act(&d->post);
+    free(d->post_w);
+    free(d);
+}
+
+static int dec_load(h3_model *m, decoder **out)
+{
+    *out = NULL;
+    decoder *d = h3_calloc(1, sizeof *d);
+    if (!d) return -H3_E_NOMEM;
+    int rc = h3_avae_cfg_load(m, &d->cfg);
+    const h3_avae_cfg *c = &d->cfg;
+    if (!rc) rc = check_geometry(c, m->comp[H3_COMP_AUDIO_VAE].config_path);
+    if (!rc) rc = h3_model_headers(m, H3_COMP_AUDIO_VAE);
+    if (rc) {
+        dec_free(d);
+        return rc;
+    }
+    h3_store *s = &m->comp[H3_COMP_AUDIO_VAE].store;
+    char base[160];
+    rc = load_conv(s, "dec_in_proj", c->latent_dim, c->latent_ch, 1, 1, false, true, &d->in_proj);
+    if (!rc) rc = load_conv(s, "decoder.conv_pre", c->decoder_dim, c->latent_dim, PRE_K, 1, true, true, &d->pre);
+    for (int i = 0; !rc && i < c->n_up; i++) {
+        snprintf(base, sizeof base, "decoder.ups.%d.0", i);
+        rc = load_tconv(s, base, stage_ch(c, i), stage_ch(c, i + 1), c->kernels[i], c->rates[i], &d->ups[i]);
+    }
+    if (!rc && !(d->res = h3_calloc((size_t)(c->n_up * c->n_res), sizeof *d->res))) rc = -H3_E_NOMEM;
+    for (int i = 0; !rc && i < c->n_up; i++) {
+        int ch = stage_ch(c, i + 1);
+        for (int j = 0; !rc && j < c->n_res; j++) {
+            int g = i * c->n_res + j, k = c->res_kernels[j];
+            amp_w *b = &d->res[g];
+            b->k = k, b->ndil = c->n_dil;
+            for (int e = 0; !rc && e < c->n_dil; e++) {
+                snprintf(base, sizeof base, "decoder.resblocks.%d.convs1.%d", g, e);
+                rc = load_conv(s, base, ch, ch, k, c->res_dil[j][e], true, true, &b->c1[e]);
+                snprintf(base, sizeof base, "decoder.resblocks.%d.convs2.%d", g, e);
+                if (!rc) rc = load_conv(s, base, ch, ch, k, 1, true, true, &b->c2[e]);
+                /* activations[::2] precede convs1, activations[1::2] precede convs2. */
+                snprintf(base, sizeof base, "decoder.resblocks.%d.activations.%d", g, 2 * e);
+                if (!rc) rc = load_act(s, base, ch, &b->a1[e]);
+                snprintf(base, sizeof base, "decoder.resblocks.%d.activations.%d", g, 2 * e + 1);
+                if (!rc) rc = load_act(s, base, ch, &b->a2[e]);
+            }
+        }
+    }
+    int cl = stage_ch(c, c->n_up);
+    if (!rc) rc = load_act(s, "decoder.activation_post", cl, &d->post);
+    if (!rc) {
+        conv_w post = {0};
+        rc = load_conv(s, "decoder.conv_post", 1, cl, PRE_K, 1, true, false, &post);
+        d->post_w = post.wbuf; /* [1, 7 * cl]: one row, already the dot-product layout */
+        free(post.bias);
+    }
+    /* The folded copies are all that is needed now: drop the mapping and its page cache. */
+    h3_store_release(s);
+    if (rc) {
+        dec_free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+/* ---- execution helpers ------------------------------------------------------------------ */
+
+typedef struct {
+    h3_pool *pool;
+    const h3_avae_kernels *k;
+    h3_progress_fn progress;
+    void *user;
+    int64_t done, total;
+} runner;
+
+static int tick(runner *r, int64_t units)
+{
+    r->done += units;
+    if (r->progress && r->progress(r->user, r->done, r->total))
+        return h3_err(H3_E_CANCELLED, "audio decode: cancelled by the progress callback");
+    return 0;
+}
+
+typedef struct {
+    const h3_avae_act *a;
+    h3_pool *pool;
+    const h3_avae_kernels *k;
+} act_job;
+
+static void act_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    act_job *j = arg;
+    float *z = h3_pool_scratch(j->pool, thread, ACT_SLOT, 0); /* reserved by run_act */
+    for (int64_t m = b; m < e; m += ACT_TILE) j->k->act_rows(j->a, m, m + ACT_TILE < e ? m + ACT_TILE : e, z);
+}
+
+/* Zero the margins and phase tails of a phased destination for L rows of C channels. */
+static void dst_zero(const h3_avae_dst *d, int64_t L, int C)
+{
+    for (int r = 0; r < d->d; r++) {
+        int64_t rows = r < L ? (L - r + d->d - 1) / d->d : 0;
+        float *ph = d->p + (int64_t)r * d->phase_rows * C;
+        memset(ph, 0, (size_t)(d->margin * C) * sizeof(float));
+        int64_t tail = d->margin + rows;
+        memset(ph + tail * C, 0, (size_t)((d->phase_rows - tail) * C) * sizeof(float));
+    }
+}
+
+static int run_act(runner *r, const act_w *w, const float *x, int64_t L, h3_avae_dst dst)
+{
+    size_t need = sizeof(float) * (size_t)(2 * ACT_TILE + H3_AA_TAPS) * (size_t)w->C;
+    for (int t = 0; t < h3_pool_threads(r->pool); t++)
+        if (!h3_pool_scratch(r->pool, t, ACT_SLOT, need)) return -H3_E_NOMEM;
+    dst_zero(&dst, L, w->C);
+    h3_avae_act a = {x, L, w->C, w->a, w->rb, w->period, w->fup, w->fdown, dst};
+    act_job j = {&a, r->pool, r->k};
+    h3_parallel_for(r->pool, L, ACT_TILE, act_task, &j);
+    return tick(r, L * w->C * ACT_COST);
+}
+
+/* A phased destination for a convolution of kernel k and dilation d over L rows (in `buf`). */
+static h3_avae_dst conv_dst(float *buf, int64_t L, int k, int d)
+{
+    int64_t h = (k - 1) / 2;
+    return (h3_avae_dst){buf, d, (L + d - 1) / d + 2 * h, h};
+}
+
+static int64_t conv_dst_floats(int64_t L, int k, int d, int C)
+{
+    return (int64_t)d * ((L + d - 1) / d + (k - 1)) * C;
+}
+
+/* y [L, cout] (row stride ldy) = conv(P) where P was filled through conv_dst(P, L, k, dil). */
+static int run_conv(runner *r, const conv_w *cv, const float *P, int64_t L, float *y, int64_t ldy)
+{
+    const int d = cv->dil;
+    const int64_t phase_rows = (L + d - 1) / d + (cv->k - 1);
+    for (int ph = 0; ph < d && ph < L; ph++) {
+        int64_t M = (L - ph + d - 1) / d;
+        int rc = h3_linear(r->pool, P + ph * phase_rows * cv->cin, M, cv->cin, &cv->w, cv->bias, y + ph * ldy,
+                           ldy * d);
+        if (rc) return rc;
+    }
+    return tick(r, L * cv->w.rows * cv->w.cols);
+}
+
+/* Rows of zero margin a transposed convolution reads before and after its Lin input rows. */
+static void tconv_margins(const tconv_w *t, int64_t lin, int64_t lout, int64_t *left, int64_t *right)
+{
+    *left = *right = 0;
+    for (int r = 0; r < t->u && r < lout; r++) {
+        if (!t->ntap[r]) continue;
+        int64_t Q = (lout - r + t->u - 1) / t->u;
+        int64_t lo = t->c[r] - t->ntap[r] + 1, hi = Q - 1 + t->c[r];
+        if (-lo > *left) *left = -lo;
+        if (hi - (lin - 1) > *right) *right = hi - (lin - 1);
+    }
+}
+
+/* y [lout, cout] = ConvTranspose1d(U) where U holds lin rows after `left` zero rows. */
+static int run_tconv(runner *r, const tconv_w *t, const float *U, int64_t left, int64_t lin, int64_t lout,
+                     float *y)
+{
+    for (int ph = 0; ph < t->u && ph < lout; ph++) {
+        int64_t Q = (lout - ph + t->u - 1) / t->u, ldy = (int64_t)t->u * t->cout;
+        float *yp = y + (int64_t)ph * t->cout;
+        if (!t->ntap[ph]) { /* no tap lands on this phase: bias only */
+            for (int64_t q = 0; q < Q; q++) memcpy(yp + q * ldy, t->bias, sizeof(float) * (size_t)t->cout);
+            continue;
+        }
+        const float *X = U + (left + t->c[ph] - t->ntap[ph] + 1) * t->cin;
+        int rc = h3_linear(r->pool, X, Q, t->cin, &t->w[ph], t->bias, yp, ldy);
+        if (rc) return rc;
+    }
+    (void)lin;
+    int64_t macs = 0;
+    for (int ph = 0; ph < t->u && ph < lout; ph++) macs += (lout - ph + t->u - 1) / t->u * t->w[ph].rows * t->w[ph].cols;
+    return tick(r, macs);
+}
+
+/* Elementwise passes over n floats: y += x, or y = (y + x) / div. */
+typedef struct {
+    float *y;
+    const float *x;
+    float div;
+    bool divide;
+} ew_job;
+
+static void ew_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    ew_job *j = arg;
+    if (j->divide)
+        for (int64_t i = b; i < e; i++) {
+            float s = j->y[i] + j->x[i];
+            j->y[i] = s / j->div; /* diffusers divides the sum (no reciprocal) */
+        }
+    else
+        for (int64_t i = b; i < e; i++) j->y[i] = j->y[i] + j->x[i];
+}
+
+static void ew(runner *r, float *y, const float *x, int64_t n, bool divide, float div)
+{
+    ew_job j = {y, x, div, divide};
+    h3_parallel_for(r->pool, n, 1 << 14, ew_task, &j);
+}
+
+typedef struct {
+    const h3_avae_kernels *k;
+    const float *P, *w;
+    float *pcm;
+    int C;
+} post_job;
+
+static void post_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    post_job *j = arg;
+    j->k->post_rows(j->P, j->C, PRE_K, j->w, j->pcm, b, e);
+}
+
+/* ---- one stereo side -------------------------------------------------------------------- */
+
+/* Progress units of one side (must mirror decode_side exactly). */
+static int64_t side_cost(const decoder *d, int64_t T)
+{
+    const h3_avae_cfg *c = &d->cfg;
+    int64_t u = T * d->in_proj.w.rows * d->in_proj.w.cols + T * d->pre.w.rows * d->pre.w.cols, L = T;
+    for (int i = 0; i < c->n_up; i++) {
+        const tconv_w *t = &d->ups[i];
+        int64_t lout = up_len(c, i, L);
+        for (int ph = 0; ph < t->u && ph < lout; ph++)
+            if (t->ntap[ph]) u += (lout - ph + t->u - 1) / t->u * t->w[ph].rows * t->w[ph].cols;
+        L = lout;
+        int ch = stage_ch(c, i + 1);
+        for (int j = 0; j < c->n_res; j++) {
+            const amp_w *b = &d->res[i * c->n_res + j];
+            for (int e = 0; e < b->ndil; e++)
+                u += 2 * L * ch * ACT_COST + L * b->c1[e].w.rows * b->c1[e].w.cols + L * b->c2[e].w.rows * b->c2[e].w.cols;
+        }
+    }
+    return u + L * d->post.C * ACT_COST + L * (int64_t)d->post.C * PRE_K;
+}
+
+/* One AMP block in place on h [L, ch]; P and tmp are scratch buffers. */
+static int run_amp(runner *r, const amp_w *b, float *h, int64_t L, int ch, float *P, float *tmp)
+{
+    int rc = 0;
+    for (int e = 0; !rc && e < b->ndil; e++) {
+        /* residual = conv1(act1(h)); residual = conv2(act2(residual)); h = residual + h */
+        if ((rc = run_act(r, &b->a1[e], h, L, conv_dst(P, L, b->k, b->c1[e].dil))) ||
+            (rc = run_conv(r, &b->c1[e], P, L, tmp, ch)) ||
+            (rc = run_act(r, &b->a2[e], tmp, L, conv_dst(P, L, b->k, 1))) ||
+            (rc = run_conv(r, &b->c2[e], P, L, tmp, ch)))
+            break;
+        ew(r, h, tmp, L * ch, false, 0);
+    }
+    return rc;
+}
+
+static int decode_side(runner *r, const decoder *d, const float *lat, int64_t T, float *pcm)
+{
+    const h3_avae_cfg *c = &d->cfg;
+    const int C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim;
+    float *A = NULL, *B = NULL, *U = NULL, *x = NULL, *acc = NULL, *h = NULL, *tmp = NULL, *P = NULL;
+    int rc = 0;
+    int64_t left, right, L = T;
+
+    /* De-normalise ([C, T] -> time-major [T, C]): latents * std + mean, two f32 roundings. */
+    if (!(A = falloc(T * C)) || !(B = h3_calloc((size_t)(T + PRE_K - 1) * (size_t)D, sizeof(float)))) {
+        rc = -H3_E_NOMEM;
+        goto done;
+    }
+    for (int ch = 0; ch < C; ch++)
+        for (int64_t t = 0; t < T; t++) {
+            float v = lat[(int64_t)ch * T + t] * c->latents_std[ch];
+            A[t * C + ch] = v + c->latents_mean[ch];
+        }
+    /* dec_in_proj into the zero-margined input of conv_pre. */
+    if ((rc = h3_linear(r->pool, A, T, C, &d->in_proj.w, d->in_proj.bias, B + (PRE_K / 2) * D, D)) ||
+        (rc = tick(r, T * d->in_proj.w.rows * d->in_proj.w.cols)))
+        goto done;
+    tconv_margins(&d->ups[0], T, up_len(c, 0, T), &left, &right);
+    if (!(U = h3_calloc((size_t)(left + T + right) * (size_t)D0, sizeof(float)))) {
+        rc = -H3_E_NOMEM;
+        goto done;
+    }
+    if ((rc = run_conv(r, &d->pre, B, T, U + left * D0, D0))) goto done;
+    free(A), free(B);
+    A = B = NULL;
+
+    for (int i = 0; i < c->n_up; i++) {
+        const int ch = stage_ch(c, i + 1);
+        const int64_t lout = up_len(c, i, L);
+        if (!(x = falloc(lout * ch))) {
+            rc = -H3_E_NOMEM;
+            goto done;
+        }
+        if ((rc = run_tconv(r, &d->ups[i], U, left, L, lout, x))) goto done;
+        free(U);
+        U = NULL;
+        L = lout;
+
+        /* The stage output doubles as the next stage's zero-margined input. */
+        int64_t nl = 0, nr = 0;
+        if (i + 1 < c->n_up) tconv_margins(&d->ups[i + 1], L, up_len(c, i + 1, L), &nl, &nr);
+        int64_t pfl = conv_dst_floats(L, 1, 1, ch);
+        for (int j = 0; j < c->n_res; j++)
+            for (int e = 0; e < c->n_dil; e++) {
+                int64_t f1 = conv_dst_floats(L, c->res_kernels[j], c->res_dil[j][e], ch),
+                        f2 = conv_dst_floats(L, c->res_kernels[j], 1, ch);
+                pfl = f1 > pfl ? f1 : pfl;
+                pfl = f2 > pfl ? f2 : pfl;
+            }
+        if (!(acc = h3_calloc((size_t)(nl + L + nr) * (size_t)ch, sizeof(float))) || !(tmp = falloc(L * ch)) ||
+            !(P = falloc(pfl)) || (c->n_res > 2 && !(h = falloc(L * ch)))) {
+            rc = -H3_E_NOMEM;
+            goto done;
+        }
+        /* Block 0 runs on the accumulator, middle blocks on h, the last one on x itself (its
+           input is not needed afterwards); the sum is in diffusers' order, then divided. */
+        float *acc0 = acc + nl * ch;
+        for (int j = 0; j < c->n_res; j++) {
+            const amp_w *b = &d->res[i * c->n_res + j];
+            bool last = j == c->n_res - 1 && j > 0;
+            float *cur = j == 0 ? acc0 : (last ? x : h);
+            if (cur != x) memcpy(cur, x, sizeof(float) * (size_t)(L * ch));
+            if ((rc = run_amp(r, b, cur, L, ch, P, tmp))) goto done;
+            if (j > 0) ew(r, acc0, cur, L * ch, last, (float)c->n_res);
+        }
+        /* With one resblock diffusers divides by 1, which changes no value. */
+        free(x), free(h), free(tmp), free(P);
+        x = h = tmp = P = NULL;
+        U = acc;
+        acc = NULL;
+        left = nl;
+    }
+
+    /* activation_post -> conv_post (no bias) -> clamp. */
+    if (!(P = falloc(conv_dst_floats(L, PRE_K, 1, d->post.C)))) {
+        rc = -H3_E_NOMEM;
+        goto done;
+    }
+    if ((rc = run_act(r, &d->post, U, L, conv_dst(P, L, PRE_K, 1)))) goto done;
+    post_job pj = {r->k, P, d->post_w, pcm, d->post.C};
+    h3_parallel_for(r->pool, L, 4096, post_task, &pj);
+    rc = tick(r, L * (int64_t)d->post.C * PRE_K);
+done:
+    free(A), free(B), free(U), free(x), free(acc), free(h), free(tmp), free(P);
+    return rc;
+}
+
+/* ---- entry points ----------------------------------------------------------------------- */
+
+int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channels, int64_t frames, float *pcm,
+                   int64_t pcm_cap, h3_progress_fn progress, void *user)
+{
+    if (!latents || !pcm) return h3_err(H3_E_INVALID, "audio decode: NULL latents or PCM buffer");
+    h3_avae_cfg cfg;
+    int rc = h3_avae_cfg_load(m, &cfg);
+    if (rc) return rc;
+    if ((rc = check_geometry(&cfg, m->comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
+    if (channels != cfg.latent_ch)
+        return h3_err(H3_E_INVALID, "audio decode: latents have %d channels, the audio VAE (%s) expects %d",
+                      channels, m->comp[H3_COMP_AUDIO_VAE].config_path, cfg.latent_ch);
+    int64_t S = h3_avae_samples(&cfg, frames);
+    if (S < 0) return (int)S;
+    if (pcm_cap < 2 * S)
+        return h3_err(H3_E_INVALID, "audio decode: the PCM buffer holds %lld floats, %lld frames need 2 x %lld",
+                      (long long)pcm_cap, (long long)frames, (long long)S);
+    decoder *d;
+    if ((rc = dec_load(m, &d))) return rc;
+    runner r = {pool, h3_avae_kern(), progress, user, 0, 2 * side_cost(d, frames)};
+    for (int side = 0; !rc && side < 2; side++)
+        rc = decode_side(&r, d, latents + (int64_t)side * channels * frames, frames, pcm + side * S);
+    dec_free(d);
+    return rc;
+}
+
+H3_API int h3_audio_info(h3_ctx *ctx, int *latent_channels, int *sample_rate, int *hop)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_avae_cfg c;
+    int rc = h3_avae_cfg_load(&ctx->model, &c);
+    if (rc) return rc;
+    int64_t u = 1;
+    for (int i = 0; i < c.n_up; i++) u *= c.rates[i];
+    if (latent_channels) *latent_channels = c.latent_ch;
+    if (sample_rate) *sample_rate = c.sample_rate;
+    if (hop) *hop = (int)u;
+    return 0;
+}
+
+H3_API int64_t h3_audio_samples(h3_ctx *ctx, int latent_frames)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_avae_cfg c;
+    int rc = h3_avae_cfg_load(&ctx->model, &c);
+    if (rc) return rc;
+    if ((rc = check_geometry(&c, ctx->model.comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
+    return h3_avae_samples(&c, latent_frames);
+}
+
+H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int latent_frames, float *pcm,
+                           int64_t pcm_capacity, h3_progress_fn progress, void *user)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_pool *pool = h3_ctx_pool(ctx);
+    if (!pool) return -H3_E_NOMEM;
+    return h3_avae_decode(&ctx->model, pool, latents, channels, latent_frames, pcm, pcm_capacity, progress, user);
+}

@@ -38,7 +38,9 @@ CTEST_SRC := $(sort $(wildcard tests/c/test_*.c))
 CTEST_BIN := $(patsubst tests/c/%.c,build/tests/%,$(CTEST_SRC))
 CTEST_ASAN := $(patsubst tests/c/%.c,build/tests-asan/%,$(CTEST_SRC))
 
-.PHONY: lib test test-c test-asan asan clean fuzz
+.PHONY: lib test test-c test-asan clean fuzz
+# Keep objects between runs (make would delete them as intermediates of the test binaries).
+.SECONDARY:
 
 lib: $(LIB)
 
@@ -84,13 +86,19 @@ test-asan: $(CTEST_ASAN)
 
 test: lib test-c test-asan
 
-# Bounded libFuzzer run over the safetensors/JSON header reader (needs clang).
+# Coverage-guided fuzzing of the safetensors/JSON header reader under ASan+UBSan, bounded by an
+# execution count. gcc's trace-pc instrumentation feeds tests/fuzz/driver.c (clang users can link
+# tests/fuzz/fuzz_safetensors.c with -fsanitize=fuzzer instead).
 FUZZ_RUNS ?= 200000
-fuzz:
+FUZZ_SRC  := libh3/util.c libh3/json.c libh3/safetensors.c
+fuzz: build/fuzz/fuzz_safetensors
+	build/fuzz/fuzz_safetensors $(FUZZ_RUNS)
+
+build/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c tests/fuzz/driver.c $(FUZZ_SRC) $(HDR)
 	@mkdir -p build/fuzz
-	clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -D_DEFAULT_SOURCE -Ilibh3 \
-	  -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c $(filter-out %_avx2.c,$(SRC)) $(LDLIBS)
-	build/fuzz/fuzz_safetensors -runs=$(FUZZ_RUNS) -max_len=4096 tests/fuzz/corpus
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -fsanitize-coverage=trace-pc -Ilibh3 -c -o build/fuzz/target.o tests/fuzz/fuzz_safetensors.c
+	for f in $(FUZZ_SRC); do $(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -fsanitize-coverage=trace-pc -c -o build/fuzz/$$(basename $$f .c).o $$f || exit 1; done
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ tests/fuzz/driver.c build/fuzz/target.o $(patsubst libh3/%.c,build/fuzz/%.o,$(FUZZ_SRC)) $(LDLIBS)
 
 clean:
 	rm -rf build $(LIB)

@@ -165,6 +165,21 @@ static int describe_config(h3_buf *b, h3_model *m, h3_component c)
     return 0;
 }
 
+H3_API int h3_model_check(h3_ctx *ctx, int require_all)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_model *m = &ctx->model;
+    for (int c = 0; c < H3_COMP_COUNT; c++) {
+        if (!m->comp[c].present) {
+            if (require_all) return h3_model_require(m, (h3_component)c, "a text-to-video+audio render");
+            continue;
+        }
+        int rc = c == H3_COMP_TOKENIZER ? 0 : h3_model_validate(m, (h3_component)c);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 H3_API const char *h3_model_info_json(h3_ctx *ctx)
 {
     if (!ctx) {
@@ -193,6 +208,7 @@ H3_API const char *h3_model_info_json(h3_ctx *ctx)
                 if ((rc = h3_model_headers(m, (h3_component)c))) break;
                 describe_store(&b, &k->store);
                 if ((rc = describe_config(&b, m, (h3_component)c))) break;
+                if ((rc = h3_model_validate(m, (h3_component)c))) break;
             }
         }
         h3_buf_printf(&b, "}");

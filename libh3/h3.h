@@ -97,6 +97,13 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
                                            int prompt_tokens);
 
 /*
+ * Check the opened model: configs parse, and every tensor a render reads exists with the shape
+ * its config implies and a float dtype (headers only). With `require_all`, every component of a
+ * text-to-video+audio render must be present. Returns 0 or a negative H3_E* code.
+ */
+H3_API int h3_model_check(h3_ctx *ctx, int require_all);
+
+/*
  * Validate one safetensors file completely (header, dtypes, shapes, spans). Returns 0 when the
  * file is well formed, a negative H3_E* code otherwise. Used by fuzzing and `h3ctl check`.
  */

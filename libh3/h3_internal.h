@@ -157,6 +157,7 @@ typedef struct h3_store {
     uint32_t *hash;     /* open addressing, tensor index + 1, 0 = empty */
     size_t hash_cap;
     uint64_t bytes;     /* sum of tensor spans */
+    void **copies;      /* aligned copies of tensors whose file offset is misaligned */
 } h3_store;
 
 /* Parse and validate one file's header into the store (header only; nothing is mapped). */
@@ -275,6 +276,8 @@ H3_INTERNAL int h3_dit_cfg_load(h3_model *m, h3_dit_cfg *c);
 H3_INTERNAL int h3_text_cfg_load(h3_model *m, h3_text_cfg *c);
 H3_INTERNAL int h3_vvae_cfg_load(h3_model *m, h3_vvae_cfg *c);
 H3_INTERNAL int h3_avae_cfg_load(h3_model *m, h3_avae_cfg *c);
+/* Check every tensor a render reads against the shapes its config implies (headers only). */
+H3_INTERNAL int h3_model_validate(h3_model *m, h3_component c);
 /* Load the safetensors headers of a component (once). */
 H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 

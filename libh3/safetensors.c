@@ -86,9 +86,9 @@ static long hash_find(const h3_store *s, const char *name)
 static int hash_insert(h3_store *s, size_t idx)
 {
     if ((s->ntensors + 1) * 2 > s->hash_cap) {
+        /* Rebuilds over [0, ntensors); idx == ntensors is inserted below. */
         int rc = hash_rebuild(s, s->ntensors + 64);
         if (rc) return rc;
-        return 0; /* rebuild included idx (it is < ntensors) */
     }
     size_t k = fnv1a(tname(s, &s->tensors[idx])) & (s->hash_cap - 1);
     while (s->hash[k]) k = (k + 1) & (s->hash_cap - 1);
@@ -114,6 +114,8 @@ static int store_name(h3_store *s, const char *name, size_t len, size_t *off)
 }
 
 /* ---- header validation ----------------------------------------------------------------- */
+
+static int cmp_cstr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
 typedef struct {
     uint64_t begin, end;
@@ -285,6 +287,15 @@ static int parse_header(h3_store *s, int file_idx, const char *hdr, size_t hlen,
                     break;
                 }
                 s->tensors = nt;
+                if (s->copies) {
+                    void **nc = h3_realloc(s->copies, cap * sizeof *nc);
+                    if (!nc) {
+                        rc = -H3_E_NOMEM;
+                        break;
+                    }
+                    memset(nc + s->cap, 0, (cap - s->cap) * sizeof *nc);
+                    s->copies = nc;
+                }
                 s->cap = cap;
             }
             if ((rc = store_name(s, name, e->keylen, &off))) break;
@@ -293,6 +304,22 @@ static int parse_header(h3_store *s, int file_idx, const char *hdr, size_t hlen,
             if ((rc = hash_insert(s, s->ntensors))) break;
             s->ntensors++;
             s->bytes += t.end - t.begin;
+        }
+    }
+    if (!rc && !s && nspan > 1) {
+        /* Without a store to look names up in, sort them to find repeats. */
+        const char **keys = h3_calloc(nspan, sizeof *keys);
+        if (!keys) {
+            rc = -H3_E_NOMEM;
+        } else {
+            size_t k = 0;
+            for (const h3j *e = h3j_first(&doc, root); e; e = h3j_next(&doc, e))
+                if (strcmp(h3j_key(&doc, e), "__metadata__") != 0) keys[k++] = h3j_key(&doc, e);
+            qsort(keys, k, sizeof *keys, cmp_cstr);
+            for (size_t i = 1; i < k && !rc; i++)
+                if (strcmp(keys[i - 1], keys[i]) == 0)
+                    rc = h3_err(H3_E_FORMAT, "%s: tensor '%s' appears twice", label, keys[i]);
+            free(keys);
         }
     }
     if (!rc && nspan) {
@@ -582,6 +609,9 @@ void h3_store_close(h3_store *s)
         if (f->fd >= 0) close(f->fd);
         free(f->path);
     }
+    if (s->copies)
+        for (size_t i = 0; i < s->ntensors; i++) h3_free_aligned(s->copies[i]);
+    free(s->copies);
     free(s->files);
     free(s->tensors);
     free(s->names);
@@ -651,7 +681,20 @@ static const void *data_of(h3_store *s, const h3_tensor *t)
 {
     h3_st_file *f = &s->files[t->file];
     if (map_file(f)) return NULL;
-    return f->map + f->data_off + t->begin;
+    const uint8_t *p = f->map + f->data_off + t->begin;
+    size_t align = h3_dtype_size(t->dtype);
+    if (((uintptr_t)p & (align - 1)) == 0) return p;
+    /* Writers pad headers to 8 bytes, but a file that did not would make every load an unaligned
+       access (undefined behaviour in C): serve such tensors from an aligned copy. */
+    size_t idx = (size_t)(t - s->tensors);
+    if (!s->copies && !(s->copies = h3_calloc(s->cap, sizeof *s->copies))) return NULL;
+    if (!s->copies[idx]) {
+        void *c = h3_alloc_aligned(t->end - t->begin);
+        if (!c) return NULL;
+        memcpy(c, p, t->end - t->begin);
+        s->copies[idx] = c;
+    }
+    return s->copies[idx];
 }
 
 const void *h3_store_get(h3_store *s, const char *name, h3_dtype dtype, int ndim, const int64_t *shape)

@@ -44,6 +44,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_threads": (c_int, [c_void_p]),
     "h3_model_info_json": (c_char_p, [c_void_p]),
     "h3_memory_estimate_json": (c_char_p, [c_void_p, c_int, c_int, c_int, c_int]),
+    "h3_model_check": (c_int, [c_void_p, c_int]),
     "h3_safetensors_check": (c_int, [c_char_p]),
     "h3_safetensors_check_buffer": (c_int, [c_void_p, c_size_t]),
     "h3_audio_info": (c_int, [c_void_p, c_int_p, c_int_p, c_int_p]),

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--threads", type=int, default=0, help="worker threads (0 = all cores)")
     pp.add_argument("--list", action="store_true", help="list stages and their tensors")
 
-    pc = sub.add_parser("check", help="validate safetensors files or a model directory's headers")
+    pc = sub.add_parser("check", help="validate safetensors files, or a model directory (all components, headers only)")
     pc.add_argument("paths", nargs="+", help="files (.safetensors) or model directories")
     return p
 
@@ -81,9 +81,10 @@ def _cmd_check(args) -> int:
     for path in args.paths:
         if os.path.isdir(path):
             with Context(path) as ctx:
+                _lib.check(lib.h3_model_check(ctx.ptr, 1))
                 info = ctx.info()
             n = sum(c.get("tensors", 0) for c in info["components"].values())
-            print(f"{path}: ok ({n} tensors)")
+            print(f"{path}: ok ({n} tensors, every component a render needs is present and well formed)")
         else:
             _lib.check(lib.h3_safetensors_check(os.fsencode(path)))
             print(f"{path}: ok")

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #define MAX_FRAMES (1 << 20) /* ~7 hours at 40 Hz: keeps every length well inside int64 */
-#define ACT_TILE 64          /* activation output rows per scratch tile */
+#define ACT_TILE 128         /* activation output rows per scratch tile (17 KB: 16 channels at a time) */
 #define ACT_SLOT 3           /* pool scratch slot of the activation tiles (h3_linear uses 0, 1) */
 #define ACT_COST 40          /* progress units per activation output value, next to 1 per MAC */
 #define PRE_K 7              /* conv_pre / conv_post kernel size (fixed by diffusers) */
@@ -42,8 +42,9 @@ typedef struct {
 } tconv_w;
 
 typedef struct {
-    int C, period;
-    float *a, *rb; /* exp(alpha), 1 / (exp(beta) + 1e-9), repeated to `period` = lcm(C, 8) floats */
+    int C, tail_period;
+    float *a, *rb;           /* exp(alpha), 1 / (exp(beta) + 1e-9) per channel */
+    float *tail_a, *tail_rb; /* the last C % 8 channels' a and rb repeated to lcm(C % 8, 8) */
     float fup[H3_AA_TAPS], fdown[H3_AA_TAPS];
 } act_w;
 
@@ -71,6 +72,33 @@ static int64_t up_len(const h3_avae_cfg *c, int i, int64_t lin)
 {
     int u = c->rates[i], k = c->kernels[i], p = (k - u) / 2;
     return (lin - 1) * u - 2 * (int64_t)p + k;
+}
+
+/*
+ * Output phase r of a transposed convolution (stride u, kernel k, padding p): output q*u + r takes
+ * taps kr, kr + u, ... (kr = (r + p) % u) from input rows q + c - j, j = 0..ntap-1.
+ */
+static void tphase(int u, int k, int r, int *ntap, int *c)
+{
+    int p = (k - u) / 2, kr = (r + p) % u;
+    *ntap = kr < k ? (k - kr + u - 1) / u : 0;
+    *c = (r + p) / u;
+}
+
+/* Rows of zero margin stage i's transposed convolution reads before and after its lin input rows. */
+static void tconv_margins(const h3_avae_cfg *cf, int i, int64_t lin, int64_t *left, int64_t *right)
+{
+    const int u = cf->rates[i];
+    const int64_t lout = up_len(cf, i, lin);
+    *left = *right = 0;
+    for (int r = 0; r < u && r < lout; r++) {
+        int n, c;
+        tphase(u, cf->kernels[i], r, &n, &c);
+        if (!n) continue;
+        int64_t Q = (lout - r + u - 1) / u, lo = c - n + 1, hi = Q - 1 + c;
+        if (-lo > *left) *left = -lo;
+        if (hi - (lin - 1) > *right) *right = hi - (lin - 1);
+    }
 }
 
 static int check_geometry(const h3_avae_cfg *c, const char *path)
@@ -210,11 +238,11 @@ static int load_tconv(h3_store *s, const char *base, int cin, int cout, int k, i
     if (!v) return -H3_E_NOMEM;
     int rc = weight_norm(s, base, v, cin, (int64_t)cout * k, cout, k);
     for (int r = 0; !rc && r < u; r++) {
-        /* Output t = q*u + r gathers taps k' = kr, kr + u, ... from input s = (t + p - k') / u. */
-        int kr = (r + t->p) % u, n = kr < k ? (k - kr + u - 1) / u : 0;
+        int n;
+        tphase(u, k, r, &n, &t->c[r]);
         t->ntap[r] = n;
-        t->c[r] = (r + t->p) / u;
         if (!n) continue;
+        const int kr = (r + t->p) % u;
         if (!(t->wbuf[r] = falloc((int64_t)cout * n * cin))) {
             rc = -H3_E_NOMEM;
             break;
@@ -239,8 +267,11 @@ static int load_act(h3_store *s, const char *base, int C, act_w *a)
     int64_t cs[1] = {C}, fs[3] = {1, 1, H3_AA_TAPS};
     int rc;
     a->C = C;
-    a->period = C % 8 == 0 ? C : (C % 4 == 0 ? 2 * C : (C % 2 == 0 ? 4 * C : 8 * C));
-    if (!(a->a = falloc(a->period)) || !(a->rb = falloc(a->period))) return -H3_E_NOMEM;
+    const int R = C % 8;
+    a->tail_period = R == 0 ? 8 : (R % 4 == 0 ? 2 * R : (R % 2 == 0 ? 4 * R : 8 * R));
+    if (!(a->a = falloc(C)) || !(a->rb = falloc(C)) || !(a->tail_a = falloc(a->tail_period)) ||
+        !(a->tail_rb = falloc(a->tail_period)))
+        return -H3_E_NOMEM;
     snprintf(name, sizeof name, "%s.act.alpha", base);
     if ((rc = read_f32(s, name, 1, cs, a->a))) return rc;
     snprintf(name, sizeof name, "%s.act.beta", base);
@@ -256,10 +287,10 @@ static int load_act(h3_store *s, const char *base, int C, act_w *a)
         a->a[c] = expf(a->a[c]);
         a->rb[c] = 1.0f / (expf(a->rb[c]) + 1e-9f);
     }
-    /* The kernel runs SnakeBeta on flattened [rows, C] tiles with whole vectors. */
-    for (int i = C; i < a->period; i++) {
-        a->a[i] = a->a[i % C];
-        a->rb[i] = a->rb[i % C];
+    /* The kernel runs the tail channels' SnakeBeta on flattened [rows, R] tiles, whole vectors. */
+    for (int i = 0; i < a->tail_period; i++) {
+        a->tail_a[i] = R ? a->a[C - R + i % R] : 0.0f;
+        a->tail_rb[i] = R ? a->rb[C - R + i % R] : 0.0f;
     }
     return 0;
 }
@@ -274,6 +305,8 @@ static void free_act(act_w *a)
 {
     free(a->a);
     free(a->rb);
+    free(a->tail_a);
+    free(a->tail_rb);
 }
 
 static void dec_free(decoder *d)
@@ -406,11 +439,11 @@ static void dst_zero(const h3_avae_dst *d, int64_t L, int C)
 
 static int run_act(runner *r, const act_w *w, const float *x, int64_t L, h3_avae_dst dst)
 {
-    size_t need = sizeof(float) * (size_t)(2 * ACT_TILE + H3_AA_TAPS) * (size_t)w->C;
+    size_t need = sizeof(float) * (size_t)(2 * ACT_TILE + H3_AA_TAPS) * 16;
     for (int t = 0; t < h3_pool_threads(r->pool); t++)
         if (!h3_pool_scratch(r->pool, t, ACT_SLOT, need)) return -H3_E_NOMEM;
     dst_zero(&dst, L, w->C);
-    h3_avae_act a = {x, L, w->C, w->a, w->rb, w->period, w->fup, w->fdown, dst};
+    h3_avae_act a = {x, L, w->C, w->a, w->rb, w->tail_a, w->tail_rb, w->tail_period, w->fup, w->fdown, dst};
     act_job j = {&a, r->pool, r->k};
     h3_parallel_for(r->pool, L, ACT_TILE, act_task, &j);
     return tick(r, L * w->C * ACT_COST);
@@ -428,6 +461,20 @@ static int64_t conv_dst_floats(int64_t L, int k, int d, int C)
     return (int64_t)d * ((L + d - 1) / d + (k - 1)) * C;
 }
 
+/* The largest convolution input any AMP block of a stage needs (L rows of ch channels). */
+static int64_t amp_dst_floats(const h3_avae_cfg *c, int64_t L, int ch)
+{
+    int64_t f = 0;
+    for (int j = 0; j < c->n_res; j++)
+        for (int e = 0; e < c->n_dil; e++) {
+            int64_t f1 = conv_dst_floats(L, c->res_kernels[j], c->res_dil[j][e], ch),
+                    f2 = conv_dst_floats(L, c->res_kernels[j], 1, ch);
+            f = f1 > f ? f1 : f;
+            f = f2 > f ? f2 : f;
+        }
+    return f;
+}
+
 /* y [L, cout] (row stride ldy) = conv(P) where P was filled through conv_dst(P, L, k, dil). */
 static int run_conv(runner *r, const conv_w *cv, const float *P, int64_t L, float *y, int64_t ldy)
 {
@@ -440,19 +487,6 @@ static int run_conv(runner *r, const conv_w *cv, const float *P, int64_t L, floa
         if (rc) return rc;
     }
     return tick(r, L * cv->w.rows * cv->w.cols);
-}
-
-/* Rows of zero margin a transposed convolution reads before and after its Lin input rows. */
-static void tconv_margins(const tconv_w *t, int64_t lin, int64_t lout, int64_t *left, int64_t *right)
-{
-    *left = *right = 0;
-    for (int r = 0; r < t->u && r < lout; r++) {
-        if (!t->ntap[r]) continue;
-        int64_t Q = (lout - r + t->u - 1) / t->u;
-        int64_t lo = t->c[r] - t->ntap[r] + 1, hi = Q - 1 + t->c[r];
-        if (-lo > *left) *left = -lo;
-        if (hi - (lin - 1) > *right) *right = hi - (lin - 1);
-    }
 }
 
 /* y [lout, cout] = ConvTranspose1d(U) where U holds lin rows after `left` zero rows. */
@@ -578,7 +612,7 @@ static int decode_side(runner *r, const decoder *d, const float *lat, int64_t T,
     if ((rc = h3_linear(r->pool, A, T, C, &d->in_proj.w, d->in_proj.bias, B + (PRE_K / 2) * D, D)) ||
         (rc = tick(r, T * d->in_proj.w.rows * d->in_proj.w.cols)))
         goto done;
-    tconv_margins(&d->ups[0], T, up_len(c, 0, T), &left, &right);
+    tconv_margins(c, 0, T, &left, &right);
     if (!(U = h3_calloc((size_t)(left + T + right) * (size_t)D0, sizeof(float)))) {
         rc = -H3_E_NOMEM;
         goto done;
@@ -601,15 +635,8 @@ static int decode_side(runner *r, const decoder *d, const float *lat, int64_t T,
 
         /* The stage output doubles as the next stage's zero-margined input. */
         int64_t nl = 0, nr = 0;
-        if (i + 1 < c->n_up) tconv_margins(&d->ups[i + 1], L, up_len(c, i + 1, L), &nl, &nr);
-        int64_t pfl = conv_dst_floats(L, 1, 1, ch);
-        for (int j = 0; j < c->n_res; j++)
-            for (int e = 0; e < c->n_dil; e++) {
-                int64_t f1 = conv_dst_floats(L, c->res_kernels[j], c->res_dil[j][e], ch),
-                        f2 = conv_dst_floats(L, c->res_kernels[j], 1, ch);
-                pfl = f1 > pfl ? f1 : pfl;
-                pfl = f2 > pfl ? f2 : pfl;
-            }
+        if (i + 1 < c->n_up) tconv_margins(c, i + 1, L, &nl, &nr);
+        const int64_t pfl = amp_dst_floats(c, L, ch);
         if (!(acc = h3_calloc((size_t)(nl + L + nr) * (size_t)ch, sizeof(float))) || !(tmp = falloc(L * ch)) ||
             !(P = falloc(pfl)) || (c->n_res > 2 && !(h = falloc(L * ch)))) {
             rc = -H3_E_NOMEM;
@@ -648,12 +675,41 @@ done:
     return rc;
 }
 
+/* Peak working memory of decode_side (floats), buffer for buffer. */
+static int64_t side_peak_floats(const h3_avae_cfg *c, int64_t T)
+{
+    const int64_t C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim;
+    int64_t left, right, L = T;
+    tconv_margins(c, 0, T, &left, &right);
+    int64_t U = (left + T + right) * D0, peak = T * C + (T + PRE_K - 1) * D + U; /* A, B, U */
+    for (int i = 0; i < c->n_up; i++) {
+        const int64_t ch = stage_ch(c, i + 1), lout = up_len(c, i, L);
+        peak = U + lout * ch > peak ? U + lout * ch : peak; /* the transposed convolution */
+        L = lout;
+        int64_t nl = 0, nr = 0;
+        if (i + 1 < c->n_up) tconv_margins(c, i + 1, L, &nl, &nr);
+        int64_t amp = L * ch /* x */ + (nl + L + nr) * ch /* acc */ + L * ch /* tmp */ +
+                      amp_dst_floats(c, L, (int)ch) + (c->n_res > 2 ? L * ch : 0) /* h */;
+        peak = amp > peak ? amp : peak;
+        U = (nl + L + nr) * ch;
+    }
+    int64_t post = U + conv_dst_floats(L, PRE_K, 1, stage_ch(c, c->n_up));
+    return post > peak ? post : peak;
+}
+
+int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads)
+{
+    if (h3_avae_samples(c, frames) < 0) return -H3_E_INVALID;
+    /* Sides are decoded one after the other; add the activation tiles of every thread. */
+    return 4 * (side_peak_floats(c, frames) + (int64_t)threads * (2 * ACT_TILE + H3_AA_TAPS) * 16);
+}
+
 /* ---- entry points ----------------------------------------------------------------------- */
 
 int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channels, int64_t frames, float *pcm,
                    int64_t pcm_cap, h3_progress_fn progress, void *user)
 {
-    if (!latents || !pcm) return h3_err(H3_E_INVALID, "audio decode: NULL latents or PCM buffer");
+    if (!latents || !pcm || !pool) return h3_err(H3_E_INVALID, "audio decode: NULL latents, PCM buffer or pool");
     h3_avae_cfg cfg;
     int rc = h3_avae_cfg_load(m, &cfg);
     if (rc) return rc;

@@ -35,15 +35,18 @@ typedef struct h3_avae_act {
     const float *x;
     int64_t L;
     int C;
-    const float *a, *rb;       /* per channel, repeated to `period` floats */
-    int period;                /* lcm(C, 8) */
+    const float *a, *rb;       /* [C] */
+    /* The C % 8 tail channels' a and rb (all channels when C < 8) repeated to lcm(tail, 8). */
+    const float *tail_a, *tail_rb;
+    int tail_period;
     const float *fup, *fdown;  /* [H3_AA_TAPS] each */
     h3_avae_dst dst;
 } h3_avae_act;
 
 typedef struct h3_avae_kernels {
     const char *name;
-    /* Output rows [m0, m1) of an activation; `z` is scratch of (2 (m1 - m0) + H3_AA_TAPS) * C floats. */
+    /* Output rows [m0, m1) of an activation; `z` is 32-byte aligned scratch of
+       (2 (m1 - m0) + H3_AA_TAPS) * 16 floats (channels go 16 at a time). */
     void (*act_rows)(const h3_avae_act *a, int64_t m0, int64_t m1, float *z);
     /* pcm[t] = clamp(sum_j P[t * C + j] * w[j], -1, 1) over j < K * C, for t in [t0, t1). */
     void (*post_rows)(const float *P, int C, int K, const float *w, float *pcm, int64_t t0, int64_t t1);
@@ -62,6 +65,10 @@ H3_INTERNAL const h3_avae_kernels *h3_avae_kern(void);
 
 /* Geometry of a decode: samples per side for `frames` latent frames (or a negative H3_E*). */
 H3_INTERNAL int64_t h3_avae_samples(const h3_avae_cfg *c, int64_t frames);
+
+/* Peak activation memory (bytes) of h3_avae_decode for `frames` latent frames on `threads`
+   threads, buffer for buffer; the folded weights (about the decoder's stored bytes) come on top. */
+H3_INTERNAL int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads);
 
 /*
  * Decode normalised audio latents [2, C, frames] (side-major, as the DiT's audio rows unpack:

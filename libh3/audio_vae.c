@@ -6,10 +6,11 @@
  * Data flow per side (activations time-major [time, channels], see audio_vae.h):
  *   x*std+mean -> dec_in_proj (1x1) -> conv_pre (k7) -> for each stage: ConvTranspose1d, then the
  *   mean of the stage's AMP blocks -> activation_post -> conv_post -> clamp [-1, 1].
- * Every convolution is one GEMM per phase through h3_linear: a dilated convolution splits time
- * into `dilation` phases that are ordinary convolutions; a transposed convolution of stride u
- * splits its output into u phases that are ordinary convolutions over consecutive input rows.
- * Zero padding is real zero rows around each phase, so a GEMM input row is just a pointer.
+ * Every convolution is one im2col-free GEMM per phase (avae_kern.inc, weights packed once at
+ * load): a dilated convolution splits time into `dilation` phases that are ordinary
+ * convolutions; a transposed convolution of stride u splits its output into u phases that are
+ * ordinary convolutions over consecutive input rows. Zero padding is real zero rows around each
+ * phase, so a GEMM input row is just a pointer into the activation buffer.
  *
  * Weight norm is folded at load (w = v * (g / ||v||), the arithmetic of torch's fused CPU
  * kernel) into GEMM-layout copies; the file mapping is dropped before decoding starts.
@@ -23,20 +24,19 @@
 
 #define MAX_FRAMES (1 << 20) /* ~7 hours at 40 Hz: keeps every length well inside int64 */
 #define ACT_TILE 128         /* activation output rows per scratch tile (17 KB: 16 channels at a time) */
-#define ACT_SLOT 3           /* pool scratch slot of the activation tiles (h3_linear uses 0, 1) */
+#define ACT_SLOT 3           /* pool scratch slot of the activation tiles (others' kernels use 0-2) */
 #define ACT_COST 40          /* progress units per activation output value, next to 1 per MAC */
 #define PRE_K 7              /* conv_pre / conv_post kernel size (fixed by diffusers) */
 
 typedef struct {
-    h3_mat w;    /* [cout, k * cin]: column k * cin + i is tap k of input channel i */
-    float *wbuf, *bias;
+    h3_avae_pw w; /* [cout][k * cin], packed: column k * cin + i is tap k of input channel i */
+    float *bias;
     int cin, cout, k, dil;
 } conv_w;
 
 typedef struct {
     int u, k, p, cin, cout;
-    h3_mat w[64];      /* per output phase r: [cout, ntap[r] * cin], input rows in time order */
-    float *wbuf[64];
+    h3_avae_pw w[64];    /* per output phase r: [cout][ntap[r] * cin], input rows in time order */
     int ntap[64], c[64]; /* phase r reads input rows q + c[r] - ntap[r] + 1 .. q + c[r] */
     float *bias;
 } tconv_w;
@@ -151,35 +151,32 @@ static int read_f32(h3_store *s, const char *name, int ndim, const int64_t *shap
 static float *falloc(int64_t n) { return h3_malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
 
 /*
- * v [rows, per_row] with gain g [rows, 1, 1] -> w = v * (g / ||v_row||) in place. torch's CPU
- * _weight_norm_interface computes the row norm, then g / norm, then one product per element;
- * the norm is summed in double here (torch sums in float lanes), a difference far below the
- * rounding of the convolutions themselves.
+ * Weight norm (torch.nn.utils.weight_norm, dim 0): w = v * (g / ||v_row||), rows along dim 0.
+ * Reads v [rows, d1, d2] into `v` and returns each row's factor in `scale`; the packing applies
+ * it. torch's CPU _weight_norm_interface computes the row norm, then g / norm, then one product
+ * per element: the same here, except that the norm is summed in double (torch sums float lanes),
+ * a difference far below the rounding of the convolutions themselves.
  */
-static int weight_norm(h3_store *s, const char *base, float *v, int64_t rows, int64_t per_row, int64_t d1,
-                       int64_t d2)
+static int weight_norm(h3_store *s, const char *base, float *v, int64_t rows, int64_t d1, int64_t d2, float *scale)
 {
     char name[256];
-    int64_t vshape[3] = {rows, d1, d2}, gshape[3] = {rows, 1, 1};
+    int64_t vshape[3] = {rows, d1, d2}, gshape[3] = {rows, 1, 1}, per_row = d1 * d2;
     int rc;
     snprintf(name, sizeof name, "%s.weight_v", base);
     if ((rc = read_f32(s, name, 3, vshape, v))) return rc;
-    float *g = falloc(rows);
-    if (!g) return -H3_E_NOMEM;
     snprintf(name, sizeof name, "%s.weight_g", base);
-    if ((rc = read_f32(s, name, 3, gshape, g))) {
-        free(g);
-        return rc;
-    }
+    if ((rc = read_f32(s, name, 3, gshape, scale))) return rc;
     for (int64_t r = 0; r < rows; r++) {
-        float *row = v + r * per_row;
-        double ss = 0;
-        for (int64_t j = 0; j < per_row; j++) ss += (double)row[j] * row[j];
+        const float *row = v + r * per_row;
+        double acc[8] = {0}; /* eight partial sums: no serial dependency chain */
+        int64_t j = 0;
+        for (; j + 8 <= per_row; j += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)row[j + l] * row[j + l];
+        for (; j < per_row; j++) acc[0] += (double)row[j] * row[j];
+        double ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         float norm = (float)sqrt(ss);
-        float scale = g[r] / norm;
-        for (int64_t j = 0; j < per_row; j++) row[j] = row[j] * scale;
+        scale[r] = scale[r] / norm; /* g / ||v|| */
     }
-    free(g);
     return 0;
 }
 
@@ -192,40 +189,44 @@ static int read_bias(h3_store *s, const char *base, int n, float **out)
     return read_f32(s, name, 1, shape, *out);
 }
 
-/* [cout, cin, k] (torch Conv1d) -> [cout][k * cin + i] (GEMM layout). */
-static int to_gemm(const float *src, int cout, int cin, int k, conv_w *cv)
+/* A packed weight of N outputs and K reduction columns (the packers write every lane). */
+static int pw_alloc(h3_avae_pw *w, int N, int64_t K)
 {
-    if (!(cv->wbuf = falloc((int64_t)cout * cin * k))) return -H3_E_NOMEM;
-    for (int o = 0; o < cout; o++)
-        for (int t = 0; t < k; t++) {
-            float *dst = cv->wbuf + ((int64_t)o * k + t) * cin;
-            const float *col = src + (int64_t)o * cin * k + t;
-            for (int i = 0; i < cin; i++) dst[i] = col[(int64_t)i * k];
-        }
-    cv->w = (h3_mat){cv->wbuf, H3_DT_F32, cout, (int64_t)k * cin};
-    cv->cin = cin, cv->cout = cout, cv->k = k;
+    size_t n = (size_t)((N + H3_AVAE_NR - 1) / H3_AVAE_NR) * (size_t)K * H3_AVAE_NR;
+    if (!(w->p = h3_alloc_aligned(n * sizeof(float)))) return h3_err(H3_E_NOMEM, "out of memory packing weights");
+    w->N = N, w->K = K;
     return 0;
 }
 
-/* A Conv1d, weight-normed (`wn`) or plain, with or without bias. */
+/* A Conv1d, weight-normed (`wn`) or plain, with or without bias, packed as [cout][k * cin + i]. */
 static int load_conv(h3_store *s, const char *base, int cout, int cin, int k, int dil, bool wn, bool bias,
                      conv_w *cv)
 {
-    int64_t n = (int64_t)cout * cin * k;
-    float *v = falloc(n);
-    if (!v) return -H3_E_NOMEM;
-    int rc;
-    if (wn) {
-        rc = weight_norm(s, base, v, cout, (int64_t)cin * k, cin, k);
-    } else {
+    float *v = falloc((int64_t)cout * cin * k), *scale = falloc(cout);
+    int rc = v && scale ? 0 : -H3_E_NOMEM;
+    if (!rc && wn) {
+        rc = weight_norm(s, base, v, cout, cin, k, scale);
+    } else if (!rc) {
         char name[256];
         int64_t shape[3] = {cout, cin, k};
         snprintf(name, sizeof name, "%s.weight", base);
         rc = read_f32(s, name, 3, shape, v);
     }
-    if (!rc) rc = to_gemm(v, cout, cin, k, cv);
-    free(v);
-    cv->dil = dil;
+    if (!rc) rc = pw_alloc(&cv->w, cout, (int64_t)k * cin);
+    if (!rc) {
+        /* Written in packed order (contiguous stores; 16 read streams, one per output lane). */
+        float *dst = cv->w.p;
+        for (int p = 0; p < cout; p += H3_AVAE_NR)
+            for (int t = 0; t < k; t++)
+                for (int i = 0; i < cin; i++, dst += H3_AVAE_NR)
+                    for (int l = 0; l < H3_AVAE_NR; l++) {
+                        int o = p + l;
+                        float x = o < cout ? v[((int64_t)o * cin + i) * k + t] : 0.0f;
+                        dst[l] = o < cout && wn ? x * scale[o] : x;
+                    }
+    }
+    free(v), free(scale);
+    cv->cin = cin, cv->cout = cout, cv->k = k, cv->dil = dil;
     if (!rc && bias) rc = read_bias(s, base, cout, &cv->bias);
     return rc;
 }
@@ -234,28 +235,27 @@ static int load_conv(h3_store *s, const char *base, int cout, int cin, int k, in
 static int load_tconv(h3_store *s, const char *base, int cin, int cout, int k, int u, tconv_w *t)
 {
     t->u = u, t->k = k, t->p = (k - u) / 2, t->cin = cin, t->cout = cout;
-    float *v = falloc((int64_t)cin * cout * k);
-    if (!v) return -H3_E_NOMEM;
-    int rc = weight_norm(s, base, v, cin, (int64_t)cout * k, cout, k);
+    float *v = falloc((int64_t)cin * cout * k), *scale = falloc(cin);
+    int rc = v && scale ? weight_norm(s, base, v, cin, cout, k, scale) : -H3_E_NOMEM;
     for (int r = 0; !rc && r < u; r++) {
         int n;
         tphase(u, k, r, &n, &t->c[r]);
         t->ntap[r] = n;
         if (!n) continue;
         const int kr = (r + t->p) % u;
-        if (!(t->wbuf[r] = falloc((int64_t)cout * n * cin))) {
-            rc = -H3_E_NOMEM;
-            break;
-        }
-        /* Column block e holds input row s0 + e, i.e. tap j = n - 1 - e (taps run backwards in time). */
-        for (int o = 0; o < cout; o++)
+        if ((rc = pw_alloc(&t->w[r], cout, (int64_t)n * cin))) break;
+        /* Column block e holds input row s0 + e, i.e. tap j = n - 1 - e (taps run backwards in
+           time); the weight-norm factor belongs to the input channel (dim 0 of [cin, cout, k]). */
+        float *dst = t->w[r].p;
+        for (int p = 0; p < cout; p += H3_AVAE_NR)
             for (int e = 0; e < n; e++) {
-                int kk = kr + (n - 1 - e) * u;
-                for (int i = 0; i < cin; i++)
-                    t->wbuf[r][((int64_t)o * n + e) * cin + i] = v[((int64_t)i * cout + o) * k + kk];
+                const int kk = kr + (n - 1 - e) * u;
+                for (int i = 0; i < cin; i++, dst += H3_AVAE_NR)
+                    for (int l = 0; l < H3_AVAE_NR; l++)
+                        dst[l] = p + l < cout ? v[((int64_t)i * cout + p + l) * k + kk] * scale[i] : 0.0f;
             }
-        t->w[r] = (h3_mat){t->wbuf[r], H3_DT_F32, cout, (int64_t)n * cin};
     }
+    free(scale);
     free(v);
     if (!rc) rc = read_bias(s, base, cout, &t->bias);
     return rc;
@@ -297,7 +297,7 @@ static int load_act(h3_store *s, const char *base, int C, act_w *a)
 
 static void free_conv(conv_w *c)
 {
-    free(c->wbuf);
+    h3_free_aligned(c->w.p);
     free(c->bias);
 }
 
@@ -315,7 +315,7 @@ static void dec_free(decoder *d)
     free_conv(&d->in_proj);
     free_conv(&d->pre);
     for (int i = 0; i < 16; i++) {
-        for (int r = 0; r < 64; r++) free(d->ups[i].wbuf[r]);
+        for (int r = 0; r < 64; r++) h3_free_aligned(d->ups[i].w[r].p);
         free(d->ups[i].bias);
     }
     if (d->res) {
@@ -381,8 +381,10 @@ static int dec_load(h3_model *m, decoder **out)
     if (!rc) {
         conv_w post = {0};
         rc = load_conv(s, "decoder.conv_post", 1, cl, PRE_K, 1, true, false, &post);
-        d->post_w = post.wbuf; /* [1, 7 * cl]: one row, already the dot-product layout */
-        free(post.bias);
+        /* One output: the direct dot-product kernel takes the plain row. */
+        if (!rc && !(d->post_w = falloc((int64_t)PRE_K * cl))) rc = -H3_E_NOMEM;
+        for (int64_t j = 0; !rc && j < (int64_t)PRE_K * cl; j++) d->post_w[j] = *h3_avae_pw_at(&post.w, 0, j);
+        free_conv(&post);
     }
     /* The folded copies are all that is needed now: drop the mapping and its page cache. */
     h3_store_release(s);
@@ -423,6 +425,42 @@ static void act_task(void *arg, int64_t b, int64_t e, int thread)
     act_job *j = arg;
     float *z = h3_pool_scratch(j->pool, thread, ACT_SLOT, 0); /* reserved by run_act */
     for (int64_t m = b; m < e; m += ACT_TILE) j->k->act_rows(j->a, m, m + ACT_TILE < e ? m + ACT_TILE : e, z);
+}
+
+#define GEMM_ROWS 96  /* rows per task at most: a task's X block stays in L2 across its panels */
+#define GEMM_PANELS 4 /* panels of 16 outputs per task */
+
+typedef struct {
+    const h3_avae_gemm *g;
+    const h3_avae_kernels *k;
+    int64_t M, rows;
+    int np, ng;
+} gemm_job;
+
+static void gemm_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    gemm_job *j = arg;
+    for (int64_t t = b; t < e; t++) {
+        int64_t m0 = t / j->ng * j->rows, m1 = m0 + j->rows < j->M ? m0 + j->rows : j->M;
+        int p0 = (int)(t % j->ng) * GEMM_PANELS, p1 = p0 + GEMM_PANELS < j->np ? p0 + GEMM_PANELS : j->np;
+        j->k->gemm_tile(j->g, m0, m1, p0, p1);
+    }
+}
+
+/* Y [M, N] (row stride ldy) = bias + X . W^T with X's rows at stride ldx (see h3_avae_gemm). */
+static void run_gemm(runner *r, const float *X, int64_t M, int64_t ldx, const h3_avae_pw *w, const float *bias,
+                     float *Y, int64_t ldy)
+{
+    if (M <= 0) return;
+    h3_avae_gemm g = {X, ldx, w, bias, Y, ldy};
+    gemm_job j = {&g, r->k, M, GEMM_ROWS, (w->N + H3_AVAE_NR - 1) / H3_AVAE_NR, 0};
+    j.ng = (j.np + GEMM_PANELS - 1) / GEMM_PANELS;
+    /* Shorter row blocks when there would be too few tasks to keep every thread busy; the
+       split never changes a result (every output sums the same blocks in the same order). */
+    const int64_t want = 4 * (int64_t)h3_pool_threads(r->pool);
+    while (j.rows > 12 && (M + j.rows - 1) / j.rows * j.ng < want) j.rows = (j.rows / 2 + 5) / 6 * 6;
+    h3_parallel_for(r->pool, (M + j.rows - 1) / j.rows * j.ng, 1, gemm_task, &j);
 }
 
 /* Zero the margins and phase tails of a phased destination for L rows of C channels. */
@@ -482,11 +520,9 @@ static int run_conv(runner *r, const conv_w *cv, const float *P, int64_t L, floa
     const int64_t phase_rows = (L + d - 1) / d + (cv->k - 1);
     for (int ph = 0; ph < d && ph < L; ph++) {
         int64_t M = (L - ph + d - 1) / d;
-        int rc = h3_linear(r->pool, P + ph * phase_rows * cv->cin, M, cv->cin, &cv->w, cv->bias, y + ph * ldy,
-                           ldy * d);
-        if (rc) return rc;
+        run_gemm(r, P + ph * phase_rows * cv->cin, M, cv->cin, &cv->w, cv->bias, y + ph * ldy, ldy * d);
     }
-    return tick(r, L * cv->w.rows * cv->w.cols);
+    return tick(r, L * cv->w.N * cv->w.K);
 }
 
 /* y [lout, cout] = ConvTranspose1d(U) where U holds lin rows after `left` zero rows. */
@@ -501,12 +537,11 @@ static int run_tconv(runner *r, const tconv_w *t, const float *U, int64_t left, 
             continue;
         }
         const float *X = U + (left + t->c[ph] - t->ntap[ph] + 1) * t->cin;
-        int rc = h3_linear(r->pool, X, Q, t->cin, &t->w[ph], t->bias, yp, ldy);
-        if (rc) return rc;
+        run_gemm(r, X, Q, t->cin, &t->w[ph], t->bias, yp, ldy);
     }
     (void)lin;
     int64_t macs = 0;
-    for (int ph = 0; ph < t->u && ph < lout; ph++) macs += (lout - ph + t->u - 1) / t->u * t->w[ph].rows * t->w[ph].cols;
+    for (int ph = 0; ph < t->u && ph < lout; ph++) macs += (lout - ph + t->u - 1) / t->u * t->w[ph].N * t->w[ph].K;
     return tick(r, macs);
 }
 
@@ -557,18 +592,18 @@ static void post_task(void *arg, int64_t b, int64_t e, int thread)
 static int64_t side_cost(const decoder *d, int64_t T)
 {
     const h3_avae_cfg *c = &d->cfg;
-    int64_t u = T * d->in_proj.w.rows * d->in_proj.w.cols + T * d->pre.w.rows * d->pre.w.cols, L = T;
+    int64_t u = T * d->in_proj.w.N * d->in_proj.w.K + T * d->pre.w.N * d->pre.w.K, L = T;
     for (int i = 0; i < c->n_up; i++) {
         const tconv_w *t = &d->ups[i];
         int64_t lout = up_len(c, i, L);
         for (int ph = 0; ph < t->u && ph < lout; ph++)
-            if (t->ntap[ph]) u += (lout - ph + t->u - 1) / t->u * t->w[ph].rows * t->w[ph].cols;
+            if (t->ntap[ph]) u += (lout - ph + t->u - 1) / t->u * t->w[ph].N * t->w[ph].K;
         L = lout;
         int ch = stage_ch(c, i + 1);
         for (int j = 0; j < c->n_res; j++) {
             const amp_w *b = &d->res[i * c->n_res + j];
             for (int e = 0; e < b->ndil; e++)
-                u += 2 * L * ch * ACT_COST + L * b->c1[e].w.rows * b->c1[e].w.cols + L * b->c2[e].w.rows * b->c2[e].w.cols;
+                u += 2 * L * ch * ACT_COST + L * b->c1[e].w.N * b->c1[e].w.K + L * b->c2[e].w.N * b->c2[e].w.K;
         }
     }
     return u + L * d->post.C * ACT_COST + L * (int64_t)d->post.C * PRE_K;
@@ -609,9 +644,8 @@ static int decode_side(runner *r, const decoder *d, const float *lat, int64_t T,
             A[t * C + ch] = v + c->latents_mean[ch];
         }
     /* dec_in_proj into the zero-margined input of conv_pre. */
-    if ((rc = h3_linear(r->pool, A, T, C, &d->in_proj.w, d->in_proj.bias, B + (PRE_K / 2) * D, D)) ||
-        (rc = tick(r, T * d->in_proj.w.rows * d->in_proj.w.cols)))
-        goto done;
+    run_gemm(r, A, T, C, &d->in_proj.w, d->in_proj.bias, B + (PRE_K / 2) * D, D);
+    if ((rc = tick(r, T * d->in_proj.w.N * d->in_proj.w.K))) goto done;
     tconv_margins(c, 0, T, &left, &right);
     if (!(U = h3_calloc((size_t)(left + T + right) * (size_t)D0, sizeof(float)))) {
         rc = -H3_E_NOMEM;

@@ -43,6 +43,34 @@ typedef struct h3_avae_act {
     h3_avae_dst dst;
 } h3_avae_act;
 
+/*
+ * A convolution weight packed once at load for the convolution kernel: output channels in panels
+ * of 16, each panel [K][16] (zero past N), 32-byte aligned. Column k of the im2col row is tap
+ * k / cin of input channel k % cin.
+ */
+#define H3_AVAE_NR 16
+typedef struct h3_avae_pw {
+    float *p;
+    int64_t K;
+    int N;
+} h3_avae_pw;
+
+static inline float *h3_avae_pw_at(const h3_avae_pw *w, int n, int64_t k)
+{
+    return w->p + ((int64_t)(n / H3_AVAE_NR) * w->K + k) * H3_AVAE_NR + n % H3_AVAE_NR;
+}
+
+/* Y[m][n] = bias[n] + sum_k X[m ldx + k] W[n][k]: im2col-free, row m of X is the K floats at
+   x + m ldx, so consecutive rows overlap when ldx < K (a convolution over time-major rows). */
+typedef struct h3_avae_gemm {
+    const float *x;
+    int64_t ldx;
+    const h3_avae_pw *w;
+    const float *bias; /* [N] or NULL */
+    float *y;
+    int64_t ldy;
+} h3_avae_gemm;
+
 typedef struct h3_avae_kernels {
     const char *name;
     /* Output rows [m0, m1) of an activation; `z` is 32-byte aligned scratch of
@@ -50,6 +78,9 @@ typedef struct h3_avae_kernels {
     void (*act_rows)(const h3_avae_act *a, int64_t m0, int64_t m1, float *z);
     /* pcm[t] = clamp(sum_j P[t * C + j] * w[j], -1, 1) over j < K * C, for t in [t0, t1). */
     void (*post_rows)(const float *P, int C, int K, const float *w, float *pcm, int64_t t0, int64_t t1);
+    /* Rows [m0, m1) and panels [p0, p1) of a convolution GEMM. The sum over k runs in the same
+       blocks and order for every output, so any split gives the same bits. */
+    void (*gemm_tile)(const h3_avae_gemm *g, int64_t m0, int64_t m1, int p0, int p1);
     /* y[i] = sin(x[i])^2 for n values (exposed for the kernel tests). */
     void (*sin2)(const float *x, float *y, int64_t n);
 } h3_avae_kernels;

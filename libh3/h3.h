@@ -343,6 +343,32 @@ H3_API int64_t h3_video_decode_workspace(h3_ctx *ctx, int T, int h, int w, const
 H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int h, int w,
                            const h3_video_decode_opts *opts, uint8_t *rgb, float *pixels);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Audio decoder                                                                               */
+
+/*
+ * Audio VAE geometry from the model's audio_vae/ configs: latent channels per stereo side,
+ * output sample rate, and the decoder hop (product of the upsampling rates: samples per latent
+ * frame). Any output pointer may be NULL. Returns 0 or a negative H3_E* code.
+ */
+H3_API int h3_audio_info(h3_ctx *ctx, int *latent_channels, int *sample_rate, int *hop);
+
+/* PCM samples per stereo side that `latent_frames` latent frames decode to (negative H3_E* on
+   failure). For the released configuration this is latent_frames * hop. */
+H3_API int64_t h3_audio_samples(h3_ctx *ctx, int latent_frames);
+
+/*
+ * Decode audio latents into stereo PCM, as diffusers' MiniMaxH3AudioDecodeStep does.
+ *  latents: f32 [2, channels, latent_frames], normalised (as the DiT produces them), left side
+ *           first; `channels` must equal the VAE's latent channels.
+ *  pcm:     f32 [2, samples] (samples = h3_audio_samples), left then right, clipped to [-1, 1],
+ *           at the sample rate h3_audio_info reports; `pcm_capacity` is its size in floats.
+ *  progress (may be NULL) is called between convolutions with phase "audio_decode" and the
+ *  permille of work done (total 1000); non-zero cancels. The decoder weights are read for this call and released before it returns.
+ */
+H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int latent_frames, float *pcm,
+                           int64_t pcm_capacity, h3_progress_fn progress, void *user);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,7 @@ c_uint64, c_double = ctypes.c_uint64, ctypes.c_double
 c_float_p = ctypes.POINTER(ctypes.c_float)
 c_double_p = ctypes.POINTER(ctypes.c_double)
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
+c_int_p = ctypes.POINTER(ctypes.c_int)
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 
@@ -43,13 +44,8 @@ class H3VideoDecodeOpts(ctypes.Structure):
 H3_VIDEO_RAW = 1
 H3_VIDEO_UNTILED = 2
 c_uint8_p = ctypes.POINTER(ctypes.c_uint8)
-c_int_p = ctypes.POINTER(c_int)
-
 
 H3_OPT_REF2VA = 1
-
-# int (*)(void *user, const char *phase, int done, int total); non-zero return cancels.
-H3ProgressFn = ctypes.CFUNCTYPE(c_int, c_void_p, c_char_p, c_int, c_int)
 
 
 class H3TextCacheStats(ctypes.Structure):
@@ -101,6 +97,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_video_decode_workspace": (c_int64, [c_void_p, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts)]),
     "h3_video_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts),
                                 c_uint8_p, c_float_p]),
+    "h3_audio_info": (c_int, [c_void_p, c_int_p, c_int_p, c_int_p]),
+    "h3_audio_samples": (c_int64, [c_void_p, c_int]),
+    "h3_audio_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_float_p, c_int64, H3ProgressFn, c_void_p]),
 }
 
 

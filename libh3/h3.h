@@ -433,6 +433,10 @@ H3_API int h3_prompt_tokens(h3_ctx *ctx, int32_t *ids, int cap);
  */
 H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm);
 
+/* The video as floats [frames, height, width, 3] in [0, 1] before the uint8 rounding (what
+   diffusers' decode step returns with output_type="np"); for parity checks. */
+H3_API int h3_decode_video_f32(h3_ctx *ctx, float *pixels);
+
 #ifdef __cplusplus
 }
 #endif

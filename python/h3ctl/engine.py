@@ -218,6 +218,12 @@ class Engine:
         self._call(_lib.lib().h3_decode(self._ctx.ptr, rgb.ctypes.data_as(_lib.c_uint8_p), None))
         return rgb
 
+    def decode_video_f32(self) -> np.ndarray:
+        i = self.render_info()
+        px = np.empty((i["frames"], i["height"], i["width"], 3), np.float32)
+        self._call(_lib.lib().h3_decode_video_f32(self._ctx.ptr, px.ctypes.data_as(_lib.c_float_p)))
+        return px
+
     def render(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
                seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None) -> Result:

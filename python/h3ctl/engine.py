@@ -168,9 +168,9 @@ class Engine:
         req = _lib.H3Request()
         _lib.lib().h3_request_default(ctypes.byref(req))
         req.prompt = prompt.encode("utf-8", "surrogatepass")
-        req.width = int(width or self.defaults["width"])
-        req.height = int(height or self.defaults["height"])
-        req.frames = int(frames or self.defaults["frames"])
+        req.width = int(self.defaults["width"] if width is None else width)
+        req.height = int(self.defaults["height"] if height is None else height)
+        req.frames = int(self.defaults["frames"] if frames is None else frames)
         req.steps = int(steps)
         req.seed = int(seed)
         return req

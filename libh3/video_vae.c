@@ -770,7 +770,8 @@ static int run_decode(const vv_model *M, h3_pool *pool, const h3_vvae_plan *P, c
             h3_free_aligned(ws);
             return -H3_E_NOMEM;
         }
-    int rc = 0, ntiles = P->ny * P->nx, total = P->windows * ntiles, done = 0;
+    int ntiles = P->ny * P->nx, total = P->windows * ntiles, done = 0;
+    int rc = h3_progress_check(rq->progress, rq->user, PHASE, 0, total); /* the shared hook starts at 0 */
     for (int c = 0; c < P->windows && !rc; c++)
         for (int t = 0; t < ntiles && !rc; t++) {
             /* Each tile is blended with the originals of its upper and left neighbours, so any order
@@ -781,9 +782,7 @@ static int run_decode(const vv_model *M, h3_pool *pool, const h3_vvae_plan *P, c
             stitch_job sj = {&r, i, j, c, P->tile_w - (j + 1 < P->nx ? P->ovx[j] : 0)};
             h3_parallel_for(pool, own_h, 2, stitch_task, &sj);
             save_strips(&r, i, j);
-            done++;
-            if (rq->progress && rq->progress(rq->user, PHASE, done, total))
-                rc = h3_err(H3_E_CANCELLED, "video decode cancelled after %d of %d tiles", done, total);
+            rc = h3_progress_check(rq->progress, rq->user, PHASE, ++done, total);
         }
     h3_free_aligned(ws);
     return rc;
@@ -874,7 +873,9 @@ H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int 
     if (rc) return rc;
     h3_pool *pool = h3_ctx_pool(ctx);
     if (!pool) return -H3_E_NOMEM;
-    h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels, o.progress, o.user};
+    /* No hook in the options: the context's (h3_set_progress), as every other stage reports. */
+    h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels,
+                          o.progress ? o.progress : ctx->progress, o.progress ? o.user : ctx->progress_user};
     rc = h3_vvae_decode(&ctx->model, pool, &rq);
     if (!rc) h3_err_clear();
     return rc;

@@ -65,7 +65,7 @@ typedef struct h3_vvae_request {
     unsigned flags;         /* H3_VVAE_* */
     uint8_t *rgb;           /* optional [F, H, W, 3] */
     float *pixels;          /* optional: [F, H, W, 3] in [0, 1], or [3, F, H, W] with H3_VVAE_RAW */
-    h3_progress_fn progress; /* called after each (window, tile); non-zero cancels */
+    h3_progress_fn progress; /* "video_decode": 0, then after each (window, tile); non-zero cancels */
     void *user;
 } h3_vvae_request;
 

@@ -320,16 +320,21 @@ static void test_decodes(const char *dir)
     CHECK(decode_all(c1, lat, 9, W, H, 16, 8, 0, &pt) == 0 && pt.n == (size_t)30 * 36 * 28 * 3);
     free_outputs(&pd), free_outputs(&pt);
 
-    /* Progress: one call per (window, tile); a non-zero return cancels. */
+    /* Progress: 0 first, then one call per (window, tile); a non-zero return cancels. */
     progress_log log = {0};
     h3_video_decode_opts opt;
     h3_video_decode_opts_default(&opt);
     opt.progress = on_progress, opt.user = &log;
     uint8_t *rgb = malloc((size_t)F * Hp * Wp * 3);
     CHECK(h3_video_decode(c3, lat, C_, T, H, W, &opt, rgb, NULL) == 0);
-    CHECK_MSG(log.calls == 24 && log.last_done == 24 && log.last_total == 24, "%d progress calls", log.calls);
+    CHECK_MSG(log.calls == 25 && log.last_done == 24 && log.last_total == 24, "%d progress calls", log.calls);
     log = (progress_log){.cancel_at = 5};
-    CHECK(h3_video_decode(c3, lat, C_, T, H, W, &opt, rgb, NULL) == -H3_E_CANCELLED && log.calls == 5);
+    CHECK(h3_video_decode(c3, lat, C_, T, H, W, &opt, rgb, NULL) == -H3_E_CANCELLED && log.calls == 6);
+    /* Without a hook in the options the context's hook reports. */
+    log = (progress_log){0};
+    h3_set_progress(c3, on_progress, &log);
+    CHECK(h3_video_decode(c3, lat, C_, T, H, W, NULL, rgb, NULL) == 0 && log.calls == 25);
+    h3_set_progress(c3, NULL, NULL);
 
     /* Bad requests. */
     CHECK(h3_video_decode(c3, lat, C_ + 1, T, H, W, NULL, rgb, NULL) == -H3_E_INVALID);

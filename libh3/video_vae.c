@@ -504,12 +504,8 @@ static void swiglu_task(void *arg, int64_t r0, int64_t r1, int thread)
     swiglu_job *j = arg;
     (void)thread;
     for (int64_t r = r0; r < r1; r++) {
-        const float *g = j->H1 + r * 2 * j->I, *u = g + j->I;
-        float *a = j->A + r * j->I;
-        for (int64_t i = 0; i < j->I; i++) {
-            float s = g[i] / (1.0f + expf(-g[i]));
-            a[i] = u[i] * s;
-        }
+        const float *g = j->H1 + r * 2 * j->I;
+        h3_silu_mul(g, g + j->I, j->A + r * j->I, j->I);
     }
 }
 

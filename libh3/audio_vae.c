@@ -13,7 +13,7 @@
  * phase, so a GEMM input row is just a pointer into the activation buffer.
  *
  * Weight norm is folded at load (w = v * (g / ||v||), the arithmetic of torch's fused CPU
- * kernel) into GEMM-layout copies; the file mapping is dropped before decoding starts.
+ * kernel) while packing the weights; the file mapping is dropped before decoding starts.
  */
 #include "audio_vae.h"
 
@@ -60,7 +60,7 @@ typedef struct {
     tconv_w ups[16];
     amp_w *res; /* [n_up * n_res], diffusers' resblocks index i * n_res + j */
     act_w post;
-    float *post_w; /* conv_post folded, [PRE_K * C] in GEMM layout */
+    float *post_w; /* conv_post folded, [PRE_K * C]: tap k of channel i at k * C + i */
 } decoder;
 
 /* ---- geometry --------------------------------------------------------------------------- */

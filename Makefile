@@ -45,6 +45,7 @@ CTEST_ASAN := $(patsubst tests/c/%.c,build/tests-asan/%,$(CTEST_SRC))
 lib: $(LIB)
 
 $(LIB): $(OBJ)
+	@mkdir -p $(dir $@)
 	$(CC) $(SHARED) -o $@ $(OBJ) $(LDLIBS)
 
 # Kernel files get -O3: their inner loops are written for the vectoriser.

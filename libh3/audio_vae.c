@@ -409,7 +409,10 @@ typedef struct {
 static int tick(runner *r, int64_t units)
 {
     r->done += units;
-    if (r->progress && r->progress(r->user, r->done, r->total))
+    /* Work is counted in multiply-adds (int64); the shared hook reports permille. */
+    int permille = r->total > 0 ? (int)(r->done * 1000 / r->total) : 1000;
+    if (permille > 1000) permille = 1000;
+    if (r->progress && r->progress(r->user, "audio_decode", permille, 1000))
         return h3_err(H3_E_CANCELLED, "audio decode: cancelled by the progress callback");
     return 0;
 }

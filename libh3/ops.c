@@ -42,6 +42,8 @@ uint16_t h3_f32_to_bf16(float f)
 
 float h3_silu(float x) { return x / (1.0f + expf(-x)); }
 
+void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n) { K()->silu_mul(gate, up, out, n); }
+
 float h3_gelu_tanh(float x)
 {
     const float c = 0.7978845608028654f; /* sqrt(2/pi) */
@@ -106,13 +108,15 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
         (rc = reserve(p, 1, sizeof(float) * (size_t)((NT + 15) / 16 * 16) * KC_)))
         return rc;
     j.nt = (W->rows + NT - 1) / NT;
-    /* Split rows too when there are few column tiles, so every thread gets work. */
-    int64_t want = (int64_t)h3_pool_threads(p) * 3;
+    /* Split rows too when there are few column tiles: about 8 tasks per thread, so a thread that
+       loses its core on a shared machine holds back little work at the end. A task re-packs its
+       column tile of W, which costs 1/rows of its multiply-adds: keep tasks >= 48 rows. */
+    int64_t want = (int64_t)h3_pool_threads(p) * 8;
     int64_t mt = (want + j.nt - 1) / j.nt;
     if (mt < 1) mt = 1;
     int64_t rows = (M + mt - 1) / mt;
     rows = (rows + 5) / 6 * 6;
-    if (rows < 24) rows = 24 < M ? 24 : M;
+    if (rows < 48) rows = 48 < M ? 48 : M;
     j.rows_per_task = rows;
     j.mt = (M + rows - 1) / rows;
     h3_parallel_for(p, j.mt * j.nt, 1, lin_task, &j);
@@ -123,28 +127,46 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
 
 #define ABR_ 48
 #define ABC_ 64
+#define ANR_ 16 /* key panel width of the packed K (kernels.inc NR) */
+/* Packed K/V of a group of heads share one buffer of about this size: bounded memory for long
+   sequences, while a group still holds enough (head, query block) tasks for every thread. */
+#define ATTN_PACK_BYTES ((size_t)64 << 20)
 
 typedef struct {
     const h3_kernels *k;
     h3_pool *p;
-    const float *Q, *Kp, *V;
-    int64_t ldq, ldk, ldv, ldo, Lq, Lk, qblocks;
-    int heads, kv_heads, D;
+    const float *Q, *Kx, *V;
+    float *Kp, *Vp; /* packed K/V of heads [g0, g0 + gn) */
+    int64_t ldq, ldk, ldv, ldo, Lq, Lk, qblocks, kblocks, kstride, vstride;
+    int heads, kv_heads, D, g0, gn;
     float scale;
     bool causal;
     float *O;
 } attn_job;
 
+static void attn_pack_task(void *a, int64_t b, int64_t e, int thread)
+{
+    attn_job *j = a;
+    (void)thread;
+    for (int64_t t = b; t < e; t++) {
+        int g = (int)(t / j->kblocks), kvh = j->g0 + g;
+        int64_t k0 = (t % j->kblocks) * ABC_, bc = j->Lk - k0 < ABC_ ? j->Lk - k0 : ABC_;
+        j->k->attn_pack(j->Kx + (int64_t)kvh * j->D, j->ldk, j->V + (int64_t)kvh * j->D, j->ldv, k0, bc, j->D,
+                        j->Kp + g * j->kstride, j->Vp + g * j->vstride);
+    }
+}
+
 static void attn_task(void *a, int64_t b, int64_t e, int thread)
 {
     attn_job *j = a;
+    const int group = j->heads / j->kv_heads; /* query heads per kv head */
     for (int64_t t = b; t < e; t++) {
-        int h = (int)(t / j->qblocks);
+        int hh = (int)(t / j->qblocks); /* query head within this group of kv heads */
+        int h = j->g0 * group + hh, g = hh / group;
         int64_t qb = t % j->qblocks;
-        int kvh = h / (j->heads / j->kv_heads);
         int64_t q0 = qb * ABR_, q1 = q0 + ABR_ < j->Lq ? q0 + ABR_ : j->Lq;
-        j->k->attn_block(j->p, thread, j->Q + (int64_t)h * j->D, j->ldq, j->Kp + (int64_t)kvh * j->D, j->ldk,
-                         j->V + (int64_t)kvh * j->D, j->ldv, q0, q1, j->Lk, j->Lq, j->D, j->scale, j->causal,
+        j->k->attn_block(j->p, thread, j->Q + (int64_t)h * j->D, j->ldq, j->Kp + g * j->kstride,
+                         j->Vp + g * j->vstride, q0, q1, j->Lk, j->Lq, j->D, j->scale, j->causal,
                          j->O + (int64_t)h * j->D, j->ldo);
     }
 }
@@ -155,13 +177,33 @@ int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const float *Kx, int64
 {
     if (Lq <= 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads) return h3_err(H3_E_INVALID, "attention: %d heads, %d kv heads", heads, kv_heads);
+    if (Lk <= 0) {
+        for (int64_t r = 0; r < Lq; r++) memset(O + r * ldo, 0, sizeof(float) * (size_t)heads * D);
+        return 0;
+    }
     int dpad = (D + 15) / 16 * 16;
-    size_t floats = (size_t)ABR_ * dpad * 2 + (size_t)ABC_ * dpad * 2 + (size_t)ABR_ * ABC_ * 2 + 2 * ABR_;
+    size_t floats = (size_t)ABR_ * dpad * 2 + (size_t)ABR_ * ABC_ * 2 + 2 * ABR_;
     int rc = reserve(p, 2, floats * sizeof(float));
     if (rc) return rc;
-    attn_job j = {K(), p, Q, Kx, V, ldq, ldk, ldv, ldo, Lq, Lk, (Lq + ABR_ - 1) / ABR_, heads, kv_heads, D,
-                  scale, causal, O};
-    h3_parallel_for(p, (int64_t)heads * j.qblocks, 1, attn_task, &j);
+    attn_job j = {.k = K(), .p = p, .Q = Q, .Kx = Kx, .V = V, .ldq = ldq, .ldk = ldk, .ldv = ldv, .ldo = ldo,
+                  .Lq = Lq, .Lk = Lk, .qblocks = (Lq + ABR_ - 1) / ABR_, .kblocks = (Lk + ABC_ - 1) / ABC_,
+                  .heads = heads, .kv_heads = kv_heads, .D = D, .scale = scale, .causal = causal, .O = O};
+    j.kstride = (Lk + ANR_ - 1) / ANR_ * ANR_ * D;
+    j.vstride = Lk * dpad;
+    const size_t head_bytes = sizeof(float) * (size_t)(j.kstride + j.vstride);
+    int gmax = (int)(ATTN_PACK_BYTES / head_bytes);
+    if (gmax < 1) gmax = 1;
+    if (gmax > kv_heads) gmax = kv_heads;
+    float *buf = h3_alloc_aligned(head_bytes * (size_t)gmax);
+    if (!buf) return -H3_E_NOMEM;
+    j.Kp = buf;
+    j.Vp = buf + (size_t)gmax * j.kstride;
+    for (j.g0 = 0; j.g0 < kv_heads; j.g0 += j.gn) {
+        j.gn = kv_heads - j.g0 < gmax ? kv_heads - j.g0 : gmax;
+        h3_parallel_for(p, (int64_t)j.gn * j.kblocks, 1, attn_pack_task, &j);
+        h3_parallel_for(p, (int64_t)j.gn * (heads / kv_heads) * j.qblocks, 1, attn_task, &j);
+    }
+    h3_free_aligned(buf);
     return 0;
 }
 

@@ -81,6 +81,8 @@ H3_INTERNAL void h3_layernorm(h3_pool *p, const float *x, int64_t ldx, float *y,
                               int64_t n, const float *w, const float *b, float eps);
 
 H3_INTERNAL float h3_silu(float x);
+/* out[i] = up[i] * SiLU(gate[i]) (SwiGLU), vectorised; in place on either input allowed. */
+H3_INTERNAL void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 H3_INTERNAL float h3_gelu_tanh(float x);
 
 /* Name of the kernel variant in use ("avx2" or "generic"). */
@@ -97,11 +99,16 @@ typedef struct h3_kernels {
     /* Rows [m0, m1) of Y for small M: dot products, no packing. */
     void (*linear_rows)(const float *X, int64_t ldx, const h3_mat *W, const float *bias, float *Y,
                         int64_t ldy, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
-    /* Attention for one (head, query block). */
-    void (*attn_block)(h3_pool *p, int thread, const float *Q, int64_t ldq, const float *K, int64_t ldk,
-                       const float *V, int64_t ldv, int64_t q0, int64_t q1, int64_t Lk, int64_t Lq,
-                       int D, float scale, bool causal, float *O, int64_t ldo);
+    /* Pack keys [k0, k0+bc) of one head's K and V (done once per call, shared by all query
+       blocks): K as [key panel][D][16] at Kp + k0*D, V as [D panel][bc][16] at Vp + k0*dpad. */
+    void (*attn_pack)(const float *K, int64_t ldk, const float *V, int64_t ldv, int64_t k0, int64_t bc, int D,
+                      float *Kp, float *Vp);
+    /* Attention for one (head, query block) against that head's packed K and V. */
+    void (*attn_block)(h3_pool *p, int thread, const float *Q, int64_t ldq, const float *Kp, const float *Vp,
+                       int64_t q0, int64_t q1, int64_t Lk, int64_t Lq, int D, float scale, bool causal,
+                       float *O, int64_t ldo);
     void (*to_f32)(const void *src, h3_dtype dt, float *dst, int64_t n);
+    void (*silu_mul)(const float *gate, const float *up, float *out, int64_t n);
 } h3_kernels;
 
 H3_INTERNAL extern const h3_kernels h3_kernels_generic;

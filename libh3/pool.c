@@ -142,8 +142,10 @@ void h3_parallel_for(h3_pool *p, int64_t n, int64_t grain, h3_task_fn fn, void *
         fn(arg, 0, n, 0);
         return;
     }
-    /* About four chunks per thread balances uneven tasks without much counter traffic. */
-    int64_t chunk = (n + (int64_t)p->n * 4 - 1) / ((int64_t)p->n * 4);
+    /* About sixteen chunks per thread: on a shared machine a worker can lose its core for a
+       scheduler slice while holding a chunk, and the others then wait for it at the end; small
+       chunks bound that tail. One atomic add per chunk is noise next to any chunk's work. */
+    int64_t chunk = (n + (int64_t)p->n * 16 - 1) / ((int64_t)p->n * 16);
     if (chunk < grain) chunk = grain;
     pthread_mutex_lock(&p->mu);
     p->fn = fn;

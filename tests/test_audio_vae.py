@@ -129,7 +129,9 @@ def test_progress_and_cancel(vaes):
     seen = []
     with Context(root, threads=1) as ctx:
         audio_decode(ctx, lat, progress=lambda d, t: seen.append((d, t)))
-        assert seen and seen[-1][0] == seen[-1][1] and all(b[0] > a[0] for a, b in zip(seen, seen[1:]))
+        # permille of the work: non-decreasing, ending at 1000 of 1000
+        assert seen and seen[-1] == (1000, 1000) and all(b[0] >= a[0] for a, b in zip(seen, seen[1:]))
+        assert len({d for d, _ in seen}) > 3
         with pytest.raises(H3Error) as e:
             audio_decode(ctx, lat, progress=lambda d, t: d > seen[2][0])
         assert e.value.code == H3_E_CANCELLED

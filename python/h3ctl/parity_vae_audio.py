@@ -31,7 +31,7 @@ def audio_samples(ctx: Context, latent_frames: int) -> int:
 def audio_decode(ctx: Context, latents: np.ndarray, progress=None) -> np.ndarray:
     """Decode normalised latents [2, C, Ta] (f32) into PCM [2, samples] in [-1, 1].
 
-    `progress(done, total)` is called between convolutions; returning True cancels (H3Error, code
+    `progress(done, total)` is called between convolutions (permille of the work, total 1000); returning True cancels (H3Error, code
     H3_E_CANCELLED). An exception raised by `progress` cancels the decode and is re-raised here.
     """
     if not isinstance(latents, np.ndarray) or latents.dtype != np.float32:
@@ -46,7 +46,7 @@ def audio_decode(ctx: Context, latents: np.ndarray, progress=None) -> np.ndarray
     pcm = np.empty((2, samples), np.float32)
     raised: list[BaseException] = []
 
-    def hook(_user, done, total):
+    def hook(_user, _phase, done, total):
         try:
             return 1 if progress(int(done), int(total)) else 0
         except BaseException as e:  # noqa: BLE001 - re-raised after the C call returns

@@ -1,0 +1,150 @@
+"""Transformer forward benchmark: libh3 vs diffusers, side by side in one run (not a test: prints a table).
+
+    PYTHONPATH=python python tests/bench_dit.py [--threads 2] [--repeats 5] [--shapes 128x128x22,256x256x22,...]
+
+Model: an H3-shaped DiT of ~54M parameters, f32 (8 blocks, hidden 512, 8 heads x 64, ffn 1536, text_dim 256,
+freq_dim 256, time_embed_hidden 512, time_embed_dim 256, rope_inv_freq_len 8 -- 6 x 16 = 96 rotated dims would exceed
+the 64-dim heads, so 8 frequencies per axis rotate 48 of 64). One checkpoint and identical inputs for both.
+
+* libh3: the forward as the engine runs it inside the denoise loop: text refined once, AdaLN modulation precomputed
+  for the schedule (adaln_proj weights released), then per step one forward; the time is the forward only (from
+  libh3's profile), best of the repeats.
+* diffusers: `MiniMaxH3Transformer3DModel.forward` exactly as the modular pipeline's denoise loop calls it (the
+  refiner and the AdaLN projections run inside every forward there), best of the repeats, under torch.no_grad().
+
+GFLOP/s counts the matrix products and attention of the forward (2*m*n*k per GEMM, 4*L^2*heads*head_dim for
+attention) for the engine's work, so both columns are comparable "useful" rates. The sgemm peak is measured in the same
+run: libh3's GEMM (h3_bench_gemm) and torch.mm on a 2048^3 f32 product with the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "python"))
+
+BENCH_CONFIG = dict(num_attention_heads=8, attention_head_dim=64, hidden_size=512, num_layers=8, num_refiner_layers=2,
+                    ffn_dim=1536, in_channels=24, audio_in_channels=32, patch_size=(1, 2, 2), text_dim=256,
+                    freq_dim=256, time_embed_hidden_dim=512, time_embed_dim=256, rope_freq_dim=8)
+N_TEXT = 16
+
+
+def shape_geometry(spec: str):
+    w, h, frames = (int(x) for x in spec.split("x"))
+    n = (frames - 5) // 17
+    lat_t = 5 * n + 2
+    audio = int(round(frames / 24 * 40))
+    return lat_t, h // 16, w // 16, audio
+
+
+def forward_flops(cfg, L, n_video, n_audio):
+    H, A, F = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"]
+    per_block = 2 * L * H * 3 * A + 2 * L * A * H + 2 * L * H * 2 * F + 2 * L * F * H + 4 * L * L * A
+    io = 2 * n_video * 96 * H * 2 + 2 * n_audio * 32 * H * 2
+    return cfg["num_layers"] * per_block + io
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--shapes", default="128x128x22,256x256x22,256x256x56")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from h3ctl import _lib
+    from h3ctl import transformer as tr
+    from h3ctl.context import Context
+    from tests import dit_support as ds
+
+    lib = _lib.lib()
+    model = ds.build_dit(BENCH_CONFIG, seed=0)
+    params = sum(p.numel() for p in model.parameters())
+    tmp = tempfile.mkdtemp(prefix="h3_bench_dit_")
+    ds.write_checkpoint(model, tmp, "f32")
+    rows = []
+    with Context(tmp, threads=args.threads) as ctx:
+        # sgemm peak, same thread count, same run
+        h3_peak = lib.h3_bench_gemm(ctx.ptr, 2048, 2048, 2048, 3)
+        a = torch.randn(2048, 2048)
+        b = torch.randn(2048, 2048)
+        torch.mm(a, b)
+        best = 1e9
+        for _ in range(3):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+        torch_peak = 2 * 2048**3 / best / 1e9
+        peak = max(h3_peak, torch_peak)
+
+        for spec in args.shapes.split(","):
+            lat_t, lat_h, lat_w, audio = shape_geometry(spec)
+            g = torch.Generator().manual_seed(1)
+            pe = torch.randn(1, N_TEXT, BENCH_CONFIG["text_dim"], generator=g)
+            lat = torch.randn(1, 24, lat_t, lat_h, lat_w, generator=g)
+            aud = torch.randn(2, 32, audio, generator=g)
+            # libh3: the engine loop; repeats+1 grid points = repeats forwards
+            _, _, evals = tr.denoise(ctx, pe[0].numpy(), lat[0].numpy(), aud.numpy(), args.repeats + 1)
+            prof = tr.profile(ctx)
+            h3_ms = prof["forward_ms_min"]
+            # diffusers: the pipeline's forward at the first step of the same schedule
+            pos, tags, vidx, aidx, tidx, ncv, nca = ds.t2va_layout(model, N_TEXT, lat_t, lat_h, lat_w, audio)
+            from diffusers import MiniMaxH3Scheduler
+            from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+                MiniMaxH3SetTimestepsStep, patchify_video_latents)
+
+            sv, sa = MiniMaxH3Scheduler(shift=12.0), MiniMaxH3Scheduler(shift=3.0)
+            sv.set_timesteps(args.repeats + 1)
+            sa.set_timesteps(args.repeats + 1)
+            ts, tsi = MiniMaxH3SetTimestepsStep.build_row_timesteps(
+                vidx, aidx, ncv, nca, N_TEXT, float(sv.timesteps[1]), float(sa.timesteps[1]), 0.999, 1.0)
+            x = patchify_video_latents(lat, (1, 2, 2))[None]
+            arow = aud.permute(0, 2, 1).reshape(-1, 32)[None]
+            kw = dict(hidden_states=x, audio_hidden_states=arow, encoder_hidden_states=pe, timestep=ts,
+                      timestep_indices=tsi, token_tags=tags, position_ids=pos, video_indices=vidx,
+                      audio_indices=aidx, text_indices=tidx, return_dict=False)
+            with torch.no_grad():
+                model(**kw)
+                dms = 1e9
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    model(**kw)
+                    dms = min(dms, (time.perf_counter() - t0) * 1e3)
+            L = pos.shape[0]
+            fl = forward_flops(BENCH_CONFIG, L, vidx.numel(), aidx.numel())
+            rows.append((spec, L, h3_ms, dms, dms / h3_ms, fl / h3_ms / 1e6, fl / dms / 1e6))
+    print(f"machine: {platform.machine()} {_cpu_name()}, {os.cpu_count()} cpus; threads={args.threads}; "
+          f"libh3 kernels {prof['kernels']}; torch {torch.__version__}; model {params / 1e6:.1f}M params f32")
+    print(f"sgemm 2048^3: libh3 {h3_peak:.1f} GFLOP/s, torch.mm {torch_peak:.1f} GFLOP/s (peak = {peak:.1f})")
+    print(f"{'shape':>12} {'tokens':>6} {'libh3 ms':>9} {'diffusers ms':>12} {'speedup':>7} "
+          f"{'libh3 GF/s':>10} {'%peak':>6} {'diff GF/s':>9} {'%peak':>6}")
+    for spec, L, h, d, r, gh, gd in rows:
+        print(f"{spec:>12} {L:>6} {h:>9.1f} {d:>12.1f} {r:>6.2f}x {gh:>10.1f} {100 * gh / peak:>5.0f}% {gd:>9.1f} "
+              f"{100 * gd / peak:>5.0f}%")
+
+
+def _cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    main()

@@ -410,7 +410,7 @@ static int tick(runner *r, int64_t units)
 {
     r->done += units;
     /* Work is counted in multiply-adds (int64); the shared hook reports permille. */
-    int permille = r->total > 0 ? (int)(r->done * 1000 / r->total) : 1000;
+    int permille = r->total > 0 ? (int)((double)r->done * 1000.0 / (double)r->total) : 1000;
     if (permille > 1000) permille = 1000;
     if (r->progress && r->progress(r->user, "audio_decode", permille, 1000))
         return h3_err(H3_E_CANCELLED, "audio decode: cancelled by the progress callback");

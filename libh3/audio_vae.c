@@ -404,6 +404,7 @@ typedef struct {
     h3_progress_fn progress;
     void *user;
     int64_t done, total;
+    int reported; /* last permille passed to progress, -1 before the first */
 } runner;
 
 static int tick(runner *r, int64_t units)
@@ -412,6 +413,9 @@ static int tick(runner *r, int64_t units)
     /* Work is counted in multiply-adds (int64); the shared hook reports permille. */
     int permille = r->total > 0 ? (int)((double)r->done * 1000.0 / (double)r->total) : 1000;
     if (permille > 1000) permille = 1000;
+    /* Report each permille once: a progress bar needs no more, and callbacks into Python cost. */
+    if (permille == r->reported) return 0;
+    r->reported = permille;
     if (r->progress && r->progress(r->user, "audio_decode", permille, 1000))
         return h3_err(H3_E_CANCELLED, "audio decode: cancelled by the progress callback");
     return 0;
@@ -776,7 +780,7 @@ int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channel
                       (long long)pcm_cap, (long long)frames, (long long)S);
     decoder *d;
     if ((rc = dec_load(m, &d))) return rc;
-    runner r = {pool, h3_avae_kern(), progress, user, 0, 2 * side_cost(d, frames)};
+    runner r = {pool, h3_avae_kern(), progress, user, 0, 2 * side_cost(d, frames), -1};
     slots sl = {{0}, {0}};
     for (int side = 0; !rc && side < 2; side++)
         rc = decode_side(&r, d, &sl, latents + (int64_t)side * channels * frames, frames, pcm + side * S);

@@ -73,6 +73,8 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
 H3_API void h3_free(h3_ctx *ctx)
 {
     if (!ctx) return;
+    h3_render_state_free(ctx);
+    h3_tokenizer_free(ctx->tokenizer);
     h3_text_cache_free(ctx->text_cache);
     h3_dit_close(ctx->dit); /* before the model: its weights are mapped from the model's store */
     h3_model_close(&ctx->model);

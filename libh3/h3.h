@@ -369,6 +369,74 @@ H3_API int64_t h3_audio_samples(h3_ctx *ctx, int latent_frames);
 H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int latent_frames, float *pcm,
                            int64_t pcm_capacity, h3_progress_fn progress, void *user);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Text to video + stereo audio                                                                */
+
+/*
+ * One render request. `steps` counts sigma grid points including the terminal 0, as diffusers'
+ * num_inference_steps (20 gives 19 model evaluations). Frames are aligned up to the VAE's
+ * 17n + 5; width and height must be multiples of the model's canvas multiple (32 for H3) within
+ * its pixel limit. The initial noise is libh3's counter-based generator under `seed` unless
+ * video_noise ([C, T, H/16, W/16], latent order) and/or audio_noise ([2, C_a, T_a]) are given.
+ */
+typedef struct h3_request {
+    uint32_t struct_size; /* sizeof(h3_request) */
+    const char *prompt;   /* UTF-8, used verbatim (no chat template) */
+    int32_t width, height, frames, steps;
+    uint64_t seed;
+    const float *video_noise; /* optional */
+    const float *audio_noise; /* optional */
+} h3_request;
+
+/* Defaults: 128x128, 22 frames, 20 steps, seed 42 (h3-tiny's render). */
+H3_API void h3_request_default(h3_request *r);
+
+/*
+ * Validate the request, tokenize and encode the prompt (cached), build the packed layout, refine
+ * the text once, precompute the AdaLN modulation of every step (the adaln_proj weights are then
+ * released) and draw the noise. Progress phases: "tokenize", "text_encoder", "prepare".
+ */
+H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request);
+
+/* One Euler transition (one transformer forward). Returns the steps left (0 when done) or a
+   negative H3_E* code. Progress phase "denoise" (done of total steps). */
+H3_API int h3_step(h3_ctx *ctx);
+
+/* Shapes of the prepared request: output buffers for h3_decode are rgb [frames, height, width, 3]
+   uint8 and pcm [2, audio_samples] float32. */
+typedef struct h3_render_info {
+    uint32_t struct_size; /* sizeof(h3_render_info), set by the caller */
+    int32_t width, height, frames, fps;
+    int64_t audio_samples;
+    int32_t sample_rate;
+    int32_t latent_frames, latent_height, latent_width, latent_channels;
+    int32_t audio_latents, audio_latent_channels;
+    int32_t prompt_tokens, steps, steps_done;
+    int64_t sequence; /* packed tokens per transformer forward */
+} h3_render_info;
+H3_API int h3_render_info_get(h3_ctx *ctx, h3_render_info *out);
+
+/* Validate a request and give its shapes without computing anything (prompt_tokens, steps and
+   sequence are 0): lets a caller size buffers or noise and refuse bad input before any work. */
+H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out);
+
+/* Current latents: video [C, T, h, w] and audio [2, C_a, T_a] (either may be NULL). */
+H3_API int h3_get_latents(h3_ctx *ctx, float *video, float *audio);
+
+/* The prompt's token ids (copies up to cap); returns their count. */
+H3_API int h3_prompt_tokens(h3_ctx *ctx, int32_t *ids, int cap);
+
+/*
+ * After the last step: decode audio into pcm [2, audio_samples] and video into rgb
+ * [frames, height, width, 3] (either may be NULL, not both). The transformer is released first.
+ * Progress phases "audio_decode" and "video_decode"; a cancelled decode can be repeated.
+ */
+H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm);
+
+/* The video as floats [frames, height, width, 3] in [0, 1] before the uint8 rounding (what
+   diffusers' decode step returns with output_type="np"); for parity checks. */
+H3_API int h3_decode_video_f32(h3_ctx *ctx, float *pixels);
+
 #ifdef __cplusplus
 }
 #endif

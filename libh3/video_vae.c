@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PHASE "video VAE decode"
+#define PHASE "video_decode"
 
 _Static_assert(H3_VVAE_RAW == H3_VIDEO_RAW && H3_VVAE_UNTILED == H3_VIDEO_UNTILED, "flag values differ");
 #define ROWS_BLOCK 256 /* rows per FFN / proj_out block: bounds those buffers independently of L */

@@ -143,7 +143,7 @@ def test_progress_and_cancel(tiny):
     seen = []
     with Context(root, threads=1) as ctx:
         PV.decode(ctx, lat, tile_px=64, overlap_px=32, progress=lambda ph, d, t: seen.append((ph, d, t)))
-        assert seen == [("video VAE decode", i + 1, 16) for i in range(16)]  # 2 windows x 2 x 4 tiles
+        assert seen == [("video_decode", i + 1, 16) for i in range(16)]  # 2 windows x 2 x 4 tiles
         with pytest.raises(H3Error, match="cancelled") as ei:
             PV.decode(ctx, lat, tile_px=64, overlap_px=32, progress=lambda ph, d, t: d == 3)
         assert ei.value.code == 6

@@ -48,6 +48,20 @@ c_uint8_p = ctypes.POINTER(ctypes.c_uint8)
 H3_OPT_REF2VA = 1
 
 
+class H3Request(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("prompt", c_char_p), ("width", c_int32), ("height", c_int32),
+                ("frames", c_int32), ("steps", c_int32), ("seed", c_uint64), ("video_noise", c_float_p),
+                ("audio_noise", c_float_p)]
+
+
+class H3RenderInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("width", c_int32), ("height", c_int32), ("frames", c_int32),
+                ("fps", c_int32), ("audio_samples", c_int64), ("sample_rate", c_int32),
+                ("latent_frames", c_int32), ("latent_height", c_int32), ("latent_width", c_int32),
+                ("latent_channels", c_int32), ("audio_latents", c_int32), ("audio_latent_channels", c_int32),
+                ("prompt_tokens", c_int32), ("steps", c_int32), ("steps_done", c_int32), ("sequence", c_int64)]
+
+
 class H3TextCacheStats(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("hits", c_uint64), ("misses", c_uint64),
                 ("entries", c_uint64), ("bytes", c_uint64), ("budget", c_uint64), ("evictions", c_uint64),
@@ -100,6 +114,16 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_audio_info": (c_int, [c_void_p, c_int_p, c_int_p, c_int_p]),
     "h3_audio_samples": (c_int64, [c_void_p, c_int]),
     "h3_audio_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_float_p, c_int64, H3ProgressFn, c_void_p]),
+    # text to video + audio
+    "h3_request_default": (None, [ctypes.POINTER(H3Request)]),
+    "h3_prepare": (c_int, [c_void_p, ctypes.POINTER(H3Request)]),
+    "h3_step": (c_int, [c_void_p]),
+    "h3_render_info_get": (c_int, [c_void_p, ctypes.POINTER(H3RenderInfo)]),
+    "h3_plan": (c_int, [c_void_p, ctypes.POINTER(H3Request), ctypes.POINTER(H3RenderInfo)]),
+    "h3_get_latents": (c_int, [c_void_p, c_float_p, c_float_p]),
+    "h3_prompt_tokens": (c_int, [c_void_p, c_int32_p, c_int]),
+    "h3_decode": (c_int, [c_void_p, c_uint8_p, c_float_p]),
+    "h3_decode_video_f32": (c_int, [c_void_p, c_float_p]),
 }
 
 

@@ -20,7 +20,7 @@ from . import _lib
 from ._lib import H3Error
 from .parity import Stage, register
 
-PHASE = "video VAE decode"
+PHASE = "video_decode"
 
 
 def _opts(tile_px: int = 0, overlap_px: int = 0, raw: bool = False, untiled: bool = False, progress=None):

@@ -222,7 +222,7 @@ static int on_progress(void *user, const char *phase, int done, int total)
     progress_log *l = user;
     l->calls++;
     l->last_done = done, l->last_total = total;
-    if (strcmp(phase, "video VAE decode") != 0) return 1;
+    if (strcmp(phase, "video_decode") != 0) return 1;
     return l->cancel_at && done == l->cancel_at;
 }
 

@@ -16,6 +16,8 @@ LDLIBS   := -lm -pthread
 ifeq ($(UNAME_S),Darwin)
   LIBEXT := dylib
   SHARED := -dynamiclib
+  # _POSIX_C_SOURCE hides madvise, _SC_NPROCESSORS_ONLN and st_mtimespec on Darwin; this restores them.
+  CFLAGS_BASE += -D_DARWIN_C_SOURCE
 else
   LIBEXT := so
   SHARED := -shared -Wl,--exclude-libs,ALL

@@ -64,6 +64,8 @@ struct h3_dit {
     dit_plan plan;
     bool has_plan;
     float *tab_blk, *tab_fin;
+    float *tvals;   /* [steps][H3_ROLES] timestep of every role at every step */
+    bool per_step;  /* H3_DIT_PRECOMPUTE=0: modulation computed at each step (the slow path) */
     uint64_t table_bytes;
     h3_dit_stats stats;
 };
@@ -260,7 +262,8 @@ static void drop_schedule(h3_dit *d)
     plan_free(&d->plan);
     h3_free_aligned(d->tab_blk);
     h3_free_aligned(d->tab_fin);
-    d->tab_blk = d->tab_fin = NULL;
+    free(d->tvals);
+    d->tab_blk = d->tab_fin = d->tvals = NULL;
     d->table_bytes = 0;
     d->has_plan = false;
     d->n_steps = 0;
@@ -876,17 +879,22 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     if (!rc) rc = plan_build(&d->plan, l, row_t, H3_ROLES);
     free(row_t);
     const int evals = n[0] - 1;
-    float *tv = NULL;
+    /* H3_DIT_PRECOMPUTE=0 keeps diffusers' structure: the modulation of a step is computed from
+       the adaln_proj weights when the step runs, and nothing is released. */
+    const char *pre = getenv("H3_DIT_PRECOMPUTE");
+    d->per_step = pre && strcmp(pre, "0") == 0;
+    const int sets = d->per_step ? 1 : evals;
     if (!rc) {
         const int64_t H = c->hidden;
-        uint64_t blk_n = (uint64_t)evals * c->layers * d->plan.n_combo * 6 * H;
-        uint64_t fin_n = (uint64_t)evals * d->plan.n_fin * 2 * H;
+        uint64_t blk_n = (uint64_t)sets * c->layers * d->plan.n_combo * 6 * H;
+        uint64_t fin_n = (uint64_t)sets * d->plan.n_fin * 2 * H;
         d->tab_blk = h3_alloc_aligned(sizeof(float) * (size_t)(blk_n + 1));
         d->tab_fin = h3_alloc_aligned(sizeof(float) * (size_t)(fin_n + 1));
-        tv = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES);
-        if (!d->tab_blk || !d->tab_fin || !tv) rc = -H3_E_NOMEM;
+        d->tvals = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES);
+        if (!d->tab_blk || !d->tab_fin || !d->tvals) rc = -H3_E_NOMEM;
         d->table_bytes = (blk_n + fin_n) * sizeof(float);
     }
+    float *tv = d->tvals;
     for (int s = 0; !rc && s < evals; s++) {
         /* build_row_timesteps: conditioning video rows at max(t, 0.999), reference audio at 1. */
         const float t = d->ts[0][s];
@@ -895,9 +903,9 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
         tv[s * H3_ROLES + H3_ROLE_COND_VIDEO] = (float)((double)t > H3_KEYFRAME_NOISE_AUG ? (double)t : H3_KEYFRAME_NOISE_AUG);
         tv[s * H3_ROLES + H3_ROLE_COND_AUDIO] = 1.0f;
     }
+    if (d->per_step) release_adaln = false;
     if (!rc) rc = ensure_ada_bias(d);
-    if (!rc) rc = compute_tables(d, &d->plan, tv, evals, d->tab_blk, d->tab_fin, release_adaln);
-    free(tv);
+    if (!rc && !d->per_step) rc = compute_tables(d, &d->plan, tv, evals, d->tab_blk, d->tab_fin, release_adaln);
     if (rc) {
         drop_schedule(d);
         return rc;
@@ -925,9 +933,15 @@ int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
     const int64_t H = c->hidden;
-    const float *blk = d->tab_blk + (int64_t)i * c->layers * d->plan.n_combo * 6 * H;
-    const float *fin = d->tab_fin + (int64_t)i * d->plan.n_fin * 2 * H;
-    int rc = forward(d, &d->plan, blk, fin, video_rows, audio_rows, d->vo, d->ao);
+    const int set = d->per_step ? 0 : i;
+    const float *blk = d->tab_blk + (int64_t)set * c->layers * d->plan.n_combo * 6 * H;
+    const float *fin = d->tab_fin + (int64_t)set * d->plan.n_fin * 2 * H;
+    int rc = 0;
+    if (d->per_step) {
+        rc = ensure_ada_bias(d);
+        if (!rc) rc = compute_tables(d, &d->plan, d->tvals + (int64_t)i * H3_ROLES, 1, d->tab_blk, d->tab_fin, false);
+    }
+    if (!rc) rc = forward(d, &d->plan, blk, fin, video_rows, audio_rows, d->vo, d->ao);
     if (rc) return rc;
     /* Euler on the generated rows only; conditioning rows ride through unchanged. */
     const int64_t P = d->P, Ca = c->audio_ch;

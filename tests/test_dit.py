@@ -254,6 +254,26 @@ def test_parity_stage_dit(tmp_path_factory, tmp_path, no_simd):
     assert ds.rel_l2(out["sample"][0], ev) <= 1e-4 and ds.rel_l2(out["audio_sample"][0], ea) <= 1e-4
 
 
+@pytest.mark.parametrize("precompute", ["1", "0"])
+def test_parity_stage_denoise(tmp_path_factory, tmp_path, precompute):
+    """The denoise stage; H3_DIT_PRECOMPUTE=0 is the slow path (modulation from the weights at every step)."""
+    root, ref = checkpoint(tmp_path_factory, "wide", "official")
+    g = torch.Generator().manual_seed(8)
+    pe = torch.randn(1, 4, ref.config.text_dim, generator=g)
+    lat = torch.randn(1, 24, 2, 4, 4, generator=g)
+    aud = torch.randn(2, 32, 5, generator=g)
+    _save(tmp_path / "in.safetensors", {"prompt_embeds": pe, "latents": lat, "audio_latents": aud,
+                                        "num_inference_steps": torch.tensor([4])})
+    r = _cli(["parity", "denoise", "--model", str(root), "--inputs", str(tmp_path / "in.safetensors"),
+              "--out", str(tmp_path / "out.safetensors"), "--threads", "2"], {"H3_DIT_PRECOMPUTE": precompute})
+    assert r.returncode == 0, r.stderr
+    from safetensors.numpy import load_file
+
+    out = load_file(str(tmp_path / "out.safetensors"))
+    el, ea = ds.diffusers_denoise(ref, pe, lat, aud, 4)
+    assert ds.rel_l2(out["latents"], el.numpy()) <= 1e-4 and ds.rel_l2(out["audio_latents"], ea.numpy()) <= 1e-4
+
+
 def test_parity_stage_schedule(tmp_path):
     from safetensors.numpy import load_file, save_file
 

@@ -153,7 +153,8 @@ def test_layout_bit_exact(tmp_path_factory, geom, anchors):
 def test_forward_f32(tmp_path_factory, name):
     root, ref = checkpoint(tmp_path_factory, name, "f32")
     for kw in (packed_inputs(ref, 5, 3, 4, 6, 7, seed=1),
-               packed_inputs(ref, 9, 2, 6, 2, 5, seed=2, anchors=("first", "last"), shuffle=True)):
+               packed_inputs(ref, 9, 2, 6, 2, 5, seed=2, anchors=("first", "last"), shuffle=True,
+                             text_tags=torch.tensor([1, 1, 0, 0, 0, 0, 1, 1, 1]))):
         ev, ea = run_ref(ref, kw)
         v, a = run_h3(root, kw)
         assert ds.rel_l2(v, ev) <= 1e-5 and ds.rel_l2(a, ea) <= 1e-5, (ds.rel_l2(v, ev), ds.rel_l2(a, ea))

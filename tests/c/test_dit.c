@@ -346,6 +346,44 @@ static void test_model(const char *dir)
     CHECK(h3_dit_denoise(ctx, pe, 5, NULL, 3, 4, 6, 7, 1, lat[0], aud[0]) == -H3_E_INVALID);
     h3_free(ctx);
 
+    /* The internal API the context builds on, with FL2VA keyframe rows: they ride through every
+       step unchanged while the generated rows move; stepping past the end is an error. */
+    h3_model m;
+    h3_pool *pool = h3_pool_create(2);
+    CHECK(h3_model_open(&m, dir, 0) == 0);
+    h3_dit *d = NULL;
+    CHECK(h3_dit_open(&m, pool, &d) == 0);
+    if (d) {
+        h3_dit_layout l;
+        int an[2] = {H3_ANCHOR_FIRST, H3_ANCHOR_LAST};
+        uint8_t tt[5] = {1, 0, 0, 1, 1};
+        CHECK(h3_dit_layout_t2va(h3_dit_config(d), 5, tt, 3, 4, 6, 7, an, 2, &l) == 0);
+        CHECK(h3_dit_set_text(d, pe, 5) == -H3_E_INVALID); /* no layout yet */
+        CHECK(h3_dit_set_layout(d, &l) == 0 && h3_dit_set_text(d, pe, 5) == 0);
+        CHECK(h3_dit_prepare_schedule(d, 4, 12.0, 3.0, true) == 3 && h3_dit_num_steps(d) == 3);
+        CHECK(h3_dit_sigmas(d, 0)[0] == 1.0f && h3_dit_sigmas(d, 1)[3] == 0.0f);
+        static float vr[64 * PD], vr0[64 * PD], ar[14 * ACH];
+        h3_noise_fill(5, 0, 0, vr, l.n_video * PD);
+        h3_noise_fill(5, 1, 0, ar, l.n_audio * ACH);
+        memcpy(vr0, vr, sizeof(float) * (size_t)(l.n_video * PD));
+        int left = 0;
+        for (int i = 0; i < 3; i++) CHECK((left = h3_dit_step(d, i, vr, ar)) == 2 - i);
+        CHECK(memcmp(vr, vr0, sizeof(float) * (size_t)(l.n_cond_video * PD)) == 0);
+        CHECK(memcmp(vr + l.n_cond_video * PD, vr0 + l.n_cond_video * PD, sizeof(float) * PD) != 0);
+        CHECK(h3_dit_step(d, 3, vr, ar) == -H3_E_INVALID);
+        uint64_t wb, tb;
+        bool rel;
+        h3_dit_adaln_bytes(d, &wb, &tb, &rel);
+        /* 3 steps x (4 (t, modality) pairs: video, vision span at video t, audio, keyframes) x 6 slots
+           x layers + 3 final rows (video t, audio t, keyframe t) x 2 slots */
+        CHECK(rel && wb == (uint64_t)LAYERS * (18 * HID * TED + 18 * HID) * 2 + (2 * HID * TED + 2 * HID) * 2);
+        CHECK_MSG(tb == 3ull * (4 * 6 * HID * LAYERS + 3 * 2 * HID) * 4, "table bytes %llu", (unsigned long long)tb);
+        h3_dit_layout_free(&l);
+        h3_dit_close(d);
+    }
+    h3_model_close(&m);
+    h3_pool_destroy(pool);
+
     /* checkpoints: a missing tensor and a wrong shape fail with the tensor's name */
     char d2[600];
     snprintf(d2, sizeof d2, "%s/missing", dir);

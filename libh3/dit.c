@@ -19,6 +19,9 @@
 #include <string.h>
 #include <time.h>
 
+/* The per-head q/k staging in qkv_task lives on the stack. */
+#define DIT_MAX_HEAD_DIM 1024
+
 typedef struct {
     float *norm1, *norm2, *qn, *kn; /* widened to f32 at open */
     h3_mat qkv, out, fc1, fc2;      /* mapped, read in place */
@@ -183,6 +186,12 @@ int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out)
     }
     d->st = &m->comp[H3_COMP_TRANSFORMER].store;
     const h3_dit_cfg *c = &d->c;
+    if (c->head_dim > DIT_MAX_HEAD_DIM) {
+        rc = h3_err(H3_E_UNSUPPORTED, "%s: attention_head_dim %d is larger than this engine supports (%d)",
+                    m->comp[H3_COMP_TRANSFORMER].config_path, c->head_dim, DIT_MAX_HEAD_DIM);
+        free(d);
+        return rc;
+    }
     d->A = c->heads * c->head_dim;
     d->P = c->video_ch * c->patch[1] * c->patch[2];
     d->F3 = 3 * c->rope_freq;
@@ -349,7 +358,7 @@ static void qkv_task(void *a, int64_t b, int64_t e, int thread)
     const h3_dit *d = j->d;
     const int D = d->c.head_dim, heads = d->c.heads, half = d->F3, A = d->A;
     const float eps = (float)d->c.qk_eps;
-    float tmp[2][1024];
+    float tmp[2][DIT_MAX_HEAD_DIM];
     for (int64_t r = b; r < e; r++) {
         const float *cs = j->cos ? j->cos + r * half : NULL, *sn = j->sin ? j->sin + r * half : NULL;
         for (int h = 0; h < heads; h++) {

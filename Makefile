@@ -45,6 +45,7 @@ CTEST_ASAN := $(patsubst tests/c/%.c,build/tests-asan/%,$(CTEST_SRC))
 lib: $(LIB)
 
 $(LIB): $(OBJ)
+	@mkdir -p $(dir $@)
 	$(CC) $(SHARED) -o $@ $(OBJ) $(LDLIBS)
 
 # Kernel files get -O3: their inner loops are written for the vectoriser.
@@ -52,7 +53,7 @@ build/obj/%_avx2.o: libh3/%_avx2.c $(HDR) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -O3 $(AVX2_FLAGS) -c -o $@ $<
 
-build/obj/ops_generic.o: libh3/ops_generic.c $(HDR) Makefile
+build/obj/%_generic.o: libh3/%_generic.c $(HDR) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -O3 -Wno-psabi -c -o $@ $<
 

@@ -158,28 +158,56 @@ int h3_text_cfg_load(h3_model *m, h3_text_cfg *c)
     const h3j *t = h3j_get(d, root, "text_config");
     if (!t || t->type != H3J_OBJ) t = root;
     memset(c, 0, sizeof *c);
+    /* Defaults are transformers' Qwen3VLTextConfig defaults (head_dim 128, eps 1e-6), so a config that
+       omits a key means what it means to the oracle. */
     if ((rc = need_int(d, t, p, &c->hidden, 1, MAXD, "hidden_size", NULL)) ||
         (rc = need_int(d, t, p, &c->layers, 1, 4096, "num_hidden_layers", NULL)) ||
         (rc = need_int(d, t, p, &c->heads, 1, 65536, "num_attention_heads", NULL)) ||
         (rc = opt_int(d, t, p, &c->kv_heads, c->heads, 1, 65536, "num_key_value_heads", NULL)) ||
-        (rc = opt_int(d, t, p, &c->head_dim, c->hidden / c->heads, 1, 65536, "head_dim", NULL)) ||
+        (rc = opt_int(d, t, p, &c->head_dim, 128, 1, 65536, "head_dim", NULL)) ||
         (rc = need_int(d, t, p, &c->inter, 1, MAXD, "intermediate_size", NULL)) ||
         (rc = need_int(d, t, p, &c->vocab, 1, 1 << 24, "vocab_size", NULL)) ||
         (rc = opt_num(d, t, p, &c->rms_eps, 1e-6, 0, 1, "rms_norm_eps", NULL)) ||
         (rc = opt_int(d, root, p, &c->cond_layer, 50, 1, 4096, "minimax_h3_conditioning_layer", NULL)))
         return rc;
-    double theta;
+    /* transformers 5 keeps RoPE settings in rope_parameters (older files: rope_scaling) and takes
+       rope_theta from there first, then from the text config, then its default_theta 500000. */
     const h3j *rp = h3j_get(d, t, "rope_parameters");
-    if (h3_cfg_num(d, t, &theta, "rope_theta", (const char *)NULL) == 0 ||
-        h3_cfg_num(d, rp, &theta, "rope_theta", (const char *)NULL) == 0) {
+    if (!rp || rp->type != H3J_OBJ) rp = h3j_get(d, t, "rope_scaling");
+    if (rp && rp->type != H3J_OBJ) rp = NULL;
+    double theta;
+    if (h3_cfg_num(d, rp, &theta, "rope_theta", (const char *)NULL) == 0 ||
+        h3_cfg_num(d, t, &theta, "rope_theta", (const char *)NULL) == 0)
         c->rope_theta = theta;
-    } else {
-        c->rope_theta = 5000000.0;
-    }
+    else
+        c->rope_theta = 500000.0;
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return h3_err(H3_E_FORMAT, "%s: rope_theta must be a positive number, got %g", p, c->rope_theta);
+    /* Only plain RoPE over the whole head is implemented; the text path of Qwen3-VL's interleaved
+       mRoPE reduces to it (equal t/h/w positions). Anything else would silently differ. */
+    const h3j *rt = rp ? h3j_get(d, rp, "rope_type") : NULL;
+    if (rp && !rt) rt = h3j_get(d, rp, "type");
+    if (rt && (rt->type != H3J_STR || strcmp(h3j_str(d, rt), "default") != 0))
+        return h3_err(H3_E_UNSUPPORTED, "%s: rope_type '%s' is not supported (only \"default\")", p,
+                      rt->type == H3J_STR ? h3j_str(d, rt) : "?");
+    double prf;
+    if ((h3_cfg_num(d, rp, &prf, "partial_rotary_factor", (const char *)NULL) == 0 ||
+         h3_cfg_num(d, t, &prf, "partial_rotary_factor", (const char *)NULL) == 0) && prf != 1.0)
+        return h3_err(H3_E_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported (only 1)", p, prf);
+    const h3j *act = h3j_get(d, t, "hidden_act");
+    if (act && (act->type != H3J_STR || strcmp(h3j_str(d, act), "silu") != 0))
+        return h3_err(H3_E_UNSUPPORTED, "%s: hidden_act '%s' is not supported (Qwen3-VL uses \"silu\")", p,
+                      act->type == H3J_STR ? h3j_str(d, act) : "?");
+    const h3j *bias = h3j_get(d, t, "attention_bias");
+    if (bias && bias->type != H3J_FALSE && bias->type != H3J_NULL)
+        return h3_err(H3_E_UNSUPPORTED, "%s: attention_bias must be false (Qwen3-VL has no projection biases)", p);
     if (c->heads % c->kv_heads)
         return h3_err(H3_E_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                       p, c->heads, c->kv_heads);
     if (c->head_dim % 2) return h3_err(H3_E_FORMAT, "%s: head_dim must be even, got %d", p, c->head_dim);
+    if ((int64_t)c->heads * c->head_dim > MAXD)
+        return h3_err(H3_E_FORMAT, "%s: num_attention_heads x head_dim = %lld is out of range (at most %d)", p,
+                      (long long)c->heads * c->head_dim, MAXD);
     if (c->cond_layer >= c->layers)
         return h3_err(H3_E_FORMAT,
                       "%s: MiniMax-H3 reads hidden state %d, so the text encoder needs more than %d layers "

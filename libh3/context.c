@@ -1,4 +1,6 @@
 /* The context object: open a model directory, describe it, estimate memory per phase. */
+#include "ops.h"
+#include "text_encoder.h"
 #include "dit.h"
 
 #include <stdio.h>
@@ -71,6 +73,9 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
 H3_API void h3_free(h3_ctx *ctx)
 {
     if (!ctx) return;
+    h3_render_state_free(ctx);
+    h3_tokenizer_free(ctx->tokenizer);
+    h3_text_cache_free(ctx->text_cache);
     h3_dit_close(ctx->dit); /* before the model: its weights are mapped from the model's store */
     h3_model_close(&ctx->model);
     h3_pool_destroy(ctx->pool);
@@ -86,6 +91,20 @@ h3_pool *h3_ctx_pool(h3_ctx *ctx)
 {
     if (!ctx->pool) ctx->pool = h3_pool_create(ctx->threads);
     return ctx->pool;
+}
+
+H3_API void h3_set_progress(h3_ctx *ctx, h3_progress_fn fn, void *user)
+{
+    if (!ctx) return;
+    ctx->progress = fn;
+    ctx->progress_user = fn ? user : NULL;
+}
+
+int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total)
+{
+    if (!fn || fn(user, phase, done, total) == 0) return 0;
+    return h3_err(H3_E_CANCELLED, "%s: cancelled by the progress callback after %d of %d steps", phase, done,
+                  total);
 }
 
 /* ---- info ------------------------------------------------------------------------------ */

@@ -111,6 +111,8 @@ H3_INTERNAL void h3_noise(uint64_t seed, uint32_t stream, uint64_t offset, float
 /* Map the transformer weights (shape-checked against config.json) and widen the small vectors. */
 H3_INTERNAL int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out);
 H3_INTERNAL void h3_dit_close(h3_dit *d);
+/* The context's transformer, opened on first use and kept until h3_free or a decode. */
+H3_INTERNAL int h3_ctx_dit(h3_ctx *ctx, h3_dit **out);
 H3_INTERNAL const h3_dit_cfg *h3_dit_config(const h3_dit *d);
 
 /* Use this layout for the following forwards (copied; builds the RoPE tables). Drops the text

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-static int ctx_dit(h3_ctx *ctx, h3_dit **out)
+int h3_ctx_dit(h3_ctx *ctx, h3_dit **out)
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
     if (!ctx->dit) {
@@ -70,7 +70,7 @@ H3_API int h3_dit_forward(h3_ctx *ctx, const float *hidden_states, int64_t num_v
                           float *audio_sample)
 {
     h3_dit *d;
-    int rc = ctx_dit(ctx, &d);
+    int rc = h3_ctx_dit(ctx, &d);
     if (rc) return rc;
     if (!encoder_hidden_states || !timestep || !timestep_indices || !token_tags || !position_ids ||
         !text_indices || (num_video_rows && (!hidden_states || !video_indices || !sample)) ||
@@ -105,7 +105,7 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
                           float *latents, float *audio_latents_io)
 {
     h3_dit *d;
-    int rc = ctx_dit(ctx, &d);
+    int rc = h3_ctx_dit(ctx, &d);
     if (rc) return rc;
     if (!prompt_embeds || !latents || !audio_latents_io) return h3_err(H3_E_INVALID, "denoise: NULL buffer");
     const h3_dit_cfg *c = h3_dit_config(d);
@@ -143,7 +143,7 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
 H3_API const char *h3_dit_profile_json(h3_ctx *ctx)
 {
     h3_dit *d;
-    if (ctx_dit(ctx, &d)) return NULL;
+    if (h3_ctx_dit(ctx, &d)) return NULL;
     uint64_t wb, tb;
     bool released;
     h3_dit_adaln_bytes(d, &wb, &tb, &released);

@@ -82,6 +82,16 @@ H3_API void h3_free(h3_ctx *ctx);
 H3_API int h3_threads(const h3_ctx *ctx);
 
 /*
+ * Progress and cancellation. Long stages call `fn` on the calling thread between units of work
+ * (e.g. after each text-encoder layer), with `phase` naming the stage ("text_encoder") and
+ * done/total counting units; done = 0 is reported before the first unit. Returning non-zero
+ * cancels: the running call stops at that point and fails with H3_E_CANCELLED. fn = NULL removes
+ * the hook. The hook belongs to the context and stays set until changed.
+ */
+typedef int (*h3_progress_fn)(void *user, const char *phase, int done, int total);
+H3_API void h3_set_progress(h3_ctx *ctx, h3_progress_fn fn, void *user);
+
+/*
  * Description of the opened model as a JSON object: partition, components present, their
  * files, tensor counts, dtypes, bytes, config dimensions. The string is owned by the context
  * and valid until h3_free.
@@ -111,6 +121,89 @@ H3_API int h3_safetensors_check(const char *path);
 
 /* Same, for a header held in memory: `buf` holds the whole file image of `len` bytes. */
 H3_API int h3_safetensors_check_buffer(const void *buf, size_t len);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokenizer                                                                                   */
+
+/*
+ * Byte-level BPE tokenizer read from a HF tokenizer.json of the Qwen2 family (NFC normalizer,
+ * the Qwen2 split pattern, ByteLevel pre-tokenizer and decoder, added/special tokens). Other
+ * configurations are refused with H3_E_UNSUPPORTED. A loaded tokenizer is read-only: any
+ * number of threads may encode and decode with it at once.
+ */
+typedef struct h3_tokenizer h3_tokenizer;
+
+/* Load tokenizer.json (HF format). NULL on failure (h3_last_error names the file and problem). */
+H3_API h3_tokenizer *h3_tokenizer_load(const char *path);
+H3_API void h3_tokenizer_free(h3_tokenizer *tok);
+
+/*
+ * Encode `len` bytes of UTF-8 as HF tokenizers does with add_special_tokens=False: the same ids
+ * as Tokenizer.from_file(path).encode(text, add_special_tokens=False).ids. Added and special
+ * tokens written in the text are recognised. Writes up to `cap` ids; returns the total number
+ * of ids (may exceed cap: call again with a larger buffer) or a negative H3_E_* code. Empty
+ * input gives 0. Text that is not well-formed UTF-8 (overlong forms, surrogates, truncated
+ * sequences) is refused with H3_E_INVALID and a message naming the first bad byte offset.
+ */
+H3_API int64_t h3_tokenize(h3_tokenizer *tok, const char *text, size_t len, int32_t *ids, int64_t cap);
+
+/* Token id of an exact token string (added/special content, or a vocab entry in its
+   byte-level spelling such as "\xc4\xa0the" for " the"), or -1. */
+H3_API int32_t h3_token_id(h3_tokenizer *tok, const char *token);
+
+/* Largest id + 1 over the vocab and the added tokens (151669 for Qwen3). */
+H3_API int32_t h3_tokenizer_vocab_size(h3_tokenizer *tok);
+
+/*
+ * Decode ids back to bytes with the byte-level decoder; special tokens are included (like HF
+ * decode(ids, skip_special_tokens=False)). The bytes are not NUL-terminated and may be invalid
+ * UTF-8 when the ids cut a character (HF then shows U+FFFD). Returns the byte count (may exceed
+ * cap) or a negative H3_E_* code (an id outside the vocabulary is H3_E_INVALID).
+ */
+H3_API int64_t h3_detokenize(h3_tokenizer *tok, const int32_t *ids, int64_t n, char *out, int64_t cap);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Text encoder                                                                                */
+/*
+ * MiniMax-H3 conditions on hidden_states[K] of its Qwen3-VL language model (K = config key
+ * "minimax_h3_conditioning_layer", 50 for the release): the residual stream after decoder layer
+ * K-1, before any final norm, exactly what transformers' Qwen3VLForConditionalGeneration returns
+ * for a text-only prompt. Token ids are the tokenizer's ids without special tokens and without a
+ * chat template. Layers are streamed from the shards one at a time (layers >= K are never read);
+ * H3_TEXT_PREFETCH=0 in the environment turns the background prefetch of the next layer off
+ * (results are bit-identical either way).
+ */
+
+/* Hidden size of the text encoder (the width of each output row), or a negative H3_E* code. */
+H3_API int h3_text_hidden_size(h3_ctx *ctx);
+
+/*
+ * out[n * hidden] (f32, row-major [n, hidden]) = the conditioning hidden state for the n token
+ * ids. n must be >= 1 (an empty prompt is refused, as transformers cannot encode one either) and
+ * every id must lie in [0, vocab_size). Results are served from the context's prompt cache when
+ * the same ids were encoded before with the same weights. Reports progress per layer through the
+ * context's progress hook (phase "text_encoder"). Returns 0 or a negative H3_E* code; on failure
+ * `out` holds unspecified values.
+ */
+H3_API int h3_text_encode(h3_ctx *ctx, const int32_t *ids, int n, float *out);
+
+/* Prompt cache: in-memory, per context, keyed by (text-encoder weights identity, token ids),
+   evicting least-recently-used entries to stay within a byte budget (default 256 MiB). */
+typedef struct h3_text_cache_stats {
+    uint32_t struct_size;     /* sizeof(h3_text_cache_stats), set by the caller */
+    uint32_t reserved;
+    uint64_t hits, misses;    /* lookups answered / not answered from the cache */
+    uint64_t entries, bytes;  /* what the cache holds now (bytes include keys) */
+    uint64_t budget;          /* byte budget; 0 = caching off */
+    uint64_t evictions;
+    uint64_t last_bytes_read; /* weight bytes the last h3_text_encode read from disk (0 on a hit) */
+} h3_text_cache_stats;
+
+H3_API int h3_text_cache_stats_get(h3_ctx *ctx, h3_text_cache_stats *out);
+/* Set the budget in bytes (0 disables caching); entries beyond it are evicted now. */
+H3_API int h3_text_cache_set_budget(h3_ctx *ctx, uint64_t bytes);
+/* Drop every entry (the counters stay). */
+H3_API void h3_text_cache_clear(h3_ctx *ctx);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Transformer                                                                                 */
@@ -194,6 +287,151 @@ H3_API const char *h3_dit_profile_json(h3_ctx *ctx);
  * benchmarks and profiles: the machine's achievable peak next to a stage's achieved rate.
  */
 H3_API double h3_bench_gemm(h3_ctx *ctx, int64_t m, int64_t n, int64_t k, int reps);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Video decoder                                                                               */
+/*
+ * Decodes video latents [C, T, h, w] (normalised, as the DiT produces them) into frames, exactly
+ * as diffusers' MiniMaxH3VideoDecodeStep does: latents * latents_std + latents_mean, the video
+ * VAE's decode() (temporal windows of 7 latents cross-faded over 5 frames, each window in spatial
+ * tiles blended over their overlaps), ImageNet de-normalisation, clamp to [0, 1] and uint8
+ * rounding round(x * 255) (half to even).
+ *
+ * Output: F x H x W frames with H = h * s, W = w * s (s the spatial ratio, 16 for the release) and,
+ * for the release's clip geometry, F = 17n + 5 for T = 5n + 2 (other T are padded and cut as
+ * diffusers does; T >= 3). h3_video_decode_shape gives the shape for any model. Memory stays bounded by one tile
+ * and one window: tiles are decoded one at a time and blended straight into the caller's buffers.
+ */
+
+/* Flags of h3_video_decode_opts.flags. */
+#define H3_VIDEO_RAW 1u     /* `pixels` receives vae.decode()'s sample: [3, F, H, W], ImageNet-
+                               normalised, unclamped (the rgb output is unaffected) */
+#define H3_VIDEO_UNTILED 2u /* decode each window as a single tile (diffusers' disable_tiling();
+                               memory then grows with the canvas) */
+
+typedef struct h3_video_decode_opts {
+    uint32_t struct_size;    /* sizeof(h3_video_decode_opts) */
+    int32_t tile_px;         /* spatial tile size in pixels, a multiple of 16; 0 = the config's
+                                vae_tile_size (256). A canvas side not larger is one tile. */
+    int32_t overlap_px;      /* minimum tile overlap in pixels, a multiple of 16 and smaller than
+                                the tile; 0 = the config's vae_tile_overlap_min (64) */
+    uint32_t flags;          /* H3_VIDEO_* */
+    h3_progress_fn progress; /* optional */
+    void *user;              /* passed to progress */
+} h3_video_decode_opts;
+
+/* Fill *o with defaults (config tiling, no callback). */
+H3_API void h3_video_decode_opts_default(h3_video_decode_opts *o);
+
+/* Output shape for T latent frames of h x w: frames, height and width in pixels. */
+H3_API int h3_video_decode_shape(h3_ctx *ctx, int T, int h, int w, int *frames, int *height, int *width);
+
+/*
+ * Bytes of working memory h3_video_decode allocates for this request, weights and the caller's
+ * buffers excluded (the mapped weights are reported by h3_memory_estimate_json). Negative H3_E*
+ * on an invalid request. `opts` may be NULL (defaults).
+ */
+H3_API int64_t h3_video_decode_workspace(h3_ctx *ctx, int T, int h, int w, const h3_video_decode_opts *opts);
+
+/*
+ * Decode latents [C, T, h, w]; C must be the model's latent channel count (checked). `rgb`
+ * (optional) receives uint8 frames [F, H, W, 3]. `pixels` (optional) receives float frames
+ * [F, H, W, 3] in [0, 1] (the decode step's output_type="np" values), or with H3_VIDEO_RAW the
+ * float sample of vae.decode() as [3, F, H, W]. At least one of them must be given. Weights are mapped for the call and released after it. Results do not depend on the
+ * thread count. `opts` may be NULL.
+ */
+H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int h, int w,
+                           const h3_video_decode_opts *opts, uint8_t *rgb, float *pixels);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Audio decoder                                                                               */
+
+/*
+ * Audio VAE geometry from the model's audio_vae/ configs: latent channels per stereo side,
+ * output sample rate, and the decoder hop (product of the upsampling rates: samples per latent
+ * frame). Any output pointer may be NULL. Returns 0 or a negative H3_E* code.
+ */
+H3_API int h3_audio_info(h3_ctx *ctx, int *latent_channels, int *sample_rate, int *hop);
+
+/* PCM samples per stereo side that `latent_frames` latent frames decode to (negative H3_E* on
+   failure). For the released configuration this is latent_frames * hop. */
+H3_API int64_t h3_audio_samples(h3_ctx *ctx, int latent_frames);
+
+/*
+ * Decode audio latents into stereo PCM, as diffusers' MiniMaxH3AudioDecodeStep does.
+ *  latents: f32 [2, channels, latent_frames], normalised (as the DiT produces them), left side
+ *           first; `channels` must equal the VAE's latent channels.
+ *  pcm:     f32 [2, samples] (samples = h3_audio_samples), left then right, clipped to [-1, 1],
+ *           at the sample rate h3_audio_info reports; `pcm_capacity` is its size in floats.
+ *  progress (may be NULL) is called between convolutions with phase "audio_decode" and the
+ *  permille of work done (total 1000); non-zero cancels. The decoder weights are read for this call and released before it returns.
+ */
+H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int latent_frames, float *pcm,
+                           int64_t pcm_capacity, h3_progress_fn progress, void *user);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Text to video + stereo audio                                                                */
+
+/*
+ * One render request. `steps` counts sigma grid points including the terminal 0, as diffusers'
+ * num_inference_steps (20 gives 19 model evaluations). Frames are aligned up to the VAE's
+ * 17n + 5; width and height must be multiples of the model's canvas multiple (32 for H3) within
+ * its pixel limit. The initial noise is libh3's counter-based generator under `seed` unless
+ * video_noise ([C, T, H/16, W/16], latent order) and/or audio_noise ([2, C_a, T_a]) are given.
+ */
+typedef struct h3_request {
+    uint32_t struct_size; /* sizeof(h3_request) */
+    const char *prompt;   /* UTF-8, used verbatim (no chat template) */
+    int32_t width, height, frames, steps;
+    uint64_t seed;
+    const float *video_noise; /* optional */
+    const float *audio_noise; /* optional */
+} h3_request;
+
+/* Defaults: 128x128, 22 frames, 20 steps, seed 42 (h3-tiny's render). */
+H3_API void h3_request_default(h3_request *r);
+
+/*
+ * Validate the request, tokenize and encode the prompt (cached), build the packed layout, refine
+ * the text once, precompute the AdaLN modulation of every step (the adaln_proj weights are then
+ * released) and draw the noise. Progress phases: "tokenize", "text_encoder", "prepare".
+ */
+H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request);
+
+/* One Euler transition (one transformer forward). Returns the steps left (0 when done) or a
+   negative H3_E* code. Progress phase "denoise" (done of total steps). */
+H3_API int h3_step(h3_ctx *ctx);
+
+/* Shapes of the prepared request: output buffers for h3_decode are rgb [frames, height, width, 3]
+   uint8 and pcm [2, audio_samples] float32. */
+typedef struct h3_render_info {
+    uint32_t struct_size; /* sizeof(h3_render_info), set by the caller */
+    int32_t width, height, frames, fps;
+    int64_t audio_samples;
+    int32_t sample_rate;
+    int32_t latent_frames, latent_height, latent_width, latent_channels;
+    int32_t audio_latents, audio_latent_channels;
+    int32_t prompt_tokens, steps, steps_done;
+    int64_t sequence; /* packed tokens per transformer forward */
+} h3_render_info;
+H3_API int h3_render_info_get(h3_ctx *ctx, h3_render_info *out);
+
+/* Validate a request and give its shapes without computing anything (prompt_tokens, steps and
+   sequence are 0): lets a caller size buffers or noise and refuse bad input before any work. */
+H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out);
+
+/* Current latents: video [C, T, h, w] and audio [2, C_a, T_a] (either may be NULL). */
+H3_API int h3_get_latents(h3_ctx *ctx, float *video, float *audio);
+
+/* The prompt's token ids (copies up to cap); returns their count. */
+H3_API int h3_prompt_tokens(h3_ctx *ctx, int32_t *ids, int cap);
+
+/*
+ * After the last step: decode audio into pcm [2, audio_samples] and video into rgb
+ * [frames, height, width, 3] (either may be NULL, not both). The transformer is released first.
+ * Progress phases "audio_decode" and "video_decode"; a cancelled decode can be repeated.
+ */
+H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm);
 
 #ifdef __cplusplus
 }

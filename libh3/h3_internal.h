@@ -284,6 +284,8 @@ H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 /* ---- the context ----------------------------------------------------------------------- */
 
 struct h3_pool;
+struct h3_render;
+struct h3_text_cache;
 struct h3_dit;
 
 struct h3_ctx {
@@ -293,9 +295,20 @@ struct h3_ctx {
     char *info_json;
     char *mem_json;
     struct h3_pool *pool; /* created on first compute, see h3_ctx_pool */
+    struct h3_render *render;      /* the prepared request (pipeline.c) */
+    struct h3_tokenizer *tokenizer; /* loaded on first prepare */
+    h3_progress_fn progress; /* h3_set_progress */
+    void *progress_user;
+    struct h3_text_cache *text_cache; /* prompt embeddings (text_cache.c), created on first use */
     struct h3_dit *dit;   /* the transformer, opened on first use (dit_api.c) */
     char *dit_json;       /* h3_dit_profile_json answer */
 };
+
+/* Ask a progress hook (may be NULL); returns -H3_E_CANCELLED (with a message) when it says stop. */
+H3_INTERNAL int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total);
+
+/* Drop the prepared request (pipeline.c). */
+H3_INTERNAL void h3_render_state_free(h3_ctx *ctx);
 
 /* The context's worker pool (created on first use). NULL with an error on failure. */
 H3_INTERNAL struct h3_pool *h3_ctx_pool(h3_ctx *ctx);

@@ -3,7 +3,9 @@
  * at their stored size (libh3 computes from the mapped bytes, it does not widen them in memory);
  * activations follow the buffers each stage allocates for the given render shape.
  */
+#include "audio_vae.h"
 #include "h3_internal.h"
+#include "text_encoder.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -85,20 +87,15 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
     bool first = true;
     int rc = 0;
 
-    h3_text_cfg tc;
-    if (m->comp[H3_COMP_TEXT_ENCODER].present && (rc = h3_text_cfg_load(m, &tc)) == 0 &&
-        (rc = h3_model_headers(m, H3_COMP_TEXT_ENCODER)) == 0) {
-        const h3_store *s = &m->comp[H3_COMP_TEXT_ENCODER].store;
-        /* Streaming keeps the layer in use plus one prefetched. */
-        uint64_t layer = bytes_where(s, "model.language_model.layers.0.", NULL, false);
-        uint64_t emb_row = (uint64_t)tc.hidden * 2;
-        uint64_t act = (uint64_t)prompt_tokens *
-                       ((uint64_t)tc.hidden * 5 + (uint64_t)(tc.heads + 2 * tc.kv_heads) * tc.head_dim +
-                        2ull * tc.inter) * 4;
-        uint64_t total = 2 * layer + (uint64_t)prompt_tokens * emb_row + act;
-        h3_buf_printf(&b, "\"text_encoding\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu}",
-                      (unsigned long long)(2 * layer + (uint64_t)prompt_tokens * emb_row),
-                      (unsigned long long)act, (unsigned long long)total);
+    h3_text_mem tm;
+    if (m->comp[H3_COMP_TEXT_ENCODER].present && (rc = h3_text_memory(m, prompt_tokens, -1, &tm)) == 0) {
+        /* Layer streaming (text_encoder.c): the layer in use plus the one being prefetched, and the
+           f32 working set of the prompt; embedding rows are read straight into the output. */
+        h3_buf_printf(&b, "\"text_encoding\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu, "
+                      "\"layer_bytes\": %llu, \"layer_buffers\": %llu}",
+                      (unsigned long long)tm.weights, (unsigned long long)tm.activations,
+                      (unsigned long long)tm.total, (unsigned long long)tm.layer_bytes,
+                      (unsigned long long)tm.layer_slots);
         first = false;
     }
     if (!rc && have_dit && (rc = h3_model_headers(m, H3_COMP_TRANSFORMER)) == 0) {
@@ -144,14 +141,13 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
     if (!rc && have_av && (rc = h3_model_headers(m, H3_COMP_AUDIO_VAE)) == 0) {
         const h3_store *s = &m->comp[H3_COMP_AUDIO_VAE].store;
         uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "dec_in_proj.", NULL, false);
-        uint64_t len = (uint64_t)sp.audio_lat, ch = (uint64_t)av.decoder_dim, peak = len * av.latent_dim;
-        for (int i = 0; i < av.n_up; i++) {
-            len *= (uint64_t)av.rates[i];
-            ch /= 2;
-            if (len * ch * 2 > peak) peak = len * ch * 2; /* 2x inside the anti-aliased activation */
-        }
-        uint64_t act = 2ull * 6 * peak * 4; /* both stereo sides, ~6 live buffers */
-        uint64_t pcm = 2ull * len * 4;
+        /* Folded weight copies (the mapping is dropped while folding) plus the decoder's own
+           buffer plan; the two stereo sides are decoded one after the other. */
+        int64_t work = h3_avae_work_bytes(&av, sp.audio_lat > 0 ? sp.audio_lat : 1, ctx->threads);
+        uint64_t act = work > 0 ? (uint64_t)work : 0;
+        int64_t samples = h3_avae_samples(&av, sp.audio_lat > 0 ? sp.audio_lat : 1);
+        uint64_t pcm = samples > 0 ? 2ull * (uint64_t)samples * 4 : 0;
+        h3_err_clear();
         h3_buf_printf(&b, "%s\"audio_decode\": {\"weights\": %llu, \"activations\": %llu, \"pcm\": %llu, "
                       "\"total\": %llu}",
                       first ? "" : ", ", (unsigned long long)w, (unsigned long long)act,

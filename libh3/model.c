@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *k_comp_names[H3_COMP_COUNT] = {
     [H3_COMP_TRANSFORMER] = "transformer", [H3_COMP_TEXT_ENCODER] = "text_encoder",
@@ -290,8 +291,9 @@ int h3_model_headers(h3_model *m, h3_component c)
         char *p = h3_path_join(k->weights_dir, fn);
         if (!p) return -H3_E_NOMEM;
         memset(&k->store, 0, sizeof k->store);
-        rc = h3_is_file(p) ? h3_store_add_file(&k->store, p)
-                           : h3_err(H3_E_IO, "%s: missing (named by %s)", p, k->config_path);
+        struct stat st;
+        rc = stat(p, &st) == 0 ? h3_store_add_file(&k->store, p)
+                               : h3_err(H3_E_IO, "%s: missing (named by %s)", p, k->config_path);
         free(p);
         if (rc) h3_store_close(&k->store);
     } else {

@@ -2,7 +2,7 @@
 
 from ._lib import H3Error
 
-__all__ = ["H3Error", "main", "__version__"]
+__all__ = ["Engine", "Result", "H3Error", "main", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -10,3 +10,12 @@ def main(argv=None):
     from .cli import main as _main
 
     return _main(argv)
+
+
+def __getattr__(name):
+    # Engine/Result import numpy and the bindings lazily, so `import h3ctl` stays cheap.
+    if name in ("Engine", "Result"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

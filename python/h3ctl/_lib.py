@@ -17,12 +17,14 @@ _HERE = Path(__file__).resolve().parent
 _LIBNAME = "libh3.dylib" if sys.platform == "darwin" else "libh3.so"
 
 c_int, c_int32, c_int64, c_uint32 = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
+c_uint64 = ctypes.c_uint64
 c_size_t, c_char_p, c_void_p = ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
 c_uint8_p = ctypes.POINTER(ctypes.c_uint8)
 c_uint64, c_double = ctypes.c_uint64, ctypes.c_double
 c_float_p = ctypes.POINTER(ctypes.c_float)
 c_double_p = ctypes.POINTER(ctypes.c_double)
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
+c_int_p = ctypes.POINTER(ctypes.c_int)
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 
@@ -30,7 +32,40 @@ class H3Options(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32)]
 
 
+# int (*)(void *user, const char *phase, int done, int total): non-zero cancels.
+H3ProgressFn = ctypes.CFUNCTYPE(c_int, c_void_p, c_char_p, c_int, c_int)
+
+
+class H3VideoDecodeOpts(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("tile_px", c_int32), ("overlap_px", c_int32), ("flags", c_uint32),
+                ("progress", H3ProgressFn), ("user", c_void_p)]
+
+
+H3_VIDEO_RAW = 1
+H3_VIDEO_UNTILED = 2
+c_uint8_p = ctypes.POINTER(ctypes.c_uint8)
+
 H3_OPT_REF2VA = 1
+
+
+class H3Request(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("prompt", c_char_p), ("width", c_int32), ("height", c_int32),
+                ("frames", c_int32), ("steps", c_int32), ("seed", c_uint64), ("video_noise", c_float_p),
+                ("audio_noise", c_float_p)]
+
+
+class H3RenderInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("width", c_int32), ("height", c_int32), ("frames", c_int32),
+                ("fps", c_int32), ("audio_samples", c_int64), ("sample_rate", c_int32),
+                ("latent_frames", c_int32), ("latent_height", c_int32), ("latent_width", c_int32),
+                ("latent_channels", c_int32), ("audio_latents", c_int32), ("audio_latent_channels", c_int32),
+                ("prompt_tokens", c_int32), ("steps", c_int32), ("steps_done", c_int32), ("sequence", c_int64)]
+
+
+class H3TextCacheStats(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("hits", c_uint64), ("misses", c_uint64),
+                ("entries", c_uint64), ("bytes", c_uint64), ("budget", c_uint64), ("evictions", c_uint64),
+                ("last_bytes_read", c_uint64)]
 
 # name -> (restype, argtypes). Keep in the order of libh3/h3.h.
 BINDINGS: dict[str, tuple[object, list[object]]] = {
@@ -41,11 +76,24 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_init": (c_void_p, [c_char_p, ctypes.POINTER(H3Options)]),
     "h3_free": (None, [c_void_p]),
     "h3_threads": (c_int, [c_void_p]),
+    "h3_set_progress": (None, [c_void_p, H3ProgressFn, c_void_p]),
     "h3_model_info_json": (c_char_p, [c_void_p]),
     "h3_memory_estimate_json": (c_char_p, [c_void_p, c_int, c_int, c_int, c_int]),
     "h3_model_check": (c_int, [c_void_p, c_int]),
     "h3_safetensors_check": (c_int, [c_char_p]),
     "h3_safetensors_check_buffer": (c_int, [c_void_p, c_size_t]),
+    # tokenizer
+    "h3_tokenizer_load": (c_void_p, [c_char_p]),
+    "h3_tokenizer_free": (None, [c_void_p]),
+    "h3_tokenize": (c_int64, [c_void_p, c_char_p, c_size_t, c_int32_p, c_int64]),
+    "h3_token_id": (c_int32, [c_void_p, c_char_p]),
+    "h3_tokenizer_vocab_size": (c_int32, [c_void_p]),
+    "h3_detokenize": (c_int64, [c_void_p, c_int32_p, c_int64, c_char_p, c_int64]),
+    "h3_text_hidden_size": (c_int, [c_void_p]),
+    "h3_text_encode": (c_int, [c_void_p, c_int32_p, c_int, c_float_p]),
+    "h3_text_cache_stats_get": (c_int, [c_void_p, ctypes.POINTER(H3TextCacheStats)]),
+    "h3_text_cache_set_budget": (c_int, [c_void_p, c_uint64]),
+    "h3_text_cache_clear": (None, [c_void_p]),
     # Transformer
     "h3_sigma_schedule": (c_int, [c_int, c_double, c_float_p, c_float_p]),
     "h3_noise_fill": (c_int, [c_uint64, c_uint32, c_uint64, c_float_p, c_int64]),
@@ -58,6 +106,23 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
                                c_float_p, c_float_p]),
     "h3_dit_profile_json": (c_char_p, [c_void_p]),
     "h3_bench_gemm": (c_double, [c_void_p, c_int64, c_int64, c_int64, c_int]),
+    "h3_video_decode_opts_default": (None, [ctypes.POINTER(H3VideoDecodeOpts)]),
+    "h3_video_decode_shape": (c_int, [c_void_p, c_int, c_int, c_int, c_int_p, c_int_p, c_int_p]),
+    "h3_video_decode_workspace": (c_int64, [c_void_p, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts)]),
+    "h3_video_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts),
+                                c_uint8_p, c_float_p]),
+    "h3_audio_info": (c_int, [c_void_p, c_int_p, c_int_p, c_int_p]),
+    "h3_audio_samples": (c_int64, [c_void_p, c_int]),
+    "h3_audio_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_float_p, c_int64, H3ProgressFn, c_void_p]),
+    # text to video + audio
+    "h3_request_default": (None, [ctypes.POINTER(H3Request)]),
+    "h3_prepare": (c_int, [c_void_p, ctypes.POINTER(H3Request)]),
+    "h3_step": (c_int, [c_void_p]),
+    "h3_render_info_get": (c_int, [c_void_p, ctypes.POINTER(H3RenderInfo)]),
+    "h3_plan": (c_int, [c_void_p, ctypes.POINTER(H3Request), ctypes.POINTER(H3RenderInfo)]),
+    "h3_get_latents": (c_int, [c_void_p, c_float_p, c_float_p]),
+    "h3_prompt_tokens": (c_int, [c_void_p, c_int32_p, c_int]),
+    "h3_decode": (c_int, [c_void_p, c_uint8_p, c_float_p]),
 }
 
 

@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="store_true", help="print versions and exit")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
+    pr = sub.add_parser("render", help="render a prompt to an MP4 with stereo sound")
+    from .render import add_arguments
+
+    add_arguments(pr)
+
     pi = sub.add_parser("info", help="describe a model directory (headers only)")
     pi.add_argument("-d", "--model-dir", required=True, help="model directory (official layout)")
     pi.add_argument("--json", action="store_true", help="machine-readable output")
@@ -101,6 +106,10 @@ def main(argv=None) -> int:
             lib = _lib.lib()
             print(f"h3ctl {__version__}, libh3 {lib.h3_version().decode()} ({lib.h3_cpu_features().decode()})")
             return 0
+        if args.command == "render":
+            from . import render
+
+            return render.main(args)
         if args.command == "info":
             from . import info
 

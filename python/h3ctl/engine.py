@@ -1,0 +1,246 @@
+"""The Python API: `Engine` keeps a model loaded and renders prompts to frames + stereo audio.
+
+    from h3ctl import Engine
+    eng = Engine()                      # the embedded h3-tiny, all cores
+    res = eng.render("a red circle moves right on a black background, a high beep", seed=7)
+    res.frames  # uint8 [F, H, W, 3]     res.audio  # float32 [2, S]     res.sample_rate  # 32000
+    res.save("out.mp4")
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import _lib
+from ._lib import H3Error
+from .context import Context
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "h3-tiny"
+FPS = 24
+
+# Canvas and length when neither the caller nor the model says otherwise: diffusers' t2va default
+# (768-pixel short edge at 16:9, 124 frames).
+RELEASE_DEFAULTS = {"width": 1344, "height": 768, "frames": 124}
+
+# progress(phase, done, total) -> True to cancel
+ProgressFn = Callable[[str, int, int], object]
+
+
+def default_model_dir() -> Path:
+    env = os.environ.get("H3CTL_MODEL")
+    return Path(env) if env else EMBEDDED_MODEL
+
+
+def model_defaults(model_dir: str | os.PathLike) -> dict:
+    """Default width/height/frames: the model's `h3ctl` block in model_index.json, else the release's."""
+    out = dict(RELEASE_DEFAULTS)
+    root = Path(model_dir)
+    for cand in (root / "FL2VA" / "model_index.json", root / "model_index.json"):
+        if cand.is_file():
+            try:
+                block = json.loads(cand.read_text()).get("h3ctl", {})
+            except (OSError, ValueError):
+                break  # libh3 reports a malformed file when the model is opened
+            for k in ("width", "height", "frames"):
+                v = block.get(f"default_{k}")
+                if isinstance(v, int) and v > 0:
+                    out[k] = v
+            break
+    return out
+
+
+def frames_for_seconds(seconds: float) -> int:
+    if not (seconds > 0) or math.isinf(seconds):
+        raise H3Error(f"seconds must be a positive number, got {seconds}")
+    return max(1, int(round(seconds * FPS)))
+
+
+@dataclass
+class Result:
+    frames: np.ndarray          # uint8 [F, H, W, 3]
+    audio: np.ndarray           # float32 [2, S], left then right
+    sample_rate: int
+    fps: int = FPS
+    prompt: str = ""
+    seed: int = 0
+    steps: int = 0
+    info: dict = field(default_factory=dict)
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write an MP4 (H.264 + AAC), or a WAV when the name ends in .wav."""
+        from . import media
+
+        p = media.check_writable(path, overwrite)
+        if p.suffix.lower() == ".wav":
+            media.write_wav(p, self.audio, self.sample_rate)
+        else:
+            media.write_mp4(p, self.frames, self.audio, self.sample_rate, fps=self.fps)
+        return p
+
+
+class Engine:
+    """A loaded model. Not thread-safe: use one Engine per thread."""
+
+    def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None):
+        self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
+        if model_dir is None and not self.model_dir.exists():
+            raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")
+        self._ctx = Context(self.model_dir, threads=threads or 0)
+        self.defaults = model_defaults(self.model_dir)
+        self._progress: ProgressFn | None = None
+        self._cancel = False
+        self._raised: list[BaseException] = []
+        self._hook = _lib.H3ProgressFn(self._on_progress)  # kept alive as long as the engine
+        _lib.lib().h3_set_progress(self._ctx.ptr, self._hook, None)
+
+    # -- progress and cancellation -----------------------------------------------------------
+    def cancel(self) -> None:
+        """Ask the running call to stop at its next unit of work (safe from a signal handler)."""
+        self._cancel = True
+
+    def _on_progress(self, _user, phase, done, total):
+        if self._cancel:
+            return 1
+        if self._progress is not None:
+            try:
+                if self._progress(phase.decode() if phase else "", int(done), int(total)):
+                    return 1
+            except BaseException as e:  # noqa: BLE001 - re-raised after the C call returns
+                self._raised.append(e)
+                return 1
+        return 1 if self._cancel else 0
+
+    def _call(self, rc: int) -> int:
+        if self._raised:
+            err = self._raised.pop(0)
+            self._raised.clear()
+            raise err
+        if rc == -6 and self._cancel:  # H3_E_CANCELLED by our own flag (Ctrl-C)
+            raise KeyboardInterrupt
+        return _lib.check(rc)
+
+    # -- rendering ---------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return self._ctx.threads
+
+    def prepare(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
+                seconds: float | None = None, steps: int = 20, seed: int = 42,
+                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None) -> dict:
+        if not isinstance(prompt, str):
+            raise H3Error("the prompt must be a string")
+        req = self.request(prompt, width, height, frames, seconds, steps, seed)
+        keep = []
+        for name, arr in (("video_noise", video_noise), ("audio_noise", audio_noise)):
+            if arr is not None:
+                arr = np.ascontiguousarray(arr, dtype=np.float32)
+                keep.append(arr)
+                setattr(req, name, arr.ctypes.data_as(_lib.c_float_p))
+        self._cancel = False
+        if video_noise is not None or audio_noise is not None:
+            info = self.plan(req)
+            want_v = [info["latent_channels"], info["latent_frames"], info["latent_height"], info["latent_width"]]
+            want_a = [2, info["audio_latent_channels"], info["audio_latents"]]
+            if video_noise is not None and list(keep[0].shape) != want_v:
+                raise H3Error(f"video_noise must have shape {want_v}, got {list(keep[0].shape)}")
+            if audio_noise is not None and list(keep[-1].shape) != want_a:
+                raise H3Error(f"audio_noise must have shape {want_a}, got {list(keep[-1].shape)}")
+        self._call(_lib.lib().h3_prepare(self._ctx.ptr, ctypes.byref(req)))
+        return self.render_info()
+
+    def request(self, prompt: str = "", width: int | None = None, height: int | None = None,
+                frames: int | None = None, seconds: float | None = None, steps: int = 20,
+                seed: int = 42) -> _lib.H3Request:
+        if frames is not None and seconds is not None:
+            raise H3Error("give frames or seconds, not both")
+        if seconds is not None:
+            frames = frames_for_seconds(seconds)
+        if not (0 <= int(seed) < 2**64):
+            raise H3Error(f"seed must be between 0 and 2^64-1, got {seed}")
+        req = _lib.H3Request()
+        _lib.lib().h3_request_default(ctypes.byref(req))
+        req.prompt = prompt.encode("utf-8", "surrogatepass")
+        req.width = int(width or self.defaults["width"])
+        req.height = int(height or self.defaults["height"])
+        req.frames = int(frames or self.defaults["frames"])
+        req.steps = int(steps)
+        req.seed = int(seed)
+        return req
+
+    def plan(self, req: _lib.H3Request) -> dict:
+        """Validate a request and return its shapes, computing nothing."""
+        info = _lib.H3RenderInfo()
+        info.struct_size = ctypes.sizeof(info)
+        _lib.check(_lib.lib().h3_plan(self._ctx.ptr, ctypes.byref(req), ctypes.byref(info)))
+        return {name: getattr(info, name) for name, _ in info._fields_ if name != "struct_size"}
+
+    def render_info(self) -> dict:
+        info = _lib.H3RenderInfo()
+        info.struct_size = ctypes.sizeof(info)
+        _lib.check(_lib.lib().h3_render_info_get(self._ctx.ptr, ctypes.byref(info)))
+        return {name: getattr(info, name) for name, _ in info._fields_ if name != "struct_size"}
+
+    def step(self) -> int:
+        """One Euler transition; returns the steps left."""
+        return self._call(_lib.lib().h3_step(self._ctx.ptr))
+
+    def latents(self) -> tuple[np.ndarray, np.ndarray]:
+        i = self.render_info()
+        v = np.empty((i["latent_channels"], i["latent_frames"], i["latent_height"], i["latent_width"]), np.float32)
+        a = np.empty((2, i["audio_latent_channels"], i["audio_latents"]), np.float32)
+        _lib.check(_lib.lib().h3_get_latents(self._ctx.ptr, v.ctypes.data_as(_lib.c_float_p),
+                                             a.ctypes.data_as(_lib.c_float_p)))
+        return v, a
+
+    def prompt_tokens(self) -> np.ndarray:
+        n = _lib.check(_lib.lib().h3_prompt_tokens(self._ctx.ptr, None, 0))
+        ids = np.empty(n, np.int32)
+        _lib.check(_lib.lib().h3_prompt_tokens(self._ctx.ptr, ids.ctypes.data_as(_lib.c_int32_p), n))
+        return ids
+
+    def decode_audio(self) -> np.ndarray:
+        i = self.render_info()
+        pcm = np.empty((2, i["audio_samples"]), np.float32)
+        self._call(_lib.lib().h3_decode(self._ctx.ptr, None, pcm.ctypes.data_as(_lib.c_float_p)))
+        return pcm
+
+    def decode_video(self) -> np.ndarray:
+        i = self.render_info()
+        rgb = np.empty((i["frames"], i["height"], i["width"], 3), np.uint8)
+        self._call(_lib.lib().h3_decode(self._ctx.ptr, rgb.ctypes.data_as(_lib.c_uint8_p), None))
+        return rgb
+
+    def render(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
+               seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
+               video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None) -> Result:
+        """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate)."""
+        self._progress = progress
+        try:
+            info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise)
+            while self.step() > 0:
+                pass
+            audio = self.decode_audio()
+            video = self.decode_video()
+        finally:
+            self._progress = None
+        return Result(frames=video, audio=audio, sample_rate=info["sample_rate"], fps=info["fps"], prompt=prompt,
+                      seed=int(seed), steps=int(steps), info=info)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx.close()
+            self._ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,201 @@
+"""`h3ctl render`: a prompt to an MP4 with synchronized stereo sound (plus optional WAV / frames)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ._lib import H3Error
+
+PHASE_LABELS = {
+    "tokenize": "encode prompt",
+    "text_encoder": "encode prompt",
+    "prepare": "prepare",
+    "denoise": "denoise",
+    "audio_decode": "decode audio",
+    "video_decode": "decode video",
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("-p", "--prompt", required=True, help="what to render (used verbatim)")
+    p.add_argument("-d", "--model-dir", help="model directory (official layout); default: the embedded h3-tiny")
+    p.add_argument("-o", "--output", default="out.mp4", help="MP4 to write (default out.mp4; '' for none)")
+    p.add_argument("--width", type=int, help="pixels, a multiple of 32 (default: the model's)")
+    p.add_argument("--height", type=int, help="pixels, a multiple of 32 (default: the model's)")
+    p.add_argument("--size", help="WxH shorthand for --width/--height")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--frames", type=int, help="frames at 24 fps, aligned up to 17n+5 (default: the model's)")
+    g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")
+    p.add_argument("--steps", type=int, default=20, help="sigma grid points incl. the final 0 (default 20)")
+    p.add_argument("--seed", type=int, default=42, help="noise seed (default 42)")
+    p.add_argument("--frames-dir", help="also write every frame into this folder")
+    p.add_argument("--frame-format", choices=["png", "ppm"], default="png", help="format of --frames-dir")
+    p.add_argument("--wav", help="also write the audio as a 16-bit stereo WAV")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument("--threads", type=int, default=0, help="worker threads (default: all cores)")
+    p.add_argument("--profile", action="store_true", help="print per-phase wall time and peak memory")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+
+
+def _size(args):
+    if args.size:
+        try:
+            w, h = args.size.lower().split("x")
+            return int(w), int(h)
+        except ValueError:
+            raise H3Error(f"--size must look like 128x128, got '{args.size}'") from None
+    return args.width, args.height
+
+
+class PhaseProfile:
+    """Wall time and peak resident memory per phase (peak reset at each phase on Linux)."""
+
+    def __init__(self):
+        self.rows: list[list] = []
+        self._current = None
+        self._t0 = 0.0
+        self._linux = os.path.exists("/proc/self/clear_refs")
+
+    def _peak(self) -> int:
+        if self._linux:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss if sys.platform == "darwin" else rss * 1024
+
+    def _reset_peak(self):
+        if self._linux:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                self._linux = False
+
+    def enter(self, label: str):
+        if label == self._current:
+            return
+        self.finish()
+        self._current = label
+        self._reset_peak()
+        self._t0 = time.perf_counter()
+
+    def finish(self):
+        if self._current is not None:
+            self.rows.append([self._current, time.perf_counter() - self._t0, self._peak()])
+            self._current = None
+
+    def table(self) -> str:
+        from .info import human_bytes
+
+        lines = [f"{'phase':<16}{'wall':>10}  {'peak memory':>12}"]
+        for label, wall, peak in self.rows:
+            lines.append(f"{label:<16}{wall:>9.3f}s  {human_bytes(peak):>12}")
+        lines.append(f"{'total':<16}{sum(r[1] for r in self.rows):>9.3f}s")
+        return "\n".join(lines)
+
+
+def main(args) -> int:
+    from . import media
+    from .engine import Engine
+
+    if args.threads < 0:
+        raise H3Error("--threads must be 0 (all cores) or more")
+    width, height = _size(args)
+    outputs = []
+    out = args.output or None
+    if out:
+        outputs.append(media.check_writable(out, args.overwrite))
+    if args.wav:
+        outputs.append(media.check_writable(args.wav, args.overwrite))
+    if args.frames_dir:
+        fd = Path(args.frames_dir)
+        if fd.exists() and not fd.is_dir():
+            raise H3Error(f"{fd}: exists and is not a folder")
+        if fd.is_dir() and any(fd.glob("frame-*.*")) and not args.overwrite:
+            raise H3Error(f"{fd}: already holds frames (pass --overwrite to replace them)")
+    if not (out or args.wav or args.frames_dir):
+        raise H3Error("nothing to write: give -o, --wav or --frames-dir")
+    if len({str(Path(p).resolve()) for p in outputs}) != len(outputs):
+        raise H3Error("the MP4 and the WAV must be different files")
+
+    engine = Engine(args.model_dir, threads=args.threads)
+    req = engine.request(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed)
+    plan = engine.plan(req)  # every shape rule checked before any work
+
+    profile = PhaseProfile() if args.profile else None
+    progress_ui = None
+    tasks = {}
+    if not args.quiet:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        progress_ui = Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                               transient=False, disable=not sys.stderr.isatty(), console=None)
+
+    def on_progress(phase: str, done: int, total: int):
+        label = PHASE_LABELS.get(phase, phase)
+        if profile:
+            profile.enter(label)
+        if progress_ui is not None:
+            if label not in tasks:
+                tasks[label] = progress_ui.add_task(label, total=total)
+            progress_ui.update(tasks[label], completed=done, total=total)
+        return False
+
+    previous = signal.getsignal(signal.SIGINT)
+    state = {"computing": True}
+
+    def on_sigint(signum, frame):
+        # While libh3 computes, ask it to stop at its next unit of work (a Python exception cannot
+        # cross the C call). While files are written, interrupt at once: the writers remove their
+        # temporary files, and nothing reaches its final name.
+        if state["computing"]:
+            engine.cancel()
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    t0 = time.perf_counter()
+    try:
+        if progress_ui is not None:
+            progress_ui.start()
+        result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
+                               progress=on_progress)
+        state["computing"] = False
+        if engine._cancel:
+            raise KeyboardInterrupt
+        if profile:
+            profile.enter("write outputs")
+        if progress_ui is not None and (out or args.wav or args.frames_dir):
+            tasks["mux"] = progress_ui.add_task("write outputs", total=None)
+        if out:
+            media.write_mp4(out, result.frames, result.audio, result.sample_rate, fps=result.fps)
+        if args.wav:
+            media.write_wav(args.wav, result.audio, result.sample_rate)
+        if args.frames_dir:
+            media.write_frames_dir(args.frames_dir, result.frames, args.frame_format, overwrite=args.overwrite)
+        if progress_ui is not None and "mux" in tasks:
+            progress_ui.update(tasks["mux"], total=1, completed=1)
+        if profile:
+            profile.finish()
+    finally:
+        if progress_ui is not None:
+            progress_ui.stop()
+        signal.signal(signal.SIGINT, previous)
+        engine.close()
+    wall = time.perf_counter() - t0
+    written = [p for p in (out, args.wav, args.frames_dir) if p]
+    print(f"{', '.join(written)}: {plan['frames']} frames {plan['width']}x{plan['height']} at 24 fps "
+          f"({plan['frames'] / 24:.2f} s), {result.sample_rate // 1000} kHz stereo, {result.info['steps']} steps, "
+          f"seed {args.seed}, {wall:.2f} s")
+    if profile:
+        print(profile.table())
+    return 0

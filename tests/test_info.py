@@ -1,0 +1,81 @@
+"""`h3ctl info` on fixture checkpoints and on a synthetic full-size layout (headers only)."""
+
+import json
+import time
+
+import pytest
+
+from tests.fixtures import TINY_CONFIGS, make_checkpoint, write_sparse_fullsize
+from tests.h3cli import run
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
+def ckpt(request, tmp_path_factory):
+    name = request.param
+    return name, make_checkpoint(tmp_path_factory.mktemp(f"info_{name}"), name, seed=1, dtype="official")
+
+
+def test_info_json_matches_configs(ckpt):
+    name, part = ckpt
+    proc = run("info", "-d", part.parent, "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["partition"] == "FL2VA"
+    comps = info["components"]
+    assert all(comps[c]["present"] for c in ("transformer", "text_encoder", "tokenizer", "video_vae", "audio_vae"))
+    cfg = json.loads((part / "transformer" / "config.json").read_text())
+    dit = comps["transformer"]["config"]
+    for key in ("hidden_size", "num_layers", "num_attention_heads", "attention_head_dim", "ffn_hidden_size", "text_dim"):
+        assert dit[key] == cfg[key], key
+    # bytes and dtypes come straight from the headers
+    assert set(comps["transformer"]["dtypes"]) == {"BF16", "F32"}
+    assert set(comps["video_vae"]["dtypes"]) == {"F32"}
+    total = sum(p.stat().st_size for p in (part / "transformer").glob("*.safetensors"))
+    assert 0 < comps["transformer"]["bytes"] < total
+    te = json.loads((part / "text_encoder" / "config.json").read_text())
+    assert comps["text_encoder"]["config"]["conditioning_layer"] == te["minimax_h3_conditioning_layer"]
+    assert comps["text_encoder"]["files"] >= 2
+    mem = info["memory_estimate"]["phases"]
+    assert set(mem) >= {"text_encoding", "denoise_precomputed_adaln", "denoise_without_precompute", "video_decode",
+                        "audio_decode"}
+    assert mem["denoise_without_precompute"]["weights"] > mem["denoise_precomputed_adaln"]["weights"]
+    assert mem["adaln_weights_released"] > 0
+
+
+def test_info_text_output(ckpt):
+    _, part = ckpt
+    proc = run("info", "-d", part)  # a partition folder directly works too
+    assert proc.returncode == 0, proc.stderr
+    for word in ("transformer", "text_encoder", "video_vae", "audio_vae", "Peak memory estimate", "AdaLN"):
+        assert word in proc.stdout
+
+
+def test_memory_estimate_scales_with_canvas(ckpt):
+    _, part = ckpt
+    small = json.loads(run("info", "-d", part, "--json", "--width", "256", "--height", "256").stdout)
+    big = json.loads(run("info", "-d", part, "--json", "--width", "512", "--height", "512").stdout)
+    s, b = small["memory_estimate"], big["memory_estimate"]
+    assert b["video_tokens"] == 4 * s["video_tokens"]
+    assert b["phases"]["denoise_precomputed_adaln"]["activations"] > s["phases"]["denoise_precomputed_adaln"]["activations"]
+
+
+def test_info_full_size_sparse_layout_under_two_seconds(tmp_path):
+    part = write_sparse_fullsize(tmp_path)
+    t0 = time.perf_counter()
+    proc = run("info", "-d", part.parent, "--json")
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert wall < 2.0, f"h3ctl info took {wall:.2f} s"
+    assert info["elapsed_s"] < 0.5
+    dit = info["components"]["transformer"]
+    assert dit["files"] == 13 and dit["tensors"] == 535
+    assert 60 * 2**30 < dit["bytes"] < 64 * 2**30  # the release's ~62 GiB DiT
+    assert dit["config"]["num_layers"] == 50 and dit["config"]["hidden_size"] == 5376
+    te = info["components"]["text_encoder"]
+    assert te["files"] == 14 and te["config"]["conditioning_layer"] == 50
+    mem = info["memory_estimate"]["phases"]
+    # 50 blocks x (96768 x 2688 weights + bias) in BF16 are released by the AdaLN precompute.
+    assert mem["adaln_weights_released"] == 50 * (96768 * 2688 + 96768) * 2 + (10752 * 2688 + 10752) * 2
+    # streaming the text encoder holds ~2 layers, not 50 GB
+    assert mem["text_encoding"]["total"] < 3 * 2**30

@@ -130,7 +130,9 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
 #define ANR_ 16 /* key panel width of the packed K (kernels.inc NR) */
 /* Packed K/V of a group of heads share one buffer of about this size: bounded memory for long
    sequences, while a group still holds enough (head, query block) tasks for every thread. */
-#define ATTN_PACK_BYTES ((size_t)64 << 20)
+static size_t g_attn_pack_bytes = (size_t)64 << 20;
+
+void h3_attention_pack_budget(size_t bytes) { g_attn_pack_bytes = bytes ? bytes : (size_t)64 << 20; }
 
 typedef struct {
     const h3_kernels *k;
@@ -191,7 +193,7 @@ int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const float *Kx, int64
     j.kstride = (Lk + ANR_ - 1) / ANR_ * ANR_ * D;
     j.vstride = Lk * dpad;
     const size_t head_bytes = sizeof(float) * (size_t)(j.kstride + j.vstride);
-    int gmax = (int)(ATTN_PACK_BYTES / head_bytes);
+    int gmax = (int)(g_attn_pack_bytes / head_bytes);
     if (gmax < 1) gmax = 1;
     if (gmax > kv_heads) gmax = kv_heads;
     float *buf = h3_alloc_aligned(head_bytes * (size_t)gmax);

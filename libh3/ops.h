@@ -73,6 +73,10 @@ H3_INTERNAL int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const floa
                               const float *V, int64_t ldv, int64_t Lq, int64_t Lk, int heads,
                               int kv_heads, int D, float scale, bool causal, float *O, int64_t ldo);
 
+/* Bytes of packed K/V h3_attention holds at once (a group of heads; at least one head). 0 restores
+   the default (64 MiB). For tests of the grouping; not thread-safe. */
+H3_INTERNAL void h3_attention_pack_budget(size_t bytes);
+
 /* y[r] = x[r] / rms(x[r]) * w (w may be NULL = 1), rows of n with strides. In place allowed. */
 H3_INTERNAL void h3_rmsnorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows,
                             int64_t n, const float *w, float eps);

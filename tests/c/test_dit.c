@@ -394,8 +394,32 @@ static void test_model(const char *dir)
     CHECK(run_forward(d2, 1, &in, o3, a3) == -H3_E_SCHEMA && strstr(h3_last_error(), "blocks.0.mlp.fc2.weight"));
 }
 
+/* h3_attention packs K/V for a group of heads at a time: one head per group gives the same bits. */
+static void test_attention_head_groups(void)
+{
+    h3_pool *p = h3_pool_create(2);
+    const int64_t L = 150, Lq = 70;
+    const int H = 6, KVH = 3, D = 24;
+    float *Q = malloc(sizeof(float) * Lq * H * D), *Kx = malloc(sizeof(float) * L * KVH * D);
+    float *V = malloc(sizeof(float) * L * KVH * D), *O1 = malloc(sizeof(float) * Lq * H * D);
+    float *O2 = malloc(sizeof(float) * Lq * H * D);
+    for (int64_t i = 0; i < Lq * H * D; i++) Q[i] = frand();
+    for (int64_t i = 0; i < L * KVH * D; i++) Kx[i] = frand(), V[i] = frand();
+    for (int causal = 0; causal < 2; causal++) {
+        h3_attention_pack_budget(0);
+        CHECK(h3_attention(p, Q, H * D, Kx, KVH * D, V, KVH * D, Lq, L, H, KVH, D, 0.2f, causal, O1, H * D) == 0);
+        h3_attention_pack_budget(1);
+        CHECK(h3_attention(p, Q, H * D, Kx, KVH * D, V, KVH * D, Lq, L, H, KVH, D, 0.2f, causal, O2, H * D) == 0);
+        CHECK(memcmp(O1, O2, sizeof(float) * Lq * H * D) == 0);
+    }
+    h3_attention_pack_budget(0);
+    free(Q), free(Kx), free(V), free(O1), free(O2);
+    h3_pool_destroy(p);
+}
+
 int main(void)
 {
+    test_attention_head_groups();
     test_schedule();
     test_noise();
     test_layout_and_patchify();

@@ -125,9 +125,9 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-#define ABR_ 48
-#define ABC_ 64
-#define ANR_ 16 /* key panel width of the packed K (kernels.inc NR) */
+#define ABR_ 48 /* queries per block (kernels.inc ABR) */
+#define ABC_ 60 /* keys per block (kernels.inc ABC) */
+#define AMR_ 6  /* key panel height of the packed K (kernels.inc MR) */
 /* Packed K/V of a group of heads share one buffer of about this size: bounded memory for long
    sequences, while a group still holds enough (head, query block) tasks for every thread. */
 static size_t g_attn_pack_bytes = (size_t)64 << 20;
@@ -184,13 +184,13 @@ int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const float *Kx, int64
         return 0;
     }
     int dpad = (D + 15) / 16 * 16;
-    size_t floats = (size_t)ABR_ * dpad * 2 + (size_t)ABR_ * ABC_ * 2 + 2 * ABR_;
+    size_t floats = (size_t)ABR_ * D + (size_t)ABC_ * ABR_ + (size_t)ABR_ * dpad + 3 * ABR_;
     int rc = reserve(p, 2, floats * sizeof(float));
     if (rc) return rc;
     attn_job j = {.k = K(), .p = p, .Q = Q, .Kx = Kx, .V = V, .ldq = ldq, .ldk = ldk, .ldv = ldv, .ldo = ldo,
                   .Lq = Lq, .Lk = Lk, .qblocks = (Lq + ABR_ - 1) / ABR_, .kblocks = (Lk + ABC_ - 1) / ABC_,
                   .heads = heads, .kv_heads = kv_heads, .D = D, .scale = scale, .causal = causal, .O = O};
-    j.kstride = (Lk + ANR_ - 1) / ANR_ * ANR_ * D;
+    j.kstride = (Lk + AMR_ - 1) / AMR_ * AMR_ * D;
     j.vstride = Lk * dpad;
     const size_t head_bytes = sizeof(float) * (size_t)(j.kstride + j.vstride);
     int gmax = (int)(g_attn_pack_bytes / head_bytes);

@@ -322,15 +322,13 @@ static void norm_task(void *a, int64_t b, int64_t e, int thread)
         int64_t r = j->rows ? j->rows[k] : k;
         const float *x = j->x + r * j->ldx;
         float *y = j->y + k * j->ldy;
-        double ss = 0;
-        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-        const float inv = (float)(1.0 / sqrt(ss / (double)n + j->eps));
+        const float inv = (float)(1.0 / sqrt(h3_sumsq(x, n) / (double)n + j->eps));
         if (j->row_mod) {
             const int32_t m = j->row_mod[r];
             const float *shift = j->tab + ((int64_t)m * j->stride + j->slot) * n, *scale = shift + n;
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * j->w[i] * scale[i] + shift[i];
+            h3_scale_mod(x, n, inv, j->w, scale, shift, y);
         } else {
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * j->w[i];
+            h3_scale_mod(x, n, inv, j->w, NULL, NULL, y);
         }
     }
 }
@@ -367,18 +365,13 @@ static void qkv_task(void *a, int64_t b, int64_t e, int thread)
             const float *w[2] = {j->qn, j->kn};
             for (int s = 0; s < 2; s++) {
                 const float *x = src + s * D;
-                double ss = 0;
-                for (int i = 0; i < D; i++) ss += (double)x[i] * x[i];
-                const float inv = (float)(1.0 / sqrt(ss / (double)D + eps));
+                const float inv = (float)(1.0 / sqrt(h3_sumsq(x, D) / (double)D + eps));
                 float *t = cs ? tmp[s] : dst[s];
-                for (int i = 0; i < D; i++) t[i] = x[i] * inv * w[s][i];
+                h3_scale_mod(x, D, inv, w[s], NULL, NULL, t);
                 if (cs) {
                     float *o = dst[s];
-                    for (int i = 0; i < half; i++) {
-                        o[i] = t[i] * cs[i] + (-t[i + half]) * sn[i];
-                        o[i + half] = t[i + half] * cs[i] + t[i] * sn[i];
-                    }
-                    for (int i = 2 * half; i < D; i++) o[i] = t[i];
+                    h3_rope_half(t, cs, sn, half, o);
+                    memcpy(o + 2 * half, t + 2 * half, sizeof(float) * (size_t)(D - 2 * half));
                 }
             }
             memcpy(j->v + r * A + (int64_t)h * D, src + 2 * D, sizeof(float) * (size_t)D);
@@ -402,12 +395,8 @@ static void gate_task(void *a, int64_t b, int64_t e, int thread)
     for (int64_t r = b; r < e; r++) {
         float *x = j->x + r * j->n;
         const float *y = j->y + r * j->n;
-        if (j->tab) {
-            const float *g = j->tab + ((int64_t)j->row_mod[r] * 6 + j->slot) * j->n;
-            for (int64_t i = 0; i < j->n; i++) x[i] += g[i] * y[i];
-        } else {
-            for (int64_t i = 0; i < j->n; i++) x[i] += y[i];
-        }
+        const float *g = j->tab ? j->tab + ((int64_t)j->row_mod[r] * 6 + j->slot) * j->n : NULL;
+        h3_gated_add(x, g, y, j->n);
     }
 }
 

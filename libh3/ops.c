@@ -43,6 +43,13 @@ uint16_t h3_f32_to_bf16(float f)
 float h3_silu(float x) { return x / (1.0f + expf(-x)); }
 
 void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n) { K()->silu_mul(gate, up, out, n); }
+double h3_sumsq(const float *x, int64_t n) { return K()->sumsq(x, n); }
+void h3_scale_mod(const float *x, int64_t n, float inv, const float *w, const float *scale, const float *shift, float *y)
+{
+    K()->scale_mod(x, n, inv, w, scale, shift, y);
+}
+void h3_gated_add(float *x, const float *g, const float *y, int64_t n) { K()->gated_add(x, g, y, n); }
+void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o) { K()->rope(t, c, s, half, o); }
 
 float h3_gelu_tanh(float x)
 {

@@ -87,6 +87,14 @@ H3_INTERNAL void h3_layernorm(h3_pool *p, const float *x, int64_t ldx, float *y,
 H3_INTERNAL float h3_silu(float x);
 /* out[i] = up[i] * SiLU(gate[i]) (SwiGLU), vectorised; in place on either input allowed. */
 H3_INTERNAL void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+/* Row helpers of the transformer (vectorised, fixed evaluation order, so thread-count independent):
+   sum of squares in double; y = ((x * inv) * w) [* scale + shift] (scale/shift may be NULL);
+   x += g * y (g NULL: x += y); rotate-half RoPE of 2*half values (o must not alias t). */
+H3_INTERNAL double h3_sumsq(const float *x, int64_t n);
+H3_INTERNAL void h3_scale_mod(const float *x, int64_t n, float inv, const float *w, const float *scale,
+                              const float *shift, float *y);
+H3_INTERNAL void h3_gated_add(float *x, const float *g, const float *y, int64_t n);
+H3_INTERNAL void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o);
 H3_INTERNAL float h3_gelu_tanh(float x);
 
 /* Name of the kernel variant in use ("avx2" or "generic"). */
@@ -113,6 +121,11 @@ typedef struct h3_kernels {
                        float *O, int64_t ldo);
     void (*to_f32)(const void *src, h3_dtype dt, float *dst, int64_t n);
     void (*silu_mul)(const float *gate, const float *up, float *out, int64_t n);
+    double (*sumsq)(const float *x, int64_t n);
+    void (*scale_mod)(const float *x, int64_t n, float inv, const float *w, const float *scale, const float *shift,
+                      float *y);
+    void (*gated_add)(float *x, const float *g, const float *y, int64_t n);
+    void (*rope)(const float *t, const float *c, const float *s, int64_t half, float *o);
 } h3_kernels;
 
 H3_INTERNAL extern const h3_kernels h3_kernels_generic;

@@ -38,7 +38,7 @@ CTEST_SRC := $(sort $(wildcard tests/c/test_*.c))
 CTEST_BIN := $(patsubst tests/c/%.c,build/tests/%,$(CTEST_SRC))
 CTEST_ASAN := $(patsubst tests/c/%.c,build/tests-asan/%,$(CTEST_SRC))
 
-.PHONY: lib test test-c test-asan clean fuzz
+.PHONY: lib test test-c test-asan clean fuzz examples
 # Keep objects between runs (make would delete them as intermediates of the test binaries).
 .SECONDARY:
 
@@ -85,7 +85,14 @@ test-asan: $(CTEST_ASAN)
 	@set -e; for t in $(CTEST_ASAN); do echo "== $$t (asan+ubsan)"; \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 $$t; done
 
-test: lib test-c test-asan
+test: lib test-c test-asan examples
+
+# Programs that use libh3 through its public header only, linked against the shared library.
+examples: build/render
+
+build/render: examples/render.c libh3/h3.h $(LIB)
+	@mkdir -p build
+	$(CC) -std=c11 -Wall -Wextra -O2 -Ilibh3 -o $@ $< -L$(dir $(LIB)) -lh3 -Wl,-rpath,'$$ORIGIN/../$(dir $(LIB))' $(LDLIBS)
 
 # Coverage-guided fuzzing of the safetensors/JSON header reader under ASan+UBSan, bounded by an
 # execution count. gcc's trace-pc instrumentation feeds tests/fuzz/driver.c (clang users can link

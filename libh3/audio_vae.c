@@ -13,7 +13,7 @@
  * phase, so a GEMM input row is just a pointer into the activation buffer.
  *
  * Weight norm is folded at load (w = v * (g / ||v||), the arithmetic of torch's fused CPU
- * kernel) into GEMM-layout copies; the file mapping is dropped before decoding starts.
+ * kernel) while packing the weights; the file mapping is dropped before decoding starts.
  */
 #include "audio_vae.h"
 
@@ -60,7 +60,7 @@ typedef struct {
     tconv_w ups[16];
     amp_w *res; /* [n_up * n_res], diffusers' resblocks index i * n_res + j */
     act_w post;
-    float *post_w; /* conv_post folded, [PRE_K * C] in GEMM layout */
+    float *post_w; /* conv_post folded, [PRE_K * C]: tap k of channel i at k * C + i */
 } decoder;
 
 /* ---- geometry --------------------------------------------------------------------------- */
@@ -411,7 +411,7 @@ static int tick(runner *r, int64_t units)
 {
     r->done += units;
     /* Work is counted in multiply-adds (int64); the shared hook reports permille. */
-    int permille = r->total > 0 ? (int)(r->done * 1000 / r->total) : 1000;
+    int permille = r->total > 0 ? (int)((double)r->done * 1000.0 / (double)r->total) : 1000;
     if (permille > 1000) permille = 1000;
     /* Report each permille once: a progress bar needs no more, and callbacks into Python cost. */
     if (permille == r->reported) return 0;
@@ -632,57 +632,74 @@ static int run_amp(runner *r, const amp_w *b, float *h, int64_t L, int ch, float
     return rc;
 }
 
-static int decode_side(runner *r, const decoder *d, const float *lat, int64_t T, float *pcm)
+/*
+ * Working buffers, kept across stages and both sides (so each is faulted in once) and grown on
+ * demand. Roles: ACC holds conv_pre's output, then each stage's accumulator, which is the next
+ * stage's input; X the stage input; TMP the latents, then convolution outputs; P the
+ * zero-margined convolution inputs; H the middle resblocks' state.
+ */
+enum { SL_ACC, SL_X, SL_TMP, SL_P, SL_H, SL_COUNT };
+typedef struct {
+    float *p[SL_COUNT];
+    int64_t n[SL_COUNT];
+} slots;
+
+static float *slot(slots *s, int i, int64_t floats)
+{
+    if (s->n[i] < floats) {
+        free(s->p[i]);
+        s->p[i] = falloc(floats);
+        s->n[i] = s->p[i] ? floats : 0;
+    }
+    return s->p[i];
+}
+
+/* Zero `before` rows ahead of and `after` rows behind `rows` rows of `ch` floats at p. */
+static void zero_margins(float *p, int64_t before, int64_t rows, int64_t after, int64_t ch)
+{
+    memset(p, 0, sizeof(float) * (size_t)(before * ch));
+    memset(p + (before + rows) * ch, 0, sizeof(float) * (size_t)(after * ch));
+}
+
+static int decode_side(runner *r, const decoder *d, slots *sl, const float *lat, int64_t T, float *pcm)
 {
     const h3_avae_cfg *c = &d->cfg;
-    const int C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim;
-    float *A = NULL, *B = NULL, *U = NULL, *x = NULL, *acc = NULL, *h = NULL, *tmp = NULL, *P = NULL;
+    const int C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim, H = PRE_K / 2;
     int rc = 0;
     int64_t left, right, L = T;
+    tconv_margins(c, 0, T, &left, &right);
+    float *A = slot(sl, SL_TMP, T * C), *B = slot(sl, SL_P, (T + 2 * H) * D);
+    float *U = slot(sl, SL_ACC, (left + T + right) * D0);
+    if (!A || !B || !U) return -H3_E_NOMEM;
 
     /* De-normalise ([C, T] -> time-major [T, C]): latents * std + mean, two f32 roundings. */
-    if (!(A = falloc(T * C)) || !(B = h3_calloc((size_t)(T + PRE_K - 1) * (size_t)D, sizeof(float)))) {
-        rc = -H3_E_NOMEM;
-        goto done;
-    }
     for (int ch = 0; ch < C; ch++)
         for (int64_t t = 0; t < T; t++) {
             float v = lat[(int64_t)ch * T + t] * c->latents_std[ch];
             A[t * C + ch] = v + c->latents_mean[ch];
         }
-    /* dec_in_proj into the zero-margined input of conv_pre. */
-    run_gemm(r, A, T, C, &d->in_proj.w, d->in_proj.bias, B + (PRE_K / 2) * D, D);
-    if ((rc = tick(r, T * d->in_proj.w.N * d->in_proj.w.K))) goto done;
-    tconv_margins(c, 0, T, &left, &right);
-    if (!(U = h3_calloc((size_t)(left + T + right) * (size_t)D0, sizeof(float)))) {
-        rc = -H3_E_NOMEM;
-        goto done;
-    }
-    if ((rc = run_conv(r, &d->pre, B, T, U + left * D0, D0))) goto done;
-    free(A), free(B);
-    A = B = NULL;
+    /* dec_in_proj into the zero-margined input of conv_pre, whose output is stage 0's input. */
+    zero_margins(B, H, T, H, D);
+    run_gemm(r, A, T, C, &d->in_proj.w, d->in_proj.bias, B + H * D, D);
+    if ((rc = tick(r, T * d->in_proj.w.N * d->in_proj.w.K))) return rc;
+    zero_margins(U, left, T, right, D0);
+    if ((rc = run_conv(r, &d->pre, B, T, U + left * D0, D0))) return rc;
 
     for (int i = 0; i < c->n_up; i++) {
         const int ch = stage_ch(c, i + 1);
         const int64_t lout = up_len(c, i, L);
-        if (!(x = falloc(lout * ch))) {
-            rc = -H3_E_NOMEM;
-            goto done;
-        }
-        if ((rc = run_tconv(r, &d->ups[i], U, left, L, lout, x))) goto done;
-        free(U);
-        U = NULL;
+        float *x = slot(sl, SL_X, lout * ch);
+        if (!x) return -H3_E_NOMEM;
+        if ((rc = run_tconv(r, &d->ups[i], U, left, L, lout, x))) return rc;
         L = lout;
 
-        /* The stage output doubles as the next stage's zero-margined input. */
+        /* The stage output doubles as the next stage's zero-margined input (U is consumed). */
         int64_t nl = 0, nr = 0;
         if (i + 1 < c->n_up) tconv_margins(c, i + 1, L, &nl, &nr);
-        const int64_t pfl = amp_dst_floats(c, L, ch);
-        if (!(acc = h3_calloc((size_t)(nl + L + nr) * (size_t)ch, sizeof(float))) || !(tmp = falloc(L * ch)) ||
-            !(P = falloc(pfl)) || (c->n_res > 2 && !(h = falloc(L * ch)))) {
-            rc = -H3_E_NOMEM;
-            goto done;
-        }
+        float *acc = slot(sl, SL_ACC, (nl + L + nr) * ch), *tmp = slot(sl, SL_TMP, L * ch);
+        float *P = slot(sl, SL_P, amp_dst_floats(c, L, ch)), *h = c->n_res > 2 ? slot(sl, SL_H, L * ch) : NULL;
+        if (!acc || !tmp || !P || (c->n_res > 2 && !h)) return -H3_E_NOMEM;
+        zero_margins(acc, nl, L, nr, ch);
         /* Block 0 runs on the accumulator, middle blocks on h, the last one on x itself (its
            input is not needed afterwards); the sum is in diffusers' order, then divided. */
         float *acc0 = acc + nl * ch;
@@ -691,58 +708,56 @@ static int decode_side(runner *r, const decoder *d, const float *lat, int64_t T,
             bool last = j == c->n_res - 1 && j > 0;
             float *cur = j == 0 ? acc0 : (last ? x : h);
             if (cur != x) memcpy(cur, x, sizeof(float) * (size_t)(L * ch));
-            if ((rc = run_amp(r, b, cur, L, ch, P, tmp))) goto done;
+            if ((rc = run_amp(r, b, cur, L, ch, P, tmp))) return rc;
             if (j > 0) ew(r, acc0, cur, L * ch, last, (float)c->n_res);
         }
         /* With one resblock diffusers divides by 1, which changes no value. */
-        free(x), free(h), free(tmp), free(P);
-        x = h = tmp = P = NULL;
         U = acc;
-        acc = NULL;
         left = nl;
     }
 
     /* activation_post -> conv_post (no bias) -> clamp. */
-    if (!(P = falloc(conv_dst_floats(L, PRE_K, 1, d->post.C)))) {
-        rc = -H3_E_NOMEM;
-        goto done;
-    }
-    if ((rc = run_act(r, &d->post, U, L, conv_dst(P, L, PRE_K, 1)))) goto done;
+    float *P = slot(sl, SL_P, conv_dst_floats(L, PRE_K, 1, d->post.C));
+    if (!P) return -H3_E_NOMEM;
+    if ((rc = run_act(r, &d->post, U, L, conv_dst(P, L, PRE_K, 1)))) return rc;
     post_job pj = {r->k, P, d->post_w, pcm, d->post.C};
     h3_parallel_for(r->pool, L, 4096, post_task, &pj);
-    rc = tick(r, L * (int64_t)d->post.C * PRE_K);
-done:
-    free(A), free(B), free(U), free(x), free(acc), free(h), free(tmp), free(P);
-    return rc;
+    return tick(r, L * (int64_t)d->post.C * PRE_K);
 }
 
-/* Peak working memory of decode_side (floats), buffer for buffer. */
-static int64_t side_peak_floats(const h3_avae_cfg *c, int64_t T)
+/* Working memory of the decode (floats): the largest size each slot of decode_side reaches. */
+static int64_t slots_floats(const h3_avae_cfg *c, int64_t T)
 {
     const int64_t C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim;
-    int64_t left, right, L = T;
+    int64_t left, right, L = T, n[SL_COUNT] = {0};
+#define GROW(i, v) n[i] = (v) > n[i] ? (v) : n[i]
     tconv_margins(c, 0, T, &left, &right);
-    int64_t U = (left + T + right) * D0, peak = T * C + (T + PRE_K - 1) * D + U; /* A, B, U */
+    GROW(SL_TMP, T * C);
+    GROW(SL_P, (T + PRE_K - 1) * D);
+    GROW(SL_ACC, (left + T + right) * D0);
     for (int i = 0; i < c->n_up; i++) {
-        const int64_t ch = stage_ch(c, i + 1), lout = up_len(c, i, L);
-        peak = U + lout * ch > peak ? U + lout * ch : peak; /* the transposed convolution */
-        L = lout;
+        const int64_t ch = stage_ch(c, i + 1);
+        L = up_len(c, i, L);
         int64_t nl = 0, nr = 0;
         if (i + 1 < c->n_up) tconv_margins(c, i + 1, L, &nl, &nr);
-        int64_t amp = L * ch /* x */ + (nl + L + nr) * ch /* acc */ + L * ch /* tmp */ +
-                      amp_dst_floats(c, L, (int)ch) + (c->n_res > 2 ? L * ch : 0) /* h */;
-        peak = amp > peak ? amp : peak;
-        U = (nl + L + nr) * ch;
+        GROW(SL_X, L * ch);
+        GROW(SL_ACC, (nl + L + nr) * ch);
+        GROW(SL_TMP, L * ch);
+        GROW(SL_P, amp_dst_floats(c, L, (int)ch));
+        if (c->n_res > 2) GROW(SL_H, L * ch);
     }
-    int64_t post = U + conv_dst_floats(L, PRE_K, 1, stage_ch(c, c->n_up));
-    return post > peak ? post : peak;
+    GROW(SL_P, conv_dst_floats(L, PRE_K, 1, stage_ch(c, c->n_up)));
+#undef GROW
+    int64_t sum = 0;
+    for (int i = 0; i < SL_COUNT; i++) sum += n[i];
+    return sum;
 }
 
 int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads)
 {
     if (h3_avae_samples(c, frames) < 0) return -H3_E_INVALID;
     /* Sides are decoded one after the other; add the activation tiles of every thread. */
-    return 4 * (side_peak_floats(c, frames) + (int64_t)threads * (2 * ACT_TILE + H3_AA_TAPS) * 16);
+    return 4 * (slots_floats(c, frames) + (int64_t)threads * (2 * ACT_TILE + H3_AA_TAPS) * 16);
 }
 
 /* ---- entry points ----------------------------------------------------------------------- */
@@ -766,8 +781,10 @@ int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channel
     decoder *d;
     if ((rc = dec_load(m, &d))) return rc;
     runner r = {pool, h3_avae_kern(), progress, user, 0, 2 * side_cost(d, frames), -1};
+    slots sl = {{0}, {0}};
     for (int side = 0; !rc && side < 2; side++)
-        rc = decode_side(&r, d, latents + (int64_t)side * channels * frames, frames, pcm + side * S);
+        rc = decode_side(&r, d, &sl, latents + (int64_t)side * channels * frames, frames, pcm + side * S);
+    for (int i = 0; i < SL_COUNT; i++) free(sl.p[i]);
     dec_free(d);
     return rc;
 }

@@ -5,6 +5,7 @@
  */
 #include "h3_internal.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -216,10 +217,11 @@ int h3_text_cfg_load(h3_model *m, h3_text_cfg *c)
     return 0;
 }
 
+/* Product of positive factors, saturating at INT_MAX (hostile configs must not overflow). */
 static int product(const int *v, int n)
 {
     int r = 1;
-    for (int i = 0; i < n; i++) r *= v[i];
+    for (int i = 0; i < n; i++) r = v[i] > 0 && r > INT_MAX / v[i] ? INT_MAX : r * v[i];
     return r;
 }
 
@@ -359,7 +361,7 @@ int h3_avae_cfg_load(h3_model *m, h3_avae_cfg *c)
         }
     }
     int hop = product(c->rates, c->n_up);
-    if (c->sample_rate % hop)
+    if (hop > c->sample_rate || c->sample_rate % hop)
         return h3_err(H3_E_FORMAT, "%s: sample_rate %d is not a multiple of the decoder hop %d", wp,
                       c->sample_rate, hop);
     if ((c->decoder_dim >> c->n_up) < 1)

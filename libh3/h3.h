@@ -299,8 +299,9 @@ H3_API double h3_bench_gemm(h3_ctx *ctx, int64_t m, int64_t n, int64_t k, int re
  *
  * Output: F x H x W frames with H = h * s, W = w * s (s the spatial ratio, 16 for the release) and,
  * for the release's clip geometry, F = 17n + 5 for T = 5n + 2 (other T are padded and cut as
- * diffusers does; T >= 3). h3_video_decode_shape gives the shape for any model. Memory stays bounded by one tile
- * and one window: tiles are decoded one at a time and blended straight into the caller's buffers.
+ * diffusers does; T >= 3). h3_video_decode_shape gives the shape for any model. Memory stays
+ * bounded by one tile and one window: tiles are decoded one at a time and blended straight into
+ * the caller's buffers (h3_video_decode_workspace tells how much).
  */
 
 /* Flags of h3_video_decode_opts.flags. */
@@ -316,7 +317,8 @@ typedef struct h3_video_decode_opts {
     int32_t overlap_px;      /* minimum tile overlap in pixels, a multiple of 16 and smaller than
                                 the tile; 0 = the config's vae_tile_overlap_min (64) */
     uint32_t flags;          /* H3_VIDEO_* */
-    h3_progress_fn progress; /* optional */
+    h3_progress_fn progress; /* optional; NULL = the context's hook (h3_set_progress). Phase
+                                "video_decode": 0, then one unit per (window, tile). */
     void *user;              /* passed to progress */
 } h3_video_decode_opts;
 
@@ -337,8 +339,9 @@ H3_API int64_t h3_video_decode_workspace(h3_ctx *ctx, int T, int h, int w, const
  * Decode latents [C, T, h, w]; C must be the model's latent channel count (checked). `rgb`
  * (optional) receives uint8 frames [F, H, W, 3]. `pixels` (optional) receives float frames
  * [F, H, W, 3] in [0, 1] (the decode step's output_type="np" values), or with H3_VIDEO_RAW the
- * float sample of vae.decode() as [3, F, H, W]. At least one of them must be given. Weights are mapped for the call and released after it. Results do not depend on the
- * thread count. `opts` may be NULL.
+ * float sample of vae.decode() as [3, F, H, W]. At least one of them must be given. Weights are
+ * mapped for the call and released after it. Results do not depend on the thread count. `opts`
+ * may be NULL.
  */
 H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int h, int w,
                            const h3_video_decode_opts *opts, uint8_t *rgb, float *pixels);
@@ -432,6 +435,10 @@ H3_API int h3_prompt_tokens(h3_ctx *ctx, int32_t *ids, int cap);
  * Progress phases "audio_decode" and "video_decode"; a cancelled decode can be repeated.
  */
 H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm);
+
+/* The video as floats [frames, height, width, 3] in [0, 1] before the uint8 rounding (what
+   diffusers' decode step returns with output_type="np"); for parity checks. */
+H3_API int h3_decode_video_f32(h3_ctx *ctx, float *pixels);
 
 #ifdef __cplusplus
 }

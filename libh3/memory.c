@@ -6,6 +6,7 @@
 #include "audio_vae.h"
 #include "h3_internal.h"
 #include "text_encoder.h"
+#include "video_vae.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -47,14 +48,13 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
     h3_model *m = &ctx->model;
     h3_err_clear();
     /* Geometry defaults are the release's; a present VAE config overrides them. */
-    int spatial = 16, temporal = 4, clip = 17, drop = 3, hop_rate = 40;
+    int spatial = 16, temporal = 4, clip = 17, hop_rate = 40;
     h3_vvae_cfg vv;
     bool have_vv = m->comp[H3_COMP_VIDEO_VAE].present && h3_vvae_cfg_load(m, &vv) == 0;
     if (have_vv) {
         spatial = vv.spatial;
         temporal = vv.temporal;
         clip = vv.clip_length;
-        drop = vv.token_drop;
     }
     h3_avae_cfg av;
     bool have_av = m->comp[H3_COMP_AUDIO_VAE].present && h3_avae_cfg_load(m, &av) == 0;
@@ -122,20 +122,21 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
     if (!rc && have_vv && (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE)) == 0) {
         const h3_store *s = &m->comp[H3_COMP_VIDEO_VAE].store;
         uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "post_quant_conv.", NULL, false);
-        int tile = vv.tile_size / spatial;
-        int th = sp.lat_h < tile ? sp.lat_h : tile, tw = sp.lat_w < tile ? sp.lat_w : tile;
-        int window = chunk + ((chunk - drop % chunk) % chunk);
-        if (window > sp.lat_t) window = sp.lat_t;
-        uint64_t ntok = (uint64_t)window * th * tw + (uint64_t)vv.dec_registers + 1;
-        uint64_t dim = (uint64_t)vv.dec_heads * vv.dec_head_dim;
-        uint64_t act = ntok * (dim * 6 + 2ull * vv.dec_ffn_mult * dim) * 4 +
-                       ntok * (uint64_t)vv.out_ch * temporal * spatial * spatial * 4;
+        /* Exactly what the streaming decoder allocates (video_vae.c): one tile's activations and
+           pixels, the overlap strips and the frames the temporal cross-fade keeps. */
+        h3_vvae_plan plan;
+        uint64_t act = 0;
+        if (h3_vvae_plan_make(&vv, sp.lat_t, sp.lat_h > 0 ? sp.lat_h : 1, sp.lat_w > 0 ? sp.lat_w : 1, 0, 0, 0,
+                              &plan) == 0) {
+            act = plan.workspace_bytes;
+            h3_vvae_plan_free(&plan);
+        }
+        h3_err_clear();
         uint64_t frames_out = (uint64_t)width * height * sp.frames * 3;
-        uint64_t stitch = (uint64_t)width * height * ((uint64_t)window * temporal) * 3 * 4;
         h3_buf_printf(&b, "%s\"video_decode\": {\"weights\": %llu, \"activations\": %llu, \"frames\": %llu, "
                       "\"total\": %llu}",
-                      first ? "" : ", ", (unsigned long long)w, (unsigned long long)(act + stitch),
-                      (unsigned long long)frames_out, (unsigned long long)(w + act + stitch + frames_out));
+                      first ? "" : ", ", (unsigned long long)w, (unsigned long long)act,
+                      (unsigned long long)frames_out, (unsigned long long)(w + act + frames_out));
         first = false;
     }
     if (!rc && have_av && (rc = h3_model_headers(m, H3_COMP_AUDIO_VAE)) == 0) {

@@ -376,14 +376,14 @@ static void release_transformer(h3_ctx *ctx)
     h3_store_release(&ctx->model.comp[H3_COMP_TRANSFORMER].store);
 }
 
-H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm)
+static int decode(h3_ctx *ctx, uint8_t *rgb, float *pixels, float *pcm)
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
     struct h3_render *r = ctx->render;
     if (!r) return h3_err(H3_E_INVALID, "decode: no prepared request");
     if (r->done < r->evals)
         return h3_err(H3_E_INVALID, "decode: %d of %d denoising steps are still to run", r->evals - r->done, r->evals);
-    if (!rgb && !pcm) return h3_err(H3_E_INVALID, "decode: no output buffer");
+    if (!rgb && !pixels && !pcm) return h3_err(H3_E_INVALID, "decode: no output buffer");
     h3_pool *pool = h3_ctx_pool(ctx);
     if (!pool) return -H3_E_NOMEM;
     release_transformer(ctx);
@@ -399,7 +399,7 @@ H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm)
         h3_free_aligned(alat);
         if (rc) return rc;
     }
-    if (rgb) {
+    if (rgb || pixels) {
         float *vlat = h3_alloc_aligned(sizeof(float) * (size_t)r->C * r->T * r->lh * r->lw);
         if (!vlat) return -H3_E_NOMEM;
         h3_dit_unpatchify_video(&dc, r->vrows, r->T, r->lh, r->lw, vlat);
@@ -410,8 +410,10 @@ H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm)
         vq.h = r->lh;
         vq.w = r->lw;
         vq.rgb = rgb;
+        vq.pixels = pixels;
         vq.progress = ctx->progress;
         vq.user = ctx->progress_user;
+        /* H3_VAE_TILE=N decodes with N-pixel tiles (memory vs speed; the blend is diffusers'). */
         const char *tile = getenv("H3_VAE_TILE");
         if (tile && tile[0]) vq.tile_px = atoi(tile);
         rc = h3_vvae_decode(&ctx->model, pool, &vq);
@@ -419,4 +421,12 @@ H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm)
         if (rc) return rc;
     }
     return 0;
+}
+
+H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm) { return decode(ctx, rgb, NULL, pcm); }
+
+H3_API int h3_decode_video_f32(h3_ctx *ctx, float *pixels)
+{
+    if (!pixels) return h3_err(H3_E_INVALID, "decode: NULL pixel buffer");
+    return decode(ctx, NULL, pixels, NULL);
 }

@@ -63,8 +63,15 @@ static void split_tiles(int length, int tile, int min_ov, int ratio, int n, int 
     for (int i = 0; i < n - 1; i++) start[i + 1] = start[i] + tile - ov[i];
 }
 
+/*
+ * Per-tile buffers. The block's big activations overlay each other (7 L x D floats, not 8):
+ *   X  [L, D]   residual stream
+ *   S  [L, 3D]  qkv projection -> attention output -> norm2 output / norm_out output
+ *   T  [L, 3D]  norm1 output -> Q | K | V -> to_out output -> w2 output
+ * Each use starts after the previous one is dead (see decode_tile).
+ */
 typedef struct {
-    float *lat, *lat2, *X, *N, *QKV, *Q, *K, *V, *H1, *A, *P, *rope, *tile, *above, *left, *carry;
+    float *lat, *lat2, *X, *S, *T, *H1, *A, *P, *rope, *tile, *above, *left, *carry;
 } vv_bufs;
 
 /* Carve the workspace (base != NULL) or just measure it. One layout serves both, so the size the
@@ -88,18 +95,15 @@ static size_t vv_layout(const h3_vvae_cfg *c, const h3_vvae_plan *p, vv_bufs *b,
     TAKE(lat, G * C);
     TAKE(lat2, G * C);
     TAKE(X, L * D);
-    TAKE(N, L * D);
-    TAKE(QKV, L * 3 * D);
-    TAKE(Q, L * D);
-    TAKE(K, L * D);
-    TAKE(V, L * D);
+    TAKE(S, L * 3 * D);
+    TAKE(T, L * 3 * D);
     TAKE(H1, RB * 2 * I);
     TAKE(A, RB * I);
     TAKE(P, RB * pix);
     TAKE(rope, 2 * nf * ((size_t)p->win + th / p->ps + tw / p->ps));
     TAKE(tile, K * oc * th * tw);
-    TAKE(above, p->ny > 1 ? (size_t)p->nx * K * oc * p->max_ovy * tw : 0);
-    TAKE(left, p->nx > 1 ? K * oc * th * p->max_ovx : 0);
+    TAKE(above, p->ny > 1 ? (size_t)(p->col_major ? 1 : p->nx) * K * oc * p->max_ovy * tw : 0);
+    TAKE(left, p->nx > 1 ? (size_t)(p->col_major ? p->ny : 1) * K * oc * th * p->max_ovx : 0);
     TAKE(carry, p->windows > 1 && p->keep1 > 0 ? (size_t)p->keep1 * oc * p->height * p->width : 0);
 #undef TAKE
     return off;
@@ -188,7 +192,18 @@ int h3_vvae_plan_make(const h3_vvae_cfg *c, int T, int h, int w, int tile_px, in
         return h3_err(H3_E_INVALID, "video decode: %dx%d px tiles cannot cover %dx%d px with overlap %d",
                       p->tile_h, p->tile_w, p->height, p->width, ov);
     }
-    p->grid = p->win * (p->tile_h / p->ps) * (p->tile_w / p->ps);
+    /* Blending needs the bottom strip of every tile in the previous row (row-major order) or the
+       right strip of every tile in the previous column (column-major): take the smaller. */
+    int64_t strips_row = (int64_t)p->nx * p->max_ovy * p->tile_w + (int64_t)p->tile_h * p->max_ovx;
+    int64_t strips_col = (int64_t)p->ny * p->max_ovx * p->tile_h + (int64_t)p->tile_w * p->max_ovy;
+    p->col_major = strips_col < strips_row;
+    int64_t grid = (int64_t)p->win * (p->tile_h / p->ps) * (p->tile_w / p->ps);
+    if (grid > (1 << 26)) {
+        h3_vvae_plan_free(p);
+        return h3_err(H3_E_INVALID, "video decode: a %dx%d px tile of %d latent frames is %lld tokens, too many "
+                      "for one attention (tile the decode)", p->tile_h, p->tile_w, p->win, (long long)grid);
+    }
+    p->grid = (int)grid;
     p->tokens = p->grid + c->dec_registers + 1;
     p->rows_block = p->tokens < ROWS_BLOCK ? p->tokens : ROWS_BLOCK;
     p->workspace_bytes = vv_layout(c, p, NULL, NULL);
@@ -288,21 +303,22 @@ static int vv_load(h3_model *m, vv_model *M)
     M->nlayers = c->dec_layers;
     M->pix = c->out_ch * c->temporal * c->spatial * c->spatial;
     /* diffusers: rope dim = int(head_dim * rope_dim_ratio), split over 3 axes of sin/cos pairs. */
-    M->rd = (int)(M->dh * c->dec_rope_ratio);
-    if (M->rd <= 0 || M->rd % 6 || M->rd > M->dh)
+    int rd = (int)(M->dh * c->dec_rope_ratio);
+    if (rd <= 0 || rd % 6 || rd > M->dh)
         return h3_err(H3_E_UNSUPPORTED,
                       "%s/config.json: rotary width %d (dim_head %d x rope_dim_ratio %g) must be a positive "
-                      "multiple of 6 not above dim_head", m->comp[H3_COMP_VIDEO_VAE].weights_dir, M->rd, M->dh,
+                      "multiple of 6 not above dim_head", m->comp[H3_COMP_VIDEO_VAE].weights_dir, rd, M->dh,
                       c->dec_rope_ratio);
-    /* torch.arange(0, 1, 6 / rd) has ceil(rd / 6) entries computed in double (one more than rd / 6
-       for a few widths), and the rotated width is what the tables span: 6 x entries. */
-    M->nf = (int)ceil(1.0 / (6.0 / M->rd));
+    /* inv_freq = 1 / theta ** torch.arange(0, 1, 6 / rd): float32 values computed in double, with
+       ceil(rd / 6) entries as torch counts them (one more than rd / 6 for a few widths). The rotated
+       width is what the tables span: 6 x entries. */
+    double step = 6.0 / rd;
+    M->nf = (int)ceil(1.0 / step);
     M->rd = 6 * M->nf;
     if (M->rd > M->dh || M->nf > 64)
         return h3_err(H3_E_UNSUPPORTED, "video VAE: %d rotary dims exceed dim_head %d", M->rd, M->dh);
     for (int f = 0; f < M->nf; f++) {
-        /* torch.arange(0, 1, 6/rd) in float32 (computed in double), theta ** e, then 1 / x. */
-        float e = (float)(f * (6.0 / M->rd));
+        float e = (float)(f * step);
         M->inv_freq[f] = 1.0f / powf((float)c->dec_rope_theta, e);
     }
     int64_t D = M->D, C = M->C, I = M->I;
@@ -404,10 +420,11 @@ static void qkv_task(void *arg, int64_t t0, int64_t t1, int thread)
     const vv_run *r = j->r;
     const vv_model *M = r->M;
     int dh = M->dh, D = M->D, nf = M->nf, half = M->rd / 2, th = r->th, tw = r->tw;
+    int64_t L = r->P->tokens;
     float cs[384], sn[384];
     (void)thread;
     for (int64_t t = t0; t < t1; t++) {
-        const float *row = r->b.QKV + t * 3 * D;
+        const float *row = r->b.S + t * 3 * D;
         bool rot = t < j->grid;
         if (rot) {
             int64_t ti = t / (th * tw), yi = (t / tw) % th, xi = t % tw;
@@ -421,7 +438,7 @@ static void qkv_task(void *arg, int64_t t0, int64_t t1, int thread)
         }
         for (int h = 0; h < M->heads; h++) {
             const float *src = row + (int64_t)h * 3 * dh;
-            float *dsts[2] = {r->b.Q + t * D + h * dh, r->b.K + t * D + h * dh};
+            float *dsts[2] = {r->b.T + t * D + h * dh, r->b.T + (L + t) * D + h * dh};
             for (int w = 0; w < 2; w++) {
                 const float *x = src + w * dh;
                 float *y = dsts[w];
@@ -442,7 +459,7 @@ static void qkv_task(void *arg, int64_t t0, int64_t t1, int thread)
                     memcpy(y, nx, sizeof(float) * (size_t)dh);
                 }
             }
-            memcpy(r->b.V + t * D + h * dh, src + 2 * dh, sizeof(float) * (size_t)dh);
+            memcpy(r->b.T + (2 * L + t) * D + h * dh, src + 2 * dh, sizeof(float) * (size_t)dh);
         }
     }
 }
@@ -487,12 +504,8 @@ static void swiglu_task(void *arg, int64_t r0, int64_t r1, int thread)
     swiglu_job *j = arg;
     (void)thread;
     for (int64_t r = r0; r < r1; r++) {
-        const float *g = j->H1 + r * 2 * j->I, *u = g + j->I;
-        float *a = j->A + r * j->I;
-        for (int64_t i = 0; i < j->I; i++) {
-            float s = g[i] / (1.0f + expf(-g[i]));
-            a[i] = u[i] * s;
-        }
+        const float *g = j->H1 + r * 2 * j->I;
+        h3_silu_mul(g, g + j->I, j->A + r * j->I, j->I);
     }
 }
 
@@ -562,31 +575,31 @@ static int decode_tile(vv_run *r, int win_start, int ly0, int lx0)
     float scale = (float)(1.0 / sqrt((double)M->dh));
     for (int li = 0; li < M->nlayers; li++) {
         const vv_layer *l = &M->layers[li];
-        h3_rmsnorm(pool, r->b.X, D, r->b.N, D, L, D, l->norm1, eps);
-        if ((rc = h3_linear(pool, r->b.N, L, D, &l->qkv, l->qkv_b, r->b.QKV, 3 * D))) return rc;
+        float *Q = r->b.T, *K = Q + L * D, *V = K + L * D;
+        h3_rmsnorm(pool, r->b.X, D, r->b.T, D, L, D, l->norm1, eps);
+        if ((rc = h3_linear(pool, r->b.T, L, D, &l->qkv, l->qkv_b, r->b.S, 3 * D))) return rc;
         qkv_job qj = {r, G, eps};
         h3_parallel_for(pool, L, 4, qkv_task, &qj);
-        if ((rc = h3_attention(pool, r->b.Q, D, r->b.K, D, r->b.V, D, L, L, M->heads, M->heads, M->dh, scale,
-                               false, r->b.N, D)) ||
-            (rc = h3_linear(pool, r->b.N, L, D, &l->out, l->out_b, r->b.QKV, D)))
+        if ((rc = h3_attention(pool, Q, D, K, D, V, D, L, L, M->heads, M->heads, M->dh, scale, false, r->b.S, D)) ||
+            (rc = h3_linear(pool, r->b.S, L, D, &l->out, l->out_b, r->b.T, D)))
             return rc;
-        residual(pool, r->b.X, r->b.QKV, D, l->scale1, L, D);
-        h3_rmsnorm(pool, r->b.X, D, r->b.N, D, L, D, l->norm2, eps);
+        residual(pool, r->b.X, r->b.T, D, l->scale1, L, D);
+        h3_rmsnorm(pool, r->b.X, D, r->b.S, D, L, D, l->norm2, eps);
         /* FFN in row blocks: its 3x-wide hidden never exists for the whole tile. */
         for (int64_t r0 = 0; r0 < L; r0 += RB) {
             int64_t n = L - r0 < RB ? L - r0 : RB;
-            if ((rc = h3_linear(pool, r->b.N + r0 * D, n, D, &l->w1, l->w1_b, r->b.H1, 2 * I))) return rc;
+            if ((rc = h3_linear(pool, r->b.S + r0 * D, n, D, &l->w1, l->w1_b, r->b.H1, 2 * I))) return rc;
             swiglu_job sj = {r->b.H1, r->b.A, I};
             h3_parallel_for(pool, n, 1, swiglu_task, &sj);
-            if ((rc = h3_linear(pool, r->b.A, n, I, &l->w2, l->w2_b, r->b.QKV, D))) return rc;
-            residual(pool, r->b.X + r0 * D, r->b.QKV, D, l->scale2, n, D);
+            if ((rc = h3_linear(pool, r->b.A, n, I, &l->w2, l->w2_b, r->b.T, D))) return rc;
+            residual(pool, r->b.X + r0 * D, r->b.T, D, l->scale2, n, D);
         }
     }
     /* Registers and the zero token are dropped before proj_out, so only grid rows go on. */
-    h3_layernorm(pool, r->b.X, D, r->b.N, D, G, D, M->nout_w, M->nout_b, eps);
+    h3_layernorm(pool, r->b.X, D, r->b.S, D, G, D, M->nout_w, M->nout_b, eps);
     for (int64_t r0 = 0; r0 < G; r0 += RB) {
         int64_t n = G - r0 < RB ? G - r0 : RB;
-        if ((rc = h3_linear(pool, r->b.N + r0 * D, n, D, &M->proj, M->proj_b, r->b.P, M->pix))) return rc;
+        if ((rc = h3_linear(pool, r->b.S + r0 * D, n, D, &M->proj, M->proj_b, r->b.P, M->pix))) return rc;
         scatter_job sj = {r, r0};
         h3_parallel_for(pool, n, 4, scatter_task, &sj);
     }
@@ -658,6 +671,7 @@ static void stitch_task(void *arg, int64_t r0, int64_t r1, int thread)
     int oc = r->M->cfg.out_ch, th = P->tile_h, tw = P->tile_w, K = P->keep0 + P->keep1, n = j->own_w;
     int e_top = j->i > 0 ? P->ovy[j->i - 1] : 0, e_left = j->j > 0 ? P->ovx[j->j - 1] : 0;
     int nl = e_left < n ? e_left : n, gx = P->x0[j->j];
+    int slot_above = P->col_major ? 0 : j->j, slot_left = P->col_major ? j->i : 0;
     bool last = j->c == P->windows - 1;
     int64_t HW = (int64_t)P->height * P->width;
     float *v = h3_pool_scratch(r->pool, thread, 3, sizeof(float) * (size_t)tw); /* reserved up front */
@@ -668,9 +682,9 @@ static void stitch_task(void *arg, int64_t r0, int64_t r1, int thread)
             for (int co = 0; co < oc; co++) {
                 memcpy(v, r->b.tile + (((int64_t)k * oc + co) * th + ry) * tw, sizeof(float) * (size_t)n);
                 if (ry < e_top)
-                    fade(v, r->b.above + ((((int64_t)j->j * K + k) * oc + co) * P->max_ovy + ry) * tw, n, p_top);
+                    fade(v, r->b.above + ((((int64_t)slot_above * K + k) * oc + co) * P->max_ovy + ry) * tw, n, p_top);
                 if (nl) {
-                    const float *a = r->b.left + (((int64_t)k * oc + co) * th + ry) * P->max_ovx;
+                    const float *a = r->b.left + ((((int64_t)slot_left * K + k) * oc + co) * th + ry) * P->max_ovx;
                     for (int x = 0; x < nl; x++) {
                         float p = (float)x / (float)e_left;
                         float s = a[x] * (1.0f - p);
@@ -703,7 +717,7 @@ static void save_strips(vv_run *r, int i, int j)
         int e = P->ovy[i];
         for (int k = 0; k < K; k++)
             for (int co = 0; co < oc; co++)
-                memcpy(r->b.above + (((int64_t)j * K + k) * oc + co) * P->max_ovy * tw,
+                memcpy(r->b.above + (((int64_t)(P->col_major ? 0 : j) * K + k) * oc + co) * P->max_ovy * tw,
                        r->b.tile + (((int64_t)k * oc + co) * th + th - e) * tw, sizeof(float) * (size_t)e * tw);
     }
     if (j + 1 < P->nx) {
@@ -711,7 +725,7 @@ static void save_strips(vv_run *r, int i, int j)
         for (int k = 0; k < K; k++)
             for (int co = 0; co < oc; co++)
                 for (int y = 0; y < th; y++)
-                    memcpy(r->b.left + (((int64_t)k * oc + co) * th + y) * P->max_ovx,
+                    memcpy(r->b.left + ((((int64_t)(P->col_major ? i : 0) * K + k) * oc + co) * th + y) * P->max_ovx,
                            r->b.tile + (((int64_t)k * oc + co) * th + y) * tw + tw - e, sizeof(float) * (size_t)e);
     }
 }
@@ -752,19 +766,20 @@ static int run_decode(const vv_model *M, h3_pool *pool, const h3_vvae_plan *P, c
             h3_free_aligned(ws);
             return -H3_E_NOMEM;
         }
-    int rc = 0, total = P->windows * P->ny * P->nx, done = 0;
+    int ntiles = P->ny * P->nx, total = P->windows * ntiles, done = 0;
+    int rc = h3_progress_check(rq->progress, rq->user, PHASE, 0, total); /* the shared hook starts at 0 */
     for (int c = 0; c < P->windows && !rc; c++)
-        for (int i = 0; i < P->ny && !rc; i++)
-            for (int j = 0; j < P->nx && !rc; j++) {
-                if ((rc = decode_tile(&r, c * P->chunk, P->y0[i] / P->ps, P->x0[j] / P->ps))) break;
-                int own_h = P->tile_h - (i + 1 < P->ny ? P->ovy[i] : 0);
-                stitch_job sj = {&r, i, j, c, P->tile_w - (j + 1 < P->nx ? P->ovx[j] : 0)};
-                h3_parallel_for(pool, own_h, 2, stitch_task, &sj);
-                save_strips(&r, i, j);
-                done++;
-                if (rq->progress && rq->progress(rq->user, PHASE, done, total))
-                    rc = h3_err(H3_E_CANCELLED, "video decode cancelled after %d of %d tiles", done, total);
-            }
+        for (int t = 0; t < ntiles && !rc; t++) {
+            /* Each tile is blended with the originals of its upper and left neighbours, so any order
+               that visits those first gives the same result. */
+            int i = P->col_major ? t % P->ny : t / P->nx, j = P->col_major ? t / P->ny : t % P->nx;
+            if ((rc = decode_tile(&r, c * P->chunk, P->y0[i] / P->ps, P->x0[j] / P->ps))) break;
+            int own_h = P->tile_h - (i + 1 < P->ny ? P->ovy[i] : 0);
+            stitch_job sj = {&r, i, j, c, P->tile_w - (j + 1 < P->nx ? P->ovx[j] : 0)};
+            h3_parallel_for(pool, own_h, 2, stitch_task, &sj);
+            save_strips(&r, i, j);
+            rc = h3_progress_check(rq->progress, rq->user, PHASE, ++done, total);
+        }
     h3_free_aligned(ws);
     return rc;
 }
@@ -854,7 +869,9 @@ H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int 
     if (rc) return rc;
     h3_pool *pool = h3_ctx_pool(ctx);
     if (!pool) return -H3_E_NOMEM;
-    h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels, o.progress, o.user};
+    /* No hook in the options: the context's (h3_set_progress), as every other stage reports. */
+    h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels,
+                          o.progress ? o.progress : ctx->progress, o.progress ? o.user : ctx->progress_user};
     rc = h3_vvae_decode(&ctx->model, pool, &rq);
     if (!rc) h3_err_clear();
     return rc;

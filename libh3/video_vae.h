@@ -38,6 +38,7 @@ typedef struct h3_vvae_plan {
     int tile_h, tile_w;          /* tile size in pixels (every tile of an axis has the same size) */
     int *y0, *x0, *ovy, *ovx;    /* starts and overlaps (overlap i lies between tile i and i+1) */
     int max_ovy, max_ovx;
+    bool col_major;              /* visit tiles column by column (fewer strip bytes to keep) */
     /* Per-tile token counts. */
     int grid;                    /* win * (tile_h/ps) * (tile_w/ps) */
     int tokens;                  /* grid + registers + 1 */
@@ -64,7 +65,7 @@ typedef struct h3_vvae_request {
     unsigned flags;         /* H3_VVAE_* */
     uint8_t *rgb;           /* optional [F, H, W, 3] */
     float *pixels;          /* optional: [F, H, W, 3] in [0, 1], or [3, F, H, W] with H3_VVAE_RAW */
-    h3_progress_fn progress; /* called after each (window, tile); non-zero cancels */
+    h3_progress_fn progress; /* "video_decode": 0, then after each (window, tile); non-zero cancels */
     void *user;
 } h3_vvae_request;
 

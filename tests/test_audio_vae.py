@@ -190,3 +190,16 @@ def test_weight_g_shape_wrong(vaes, tmp_path):
     root = write_audio_vae(vaes["odd"][0], tmp_path / "m", reshape={name: (12, 1, 1)})
     msg = _bad_run(tmp_path, root, np.zeros((2, 32, 5), np.float32))
     assert name in msg and "[12, 1, 1]" in msg and "[24, 1, 1]" in msg
+
+
+def test_overflowing_rates_are_a_config_error(vaes, tmp_path):
+    # 64^6 overflows int: the config reader must report it, not divide by a wrapped hop.
+    import json
+
+    root = write_audio_vae(vaes["odd"][0], tmp_path / "m")
+    meta_path = root / "FL2VA" / "audio_vae" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["metadata"]["kwargs"].update(decoder_rates=[64] * 6, decoder_kernel_sizes=[128] * 6)
+    meta_path.write_text(json.dumps(meta))
+    msg = _bad_run(tmp_path, root, np.zeros((2, 32, 5), np.float32))
+    assert "decoder hop" in msg

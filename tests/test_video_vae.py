@@ -92,11 +92,16 @@ def test_parity_untiled(tiny):
     check_parity(vae, root, latents(24, 12, 6, 10, seed=3), untiled=True, tol=1e-5)
 
 
-@pytest.mark.parametrize("T,tile,overlap", [(7, 64, 32), (12, 64, 16), (17, 64, 32)])
-def test_parity_blended_tiles(tiny, T, tile, overlap):
-    """96 x 160 px with 64 px tiles: 2 x 4 tiles (or 2 x 3), blended in both directions, round-robin slack."""
+@pytest.mark.parametrize("T,h,w,tile,overlap", [
+    (7, 6, 10, 64, 32),   # 96 x 160 px: 2 x 4 tiles, visited column by column
+    (12, 6, 10, 64, 16),  # 2 x 3 tiles, slack spread over the overlaps
+    (17, 6, 10, 64, 32),  # 3 windows
+    (12, 10, 6, 64, 32),  # 160 x 96 px portrait: 4 x 2 tiles, visited row by row
+])
+def test_parity_blended_tiles(tiny, T, h, w, tile, overlap):
+    """Tiles blended in both directions (and windows cross-faded)."""
     vae, root = tiny
-    check_parity(vae, root, latents(24, T, 6, 10, seed=10 + T), tile=tile, overlap=overlap, tol=1e-4)
+    check_parity(vae, root, latents(24, T, h, w, seed=10 + T + h), tile=tile, overlap=overlap, tol=1e-4)
 
 
 def test_parity_padded_latent_count(tiny):
@@ -143,7 +148,7 @@ def test_progress_and_cancel(tiny):
     seen = []
     with Context(root, threads=1) as ctx:
         PV.decode(ctx, lat, tile_px=64, overlap_px=32, progress=lambda ph, d, t: seen.append((ph, d, t)))
-        assert seen == [("video_decode", i + 1, 16) for i in range(16)]  # 2 windows x 2 x 4 tiles
+        assert seen == [("video_decode", i, 16) for i in range(17)]  # 0, then 2 windows x 2 x 4 tiles
         with pytest.raises(H3Error, match="cancelled") as ei:
             PV.decode(ctx, lat, tile_px=64, overlap_px=32, progress=lambda ph, d, t: d == 3)
         assert ei.value.code == 6

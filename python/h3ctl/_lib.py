@@ -123,6 +123,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_get_latents": (c_int, [c_void_p, c_float_p, c_float_p]),
     "h3_prompt_tokens": (c_int, [c_void_p, c_int32_p, c_int]),
     "h3_decode": (c_int, [c_void_p, c_uint8_p, c_float_p]),
+    "h3_decode_video_f32": (c_int, [c_void_p, c_float_p]),
 }
 
 

@@ -168,9 +168,9 @@ class Engine:
         req = _lib.H3Request()
         _lib.lib().h3_request_default(ctypes.byref(req))
         req.prompt = prompt.encode("utf-8", "surrogatepass")
-        req.width = int(width or self.defaults["width"])
-        req.height = int(height or self.defaults["height"])
-        req.frames = int(frames or self.defaults["frames"])
+        req.width = int(self.defaults["width"] if width is None else width)
+        req.height = int(self.defaults["height"] if height is None else height)
+        req.frames = int(self.defaults["frames"] if frames is None else frames)
         req.steps = int(steps)
         req.seed = int(seed)
         return req
@@ -217,6 +217,12 @@ class Engine:
         rgb = np.empty((i["frames"], i["height"], i["width"], 3), np.uint8)
         self._call(_lib.lib().h3_decode(self._ctx.ptr, rgb.ctypes.data_as(_lib.c_uint8_p), None))
         return rgb
+
+    def decode_video_f32(self) -> np.ndarray:
+        i = self.render_info()
+        px = np.empty((i["frames"], i["height"], i["width"], 3), np.float32)
+        self._call(_lib.lib().h3_decode_video_f32(self._ctx.ptr, px.ctypes.data_as(_lib.c_float_p)))
+        return px
 
     def render(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
                seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,

@@ -78,7 +78,12 @@ static void test_geometry(void)
             h3_vvae_plan_free(&p);
         }
     }
+    /* Traversal order: the one keeping fewer overlap-strip bytes (landscape: by columns). */
     h3_vvae_plan p;
+    CHECK(h3_vvae_plan_make(&c, 7, 6, 10, 64, 32, 0, &p) == 0 && p.col_major && p.ny == 2 && p.nx == 4);
+    h3_vvae_plan_free(&p);
+    CHECK(h3_vvae_plan_make(&c, 7, 10, 6, 64, 32, 0, &p) == 0 && !p.col_major && p.ny == 4 && p.nx == 2);
+    h3_vvae_plan_free(&p);
     CHECK(h3_vvae_plan_make(&c, 2, 2, 2, 0, 0, 0, &p) == -H3_E_INVALID);
     CHECK(h3_vvae_plan_make(&c, 7, 2, 2, 40, 16, 0, &p) == -H3_E_INVALID);  /* not a multiple of 16 */
     CHECK(h3_vvae_plan_make(&c, 7, 2, 2, 64, 64, 0, &p) == -H3_E_INVALID);  /* overlap >= tile */
@@ -308,21 +313,28 @@ static void test_decodes(const char *dir)
     CHECK_MSG(num > 0 && num < den, "tiled vs untiled relative energy %g", num / den);
     free_outputs(&s), free_outputs(&u), free_outputs(&a);
 
-    /* Padded latent count (T = 9 -> 30 frames) with blending in both directions. */
-    outputs pd = {0};
+    /* Padded latent count (T = 9 -> 30 frames) with blending in both directions; landscape (tiles
+       visited by columns) and portrait (by rows). */
+    outputs pd = {0}, pt = {0};
     CHECK(decode_all(c3, lat, 9, H, W, 16, 8, 0, &pd) == 0 && pd.n == (size_t)30 * 28 * 36 * 3);
-    free_outputs(&pd);
+    CHECK(decode_all(c1, lat, 9, W, H, 16, 8, 0, &pt) == 0 && pt.n == (size_t)30 * 36 * 28 * 3);
+    free_outputs(&pd), free_outputs(&pt);
 
-    /* Progress: one call per (window, tile); a non-zero return cancels. */
+    /* Progress: 0 first, then one call per (window, tile); a non-zero return cancels. */
     progress_log log = {0};
     h3_video_decode_opts opt;
     h3_video_decode_opts_default(&opt);
     opt.progress = on_progress, opt.user = &log;
     uint8_t *rgb = malloc((size_t)F * Hp * Wp * 3);
     CHECK(h3_video_decode(c3, lat, C_, T, H, W, &opt, rgb, NULL) == 0);
-    CHECK_MSG(log.calls == 24 && log.last_done == 24 && log.last_total == 24, "%d progress calls", log.calls);
+    CHECK_MSG(log.calls == 25 && log.last_done == 24 && log.last_total == 24, "%d progress calls", log.calls);
     log = (progress_log){.cancel_at = 5};
-    CHECK(h3_video_decode(c3, lat, C_, T, H, W, &opt, rgb, NULL) == -H3_E_CANCELLED && log.calls == 5);
+    CHECK(h3_video_decode(c3, lat, C_, T, H, W, &opt, rgb, NULL) == -H3_E_CANCELLED && log.calls == 6);
+    /* Without a hook in the options the context's hook reports. */
+    log = (progress_log){0};
+    h3_set_progress(c3, on_progress, &log);
+    CHECK(h3_video_decode(c3, lat, C_, T, H, W, NULL, rgb, NULL) == 0 && log.calls == 25);
+    h3_set_progress(c3, NULL, NULL);
 
     /* Bad requests. */
     CHECK(h3_video_decode(c3, lat, C_ + 1, T, H, W, NULL, rgb, NULL) == -H3_E_INVALID);

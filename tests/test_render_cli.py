@@ -1,0 +1,102 @@
+"""`h3ctl render`: outputs, shape rules, refusing to overwrite, unwritable outputs, Ctrl-C."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from h3ctl import media
+from tests.h3cli import assert_clean_error, run
+
+PROMPT = "a red circle moves right on a black background, a high beep"
+
+
+def test_render_writes_mp4_wav_and_frames(tiny_ckpt, tmp_path):
+    out, wav, frames = tmp_path / "a.mp4", tmp_path / "a.wav", tmp_path / "frames"
+    proc = run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "--size", "64x96", "--frames", "22", "--steps", "3",
+               "-o", out, "--wav", wav, "--frames-dir", frames, "--profile", "-q")
+    assert proc.returncode == 0, proc.stderr
+    info = media.probe_mp4(out)
+    assert "h264" in info["video"] and "64x96" in info["video"] and "yuv420p" in info["video"]
+    assert "aac" in info["audio"] and "32000 Hz" in info["audio"] and "stereo" in info["audio"]
+    assert len(media.read_mp4_frames(out)) == 22
+    pcm, sr = media.read_wav(wav)
+    assert sr == 32000 and pcm.shape == (2, 37 * 800)
+    assert len(list(frames.glob("frame-*.png"))) == 22
+    for phase in ("encode prompt", "denoise", "decode audio", "decode video", "write outputs", "peak memory"):
+        assert phase in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4", "a.wav", "frames"]
+
+
+def test_skip_mp4_with_empty_output(tiny_ckpt, tmp_path):
+    proc = run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "--size", "64x64", "--steps", "3", "-o", "",
+               "--wav", tmp_path / "only.wav", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["only.wav"]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--width", "100", "--height", "64"], ["multiples of 32"]),
+    (["--size", "0x64"], ["multiples of 32"]),
+    (["--size", "64"], ["--size must look like"]),
+    (["--frames", "363"], ["exceed this model's limit of 362"]),
+    (["--seconds", "16"], ["exceed this model's limit"]),
+    (["--frames", "22", "--seconds", "1"], ["not allowed with argument"]),
+    (["--steps", "1"], ["steps must be between 2 and 1000"]),
+    (["--threads", "-1"], ["--threads"]),
+    (["--seconds", "-2"], ["seconds must be a positive number"]),
+    (["--size", "1536x1536"], ["more than this model's limit"]),
+])
+def test_bad_render_requests(tiny_ckpt, tmp_path, args, needles):
+    out = tmp_path / "x.mp4"
+    proc = run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "-o", out, "-q", *args)
+    assert_clean_error(proc, *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_is_not_overwritten(tiny_ckpt, tmp_path):
+    out = tmp_path / "keep.mp4"
+    out.write_bytes(b"precious")
+    assert_clean_error(run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "-o", out, "-q"), "already exists",
+                       "--overwrite")
+    assert out.read_bytes() == b"precious"
+    proc = run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "--size", "64x64", "--steps", "3", "-o", out, "-q",
+               "--overwrite")
+    assert proc.returncode == 0 and out.read_bytes()[4:8] == b"ftyp"
+
+
+def test_unwritable_and_bad_paths(tiny_ckpt, tmp_path):
+    assert_clean_error(run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "-o", tmp_path / "no" / "x.mp4", "-q"),
+                       "output folder does not exist")
+    assert_clean_error(run("render", "-d", tmp_path / "missing", "-p", PROMPT, "-o", tmp_path / "x.mp4", "-q"),
+                       "no such directory")
+    assert_clean_error(run("render", "-d", tiny_ckpt.parent, "-p", "", "-o", tmp_path / "x.mp4", "-q"),
+                       "the prompt is empty")
+    (tmp_path / "f").write_text("x")
+    assert_clean_error(run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "-o", "", "--frames-dir", tmp_path / "f",
+                           "-q"), "not a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_ctrl_c_stops_cleanly(tmp_path):
+    """SIGINT during denoising: exit 130, one line, no output and no temporary file left."""
+    from tests.fixtures import make_checkpoint
+
+    part = make_checkpoint(tmp_path / "m", "wide", seed=2)
+    out = tmp_path / "o"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "h3ctl", "render", "-d", str(part.parent), "-p", PROMPT,
+                             "--size", "256x256", "--frames", "56", "--steps", "400", "-o", str(out / "x.mp4"),
+                             "--wav", str(out / "x.wav"), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(4.0)
+    assert proc.poll() is None, "the render finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip() == "h3ctl: interrupted"
+    assert list(out.iterdir()) == []

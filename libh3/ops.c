@@ -197,7 +197,9 @@ int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const float *Kx, int64
     attn_job j = {.k = K(), .p = p, .Q = Q, .Kx = Kx, .V = V, .ldq = ldq, .ldk = ldk, .ldv = ldv, .ldo = ldo,
                   .Lq = Lq, .Lk = Lk, .qblocks = (Lq + ABR_ - 1) / ABR_, .kblocks = (Lk + ABC_ - 1) / ABC_,
                   .heads = heads, .kv_heads = kv_heads, .D = D, .scale = scale, .causal = causal, .O = O};
-    j.kstride = (Lk + AMR_ - 1) / AMR_ * AMR_ * D;
+    /* K panels are read by broadcasts (any alignment); the V panels after them are read as
+       aligned vectors, so every head's share stays a multiple of 64 bytes. */
+    j.kstride = ((Lk + AMR_ - 1) / AMR_ * AMR_ * D + 15) / 16 * 16;
     j.vstride = Lk * dpad;
     const size_t head_bytes = sizeof(float) * (size_t)(j.kstride + j.vstride);
     int gmax = (int)(g_attn_pack_bytes / head_bytes);

@@ -395,11 +395,9 @@ static void test_model(const char *dir)
 }
 
 /* h3_attention packs K/V for a group of heads at a time: one head per group gives the same bits. */
-static void test_attention_head_groups(void)
+static void attention_groups(int64_t L, int64_t Lq, int H, int KVH, int D)
 {
     h3_pool *p = h3_pool_create(2);
-    const int64_t L = 150, Lq = 70;
-    const int H = 6, KVH = 3, D = 24;
     float *Q = malloc(sizeof(float) * Lq * H * D), *Kx = malloc(sizeof(float) * L * KVH * D);
     float *V = malloc(sizeof(float) * L * KVH * D), *O1 = malloc(sizeof(float) * Lq * H * D);
     float *O2 = malloc(sizeof(float) * Lq * H * D);
@@ -412,9 +410,47 @@ static void test_attention_head_groups(void)
         CHECK(h3_attention(p, Q, H * D, Kx, KVH * D, V, KVH * D, Lq, L, H, KVH, D, 0.2f, causal, O2, H * D) == 0);
         CHECK(memcmp(O1, O2, sizeof(float) * Lq * H * D) == 0);
     }
+    /* against a double-precision reference (causal, the last result) */
+    double num = 0, den = 0;
+    double *sc = malloc(sizeof(double) * (size_t)L);
+    for (int h = 0; h < H; h++) {
+        const int kvh = h / (H / KVH);
+        for (int64_t i = 0; i < Lq; i++) {
+            const int64_t lim = i + (L - Lq) + 1 < L ? i + (L - Lq) + 1 : L;
+            double mx = -1e300, sum = 0;
+            for (int64_t j = 0; j < lim; j++) {
+                double dd = 0;
+                for (int c = 0; c < D; c++) dd += (double)Q[(i * H + h) * D + c] * Kx[(j * KVH + kvh) * D + c];
+                sc[j] = dd * 0.2;
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int64_t j = 0; j < lim; j++) sum += (sc[j] = exp(sc[j] - mx));
+            for (int c = 0; c < D; c++) {
+                double o = 0;
+                for (int64_t j = 0; j < lim; j++) o += sc[j] * V[(j * KVH + kvh) * D + c];
+                o /= sum;
+                double dlt = O2[(i * H + h) * D + c] - o;
+                num += dlt * dlt;
+                den += o * o;
+            }
+        }
+    }
+    CHECK_MSG(sqrt(num / den) < 2e-6, "attention L=%lld Lq=%lld H=%d/%d D=%d rel-L2 %g", (long long)L, (long long)Lq, H,
+              KVH, D, sqrt(num / den));
+    free(sc);
     h3_attention_pack_budget(0);
     free(Q), free(Kx), free(V), free(O1), free(O2);
     h3_pool_destroy(p);
+}
+
+static void test_attention_head_groups(void)
+{
+    attention_groups(150, 70, 6, 3, 24);
+    /* head dims that are not multiples of 8, single rows, blocks of one key */
+    attention_groups(1, 1, 5, 5, 14);
+    attention_groups(61, 61, 2, 1, 9);
+    attention_groups(130, 7, 3, 3, 30);
+    attention_groups(7, 7, 4, 2, 1);
 }
 
 int main(void)

@@ -73,7 +73,26 @@ typedef struct {
     const float *bias;
     float *Y;
     int64_t ldy;
+    float *Bs;            /* W packed once for every task, or NULL */
+    int64_t Npad, kblocks;
 } lin_job;
+
+/* W packed once when several row tasks share a column tile and the packed copy is small: each
+   task would otherwise re-pack (and convert) the same weights. */
+#define LIN_SHARE_BYTES ((size_t)32 << 20)
+
+static void lin_pack_task(void *a, int64_t b, int64_t e, int thread)
+{
+    lin_job *j = a;
+    (void)thread;
+    const int64_t K = j->W->cols;
+    for (int64_t t = b; t < e; t++) {
+        int64_t kb = t / j->nt, tj = t % j->nt;
+        int64_t k0 = kb * KC_, n0 = tj * NT, n1 = n0 + NT < j->N ? n0 + NT : j->N;
+        int kc = K - k0 < KC_ ? (int)(K - k0) : KC_;
+        j->k->linear_pack_b(j->W, n0, n1, k0, kc, j->Bs + k0 * j->Npad + n0 * kc);
+    }
+}
 
 static void lin_task(void *a, int64_t b, int64_t e, int thread)
 {
@@ -82,7 +101,7 @@ static void lin_task(void *a, int64_t b, int64_t e, int thread)
         int64_t ti = t / j->nt, tj = t % j->nt;
         int64_t m0 = ti * j->rows_per_task, m1 = m0 + j->rows_per_task < j->M ? m0 + j->rows_per_task : j->M;
         int64_t n0 = tj * NT, n1 = n0 + NT < j->N ? n0 + NT : j->N;
-        j->k->linear_tile(j->p, thread, j->X, j->ldx, j->W, j->bias, j->Y, j->ldy, m0, m1, n0, n1);
+        j->k->linear_tile(j->p, thread, j->X, j->ldx, j->W, j->bias, j->Y, j->ldy, m0, m1, n0, n1, j->Bs, j->Npad);
     }
 }
 
@@ -104,7 +123,7 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
               float *Y, int64_t ldy)
 {
     if (M <= 0 || W->rows <= 0) return 0;
-    lin_job j = {K(), p, X, ldx, M, W->rows, 0, 0, 0, W, bias, Y, ldy};
+    lin_job j = {K(), p, X, ldx, M, W->rows, 0, 0, 0, W, bias, Y, ldy, NULL, 0, 0};
     if (M <= SMALL_M) {
         /* A few rows: streaming dot products beat packing the whole weight matrix. */
         h3_parallel_for(p, W->rows, 64, lin_rows_task, &j);
@@ -126,6 +145,14 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
     if (rows < 48) rows = 48 < M ? 48 : M;
     j.rows_per_task = rows;
     j.mt = (M + rows - 1) / rows;
+    const int64_t Kd = W->cols;
+    j.Npad = (W->rows + 15) / 16 * 16;
+    j.kblocks = (Kd + KC_ - 1) / KC_;
+    if (j.mt > 1 && Kd > 0 && sizeof(float) * (size_t)j.Npad * (size_t)Kd <= LIN_SHARE_BYTES) {
+        j.Bs = h3_pool_scratch(p, 0, 3, sizeof(float) * (size_t)j.Npad * (size_t)Kd);
+        if (!j.Bs) return -H3_E_NOMEM;
+        h3_parallel_for(p, j.kblocks * j.nt, 1, lin_pack_task, &j);
+    }
     h3_parallel_for(p, j.mt * j.nt, 1, lin_task, &j);
     return 0;
 }

@@ -29,7 +29,8 @@ typedef void (*h3_task_fn)(void *arg, int64_t begin, int64_t end, int thread);
 H3_INTERNAL void h3_parallel_for(h3_pool *p, int64_t n, int64_t grain, h3_task_fn fn, void *arg);
 
 /* Per-thread scratch of at least `bytes` (64-byte aligned), valid until the next call for the
-   same thread and slot. NULL on allocation failure. */
+   same thread and slot. NULL on allocation failure. Slots: 0, 1 GEMM tiles, 2 attention, 3 of
+   thread 0: the weight matrix h3_linear packs once and shares with all its tasks. */
 H3_INTERNAL void *h3_pool_scratch(h3_pool *p, int thread, int slot, size_t bytes);
 #define H3_SCRATCH_SLOTS 4
 
@@ -105,9 +106,13 @@ H3_INTERNAL const char *h3_kernels_variant(void);
 typedef struct h3_kernels {
     const char *name;
     /* One output tile: rows [m0, m1) x cols [n0, n1) of Y = X W^T (+bias), for all of K. */
+    /* With Bs, W comes pre-packed for all tasks (layout [K block][panel][kc][16], Npad columns);
+       otherwise the tile packs its own columns of W. */
     void (*linear_tile)(h3_pool *p, int thread, const float *X, int64_t ldx, const h3_mat *W,
                         const float *bias, float *Y, int64_t ldy, int64_t m0, int64_t m1, int64_t n0,
-                        int64_t n1);
+                        int64_t n1, const float *Bs, int64_t Npad);
+    /* Columns [n0, n1) of W for K block [k0, k0+kc) as [panel][kc][16] at dst. */
+    void (*linear_pack_b)(const h3_mat *W, int64_t n0, int64_t n1, int64_t k0, int kc, float *dst);
     /* Rows [m0, m1) of Y for small M: dot products, no packing. */
     void (*linear_rows)(const float *X, int64_t ldx, const h3_mat *W, const float *bias, float *Y,
                         int64_t ldy, int64_t m0, int64_t m1, int64_t n0, int64_t n1);

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-torch = pytest.importorskip("torch")
-pytest.importorskip("diffusers")
+import torch  # noqa: E402  (test extra)
+import diffusers  # noqa: E402,F401
 
 from h3ctl._lib import H3Error  # noqa: E402
 from h3ctl.context import Context  # noqa: E402

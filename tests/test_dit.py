@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("diffusers")
+import torch  # noqa: E402  (test extra)
+import diffusers  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

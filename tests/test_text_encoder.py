@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402  (test extra)
+import transformers  # noqa: E402
 
 from h3ctl import text  # noqa: E402
 from h3ctl._lib import H3Error  # noqa: E402

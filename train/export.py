@@ -1,0 +1,145 @@
+"""Export h3-tiny to the official MiniMaxAI/MiniMax-H3 layout (``python/h3ctl/models/h3-tiny/``).
+
+Two steps, because the device can only send back a few small files:
+
+1. ``--transport DIT_RUN OUT`` (on the device, after training): the EMA transformer and text encoder in their
+   *official* dtypes (BF16, except the F32 islands of the DiT: patch projections, time embedder, output heads), as
+   diffusers state dicts split into files <= 15 MiB: ``ema-transformer[-k].safetensors``,
+   ``ema-text_encoder.safetensors``. Nothing is lost: the export rounds to the same dtypes.
+2. ``python -m train.export --weights DIR --vae-run VAE_RUN --meta DIR --out python/h3ctl/models/h3-tiny``: builds
+   the four diffusers/transformers modules from ``train/models.py``, loads the weights (VAEs F32 from stage 1, with
+   ``latents_mean``/``latents_std`` from ``latent_stats.json``), and writes them with the test fixtures' writer
+   ``tests.fixtures.write_official(models, out, dtype="official")`` -> ``out/FL2VA/...`` + ``out/tokenizer/``.
+   Also writes ``out/h3tiny.json`` (parameter counts, sizes, training facts gathered from the run metadata).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+DIT_F32_DIFFUSERS = ("proj_in.", "audio_proj_in.", "time_embedder.", "proj_out.", "audio_proj_out.")
+
+
+H3CTL_BLOCK = {"default_width": 128, "default_height": 128, "default_frames": 22,
+               "max_pixels": 256 * 256, "max_frames": 90}
+
+
+def official_dtype_dit(name: str) -> torch.dtype:
+    return torch.float32 if name.startswith(DIT_F32_DIFFUSERS) else torch.bfloat16
+
+
+def transport(dit_run: Path, out: Path, split_bytes: int = 15 * 2**20) -> list[Path]:
+    from safetensors.torch import save_file
+
+    from train.common import load_weights
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for mod, dtype_of in (("transformer", official_dtype_dit), ("text_encoder", lambda n: torch.bfloat16)):
+        sd = load_weights(dit_run, "dit", mod + "_ema")
+        if sd is None:
+            raise FileNotFoundError(f"{dit_run}: no dit-{mod}_ema weights")
+        sd = {k: v.to(dtype_of(k)).contiguous() for k, v in sd.items()}
+        parts, cur, nb = [], {}, 0
+        for k in sorted(sd):
+            b = sd[k].numel() * sd[k].element_size()
+            if cur and nb + b > split_bytes:
+                parts.append(cur)
+                cur, nb = {}, 0
+            cur[k] = sd[k]
+            nb += b
+        parts.append(cur)
+        for i, p in enumerate(parts):
+            path = out / (f"ema-{mod}.safetensors" if len(parts) == 1 else f"ema-{mod}-{i}.safetensors")
+            save_file(p, str(path))
+            written.append(path)
+    print("transport:", ", ".join(f"{p.name} {p.stat().st_size / 2**20:.1f} MiB" for p in written))
+    return written
+
+
+def build_trained(weights: Path, vae_run: Path, meta: Path) -> dict:
+    """The four trained modules (float32) + tokenizer_json, ready for `write_official`."""
+    from train.common import load_weights
+    from train.models import build_audio_vae, build_text_encoder, build_transformer, build_video_vae
+
+    tok_json = (meta / "tokenizer.json").read_text()
+    stats = json.loads((meta / "latent_stats.json").read_text())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        dit, te = build_transformer(), build_text_encoder(tok_json)
+        vv = build_video_vae(latents_mean=stats["video_mean"], latents_std=stats["video_std"])
+        av = build_audio_vae(latents_mean=stats["audio_mean"], latents_std=stats["audio_std"])
+    f32 = lambda sd: {k: v.float() for k, v in sd.items()}  # noqa: E731
+    dit.load_state_dict(f32(load_weights(weights, "ema", "transformer")))
+    te.load_state_dict(f32(load_weights(weights, "ema", "text_encoder")))
+    vv.load_state_dict(load_weights(vae_run, "video_vae", "model"))
+    av.load_state_dict(load_weights(vae_run, "audio_vae", "model"))
+    models = {"transformer": dit, "text_encoder": te, "video_vae": vv, "audio_vae": av, "tokenizer_json": tok_json}
+    for k, m in models.items():
+        if k != "tokenizer_json":
+            m.eval().requires_grad_(False)
+    return models
+
+
+def export(weights: Path, vae_run: Path, meta: Path, out: Path) -> Path:
+    from tests.fixtures import write_official
+    from train.models import exported_bytes, param_count
+
+    models = build_trained(weights, vae_run, meta)
+    if out.exists():
+        shutil.rmtree(out / "FL2VA", ignore_errors=True)
+        shutil.rmtree(out / "tokenizer", ignore_errors=True)
+    pdir = write_official(models, out, dtype="official")
+    # h3ctl's per-model defaults and limits (model_index.json "h3ctl" block): h3-tiny was trained at
+    # 128x128, 22 frames; larger canvases run but leave the training distribution.
+    index_path = pdir / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index["h3ctl"] = H3CTL_BLOCK
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+    sizes = exported_bytes(models)
+    facts = {
+        "params": {k: param_count(models[k]) for k in ("transformer", "text_encoder", "video_vae", "audio_vae")},
+        "bytes": sizes,
+        "total_bytes": sum(sizes.values()),
+    }
+    for name in ("dit-meta.json", "video_vae-meta.json", "audio_vae-meta.json"):
+        for base in (meta, vae_run):
+            p = base / name
+            if p.exists():
+                m = json.loads(p.read_text())
+                m.pop("args", None)
+                facts[name.replace("-meta.json", "")] = m
+                break
+    (out / "h3tiny.json").write_text(json.dumps(facts, indent=1, default=float) + "\n")
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"exported to {pdir} ({total / 1e6:.2f} MB on disk)")
+    return pdir
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--transport", nargs=2, metavar=("DIT_RUN", "OUT"))
+    ap.add_argument("--weights", help="dir with ema-transformer*.safetensors / ema-text_encoder.safetensors")
+    ap.add_argument("--vae-run", default="train/runs/vae")
+    ap.add_argument("--meta", help="dir with tokenizer.json, latent_stats.json (and dit-meta.json)")
+    ap.add_argument("--out", default="python/h3ctl/models/h3-tiny")
+    args = ap.parse_args(argv)
+    if args.transport:
+        transport(Path(args.transport[0]), Path(args.transport[1]))
+        return 0
+    export(Path(args.weights), Path(args.vae_run), Path(args.meta or args.weights), Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

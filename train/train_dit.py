@@ -1,0 +1,309 @@
+"""Stage 2: train the h3-tiny text encoder (Qwen3-VL, from scratch) and DiT jointly with the H3 flow-matching objective.
+
+Objective, exactly as inference uses the model (diffusers ``MiniMaxH3Scheduler`` / ``denoise.py``):
+
+* ``x_sigma = (1 - sigma) * x0 + sigma * eps``; the network predicts the data-ward velocity ``v = x0 - eps``; it is
+  conditioned on ``t = 1 - sigma`` per modality (video rows and text rows read the video t, audio rows the audio t);
+* sigma distributions follow the serving schedules: a base ``u ~ U(0, 1)`` is pushed through the video shift 12 and the
+  audio shift 3 (``s u / (1 + (s - 1) u)``); with probability ``--p-coupled`` both modalities share ``u`` (inference
+  walks both schedules on one base grid), otherwise they are drawn independently; with probability ``--p-unshifted``
+  the base value is used unshifted (coverage of low sigma, where the last sampling steps land);
+* loss = MSE(video velocity) + MSE(audio velocity), per-element means;
+* the packed sequence comes from diffusers' ``build_packed_sequence`` / ``build_row_timesteps`` / patchify
+  (``train/dit_core.py``), text = ``hidden_states[cond_layer]`` of the Qwen3-VL language model on
+  ``tokenizer(prompt, add_special_tokens=False)`` (no chat template), captions mixed 50/50 one-line / Context-IR.
+
+Data: ``--clips`` training-split clips (``world.dataset_item(i, --data-seed, "train")``) rendered and encoded once per
+run with the stage-1 VAEs, normalised with ``latent_stats.json``; cached in the run directory. Batches are drawn from
+one caption-length bucket at a time (the packed layout depends on the text length; diffusers' forward shares one
+layout per batch). EMA weights are kept and are what gets exported. Resumable and time-budgeted.
+
+    python -m train.train_dit --run train/runs/dit --vae-run train/runs/vae --clips 32000 --minutes 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from train import data, dit_core  # noqa: E402
+from train import tokenizer as tk  # noqa: E402
+from train.common import Budget, Logger, device_of, load_state, lr_at, save_state, seed_all  # noqa: E402
+from train.models import (  # noqa: E402
+    AUDIO_SHIFT,
+    COND_LAYER,
+    VIDEO_SHIFT,
+    build_text_encoder,
+    build_transformer,
+    init_dit_,
+)
+
+NAME = "dit"
+
+
+def shift_sigma(u: torch.Tensor, s: float) -> torch.Tensor:
+    return s * u / (1 + (s - 1) * u)
+
+
+def sample_sigmas(b: int, device, gen, p_coupled: float, p_unshifted: float):
+    u_v = torch.rand(b, device=device, generator=gen)
+    u_a = torch.where(torch.rand(b, device=device, generator=gen) < p_coupled, u_v,
+                      torch.rand(b, device=device, generator=gen))
+    raw = torch.rand(b, device=device, generator=gen) < p_unshifted
+    s_v = torch.where(raw, u_v, shift_sigma(u_v, VIDEO_SHIFT))
+    s_a = torch.where(raw, u_a, shift_sigma(u_a, AUDIO_SHIFT))
+    return s_v, s_a
+
+
+def _render_one(args):
+    i, seed = args
+    from train import world
+    from train.models import FRAMES, HEIGHT, WIDTH
+
+    spec, clip = world.dataset_item(i, seed, "train", WIDTH, HEIGHT, FRAMES)
+    return i, clip.frames, clip.audio, world.caption_line(spec), world.caption_ir(spec)
+
+
+def build_latents(n: int, seed: int, vv, av, stats: dict, device, workers=None, log=print, batch: int = 64):
+    """Render + encode n training clips (rendering overlapped with encoding). Normalised latents on CPU."""
+    workers = workers or max(1, (os.cpu_count() or 2) - 1)
+    vmean = torch.tensor(stats["video_mean"]).view(1, -1, 1, 1, 1)
+    vstd = torch.tensor(stats["video_std"]).view(1, -1, 1, 1, 1)
+    amean = torch.tensor(stats["audio_mean"]).view(1, 1, -1, 1)
+    astd = torch.tensor(stats["audio_std"]).view(1, 1, -1, 1)
+    video, audio, line, ir = [None] * n, [None] * n, [None] * n, [None] * n
+    t0 = time.time()
+    pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
+    it = pool.imap(_render_one, [(i, seed) for i in range(n)], chunksize=8) if pool else map(
+        _render_one, [(i, seed) for i in range(n)])
+    buf = []
+    autocast = torch.device(device).type == "cuda"
+
+    def flush():
+        idx = [b[0] for b in buf]
+        zv = data.encode_video(vv, np.stack([b[1] for b in buf]), batch=len(buf), device=device, autocast=autocast)
+        za = data.encode_audio(av, np.stack([b[2] for b in buf]), batch=len(buf), device=device)
+        zv = ((zv - vmean) / vstd).to(torch.bfloat16)
+        za = ((za - amean) / astd).to(torch.bfloat16)
+        for k, i in enumerate(idx):
+            video[i], audio[i] = zv[k], za[k]
+        buf.clear()
+
+    for i, fr, au, ln, irc in it:
+        buf.append((i, fr, au))
+        line[i], ir[i] = ln, irc
+        if len(buf) == batch:
+            flush()
+        if (i + 1) % 4096 == 0:
+            log(f"  encoded {i + 1}/{n} clips, {time.time() - t0:.0f}s")
+    if buf:
+        flush()
+    if pool:
+        pool.close()
+        pool.join()
+    log(f"rendered + encoded {n} clips in {time.time() - t0:.0f}s")
+    return torch.stack(video), torch.stack(audio), line, ir
+
+
+class Buckets:
+    """(item, caption form) pairs grouped by token length; a batch comes from one length."""
+
+    def __init__(self, ids_line: list, ids_ir: list, device, p_ir: float = 0.5):
+        self.groups = {}
+        pairs = [(i, 0, ids) for i, ids in enumerate(ids_line)] + [(i, 1, ids) for i, ids in enumerate(ids_ir)]
+        by_len: dict[int, list] = {}
+        for i, form, ids in pairs:
+            by_len.setdefault(len(ids), []).append((i, form, ids))
+        self.lengths = sorted(by_len)
+        self.weights = []
+        for L in self.lengths:
+            items = by_len[L]
+            n_line = sum(1 for _, f, _ in items if f == 0)
+            n_ir = len(items) - n_line
+            self.groups[L] = (torch.tensor([i for i, _, _ in items], device=device),
+                              torch.tensor([ids for _, _, ids in items], device=device, dtype=torch.long))
+            # sample a bucket with probability proportional to its pairs, forms weighted to p_ir overall
+            self.weights.append(n_line * (1 - p_ir) / max(1, len(ids_line)) + n_ir * p_ir / max(1, len(ids_ir)))
+        self.weights = np.asarray(self.weights) / np.sum(self.weights)
+
+    def sample(self, rng: np.random.Generator, batch: int, gen):
+        L = int(self.lengths[rng.choice(len(self.lengths), p=self.weights)])
+        items, ids = self.groups[L]
+        pick = torch.randint(0, len(items), (batch,), device=items.device, generator=gen)
+        return L, items[pick], ids[pick]
+
+
+@torch.no_grad()
+def ema_update(ema, model, decay: float):
+    for pe, pm in zip(ema.parameters(), model.parameters()):
+        pe.lerp_(pm.detach(), 1 - decay)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run", default="train/runs/dit")
+    ap.add_argument("--vae-run", default="train/runs/vae")
+    ap.add_argument("--minutes", type=float, default=7.0)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--clips", type=int, default=32000)
+    ap.add_argument("--data-seed", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--te-lr-mult", type=float, default=1.0)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--ema", type=float, default=0.999)
+    ap.add_argument("--p-ir", type=float, default=0.5)
+    ap.add_argument("--p-coupled", type=float, default=0.75)
+    ap.add_argument("--p-unshifted", type=float, default=0.3)
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--save-every", type=float, default=120.0)
+    ap.add_argument("--init-from", default=None, help="dir with ema-transformer*/ema-text_encoder safetensors "
+                    "(train.export --transport) to start from when the run dir has no checkpoint")
+    ap.add_argument("--no-cache", action="store_true", help="do not keep the encoded latents in the run dir")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="absolute wall-clock time (epoch seconds) at which to stop and save, whatever the budget")
+    args = ap.parse_args(argv)
+
+    run = Path(args.run)
+    run.mkdir(parents=True, exist_ok=True)
+    log = Logger(run / f"{NAME}.log")
+    dev = device_of(args.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    seed_all(args.seed)
+
+    # Tokenizer (deterministic; kept in the run dir) and latent statistics from stage 1.
+    tok_path = run / "tokenizer.json"
+    if not tok_path.exists():
+        tok_path.write_text(tk.build_tokenizer_json())
+    tok_json = tok_path.read_text()
+    tokenizer = tk.load(tok_json)
+    vae_run = Path(args.vae_run)
+    stats = json.loads((vae_run / "latent_stats.json").read_text())
+    (run / "latent_stats.json").write_text(json.dumps(stats, indent=1))
+
+    # Models.
+    torch.manual_seed(args.seed)
+    te = build_text_encoder(tok_json)
+    dit = build_transformer()
+    init_dit_(dit)
+    te.to(dev).train()
+    dit.to(dev).train()
+    te_ema, dit_ema = copy.deepcopy(te).eval().requires_grad_(False), copy.deepcopy(dit).eval().requires_grad_(False)
+    te_params = [p for p in te.parameters() if p.requires_grad]
+    groups = [{"params": list(dit.parameters()), "lr_mult": 1.0},
+              {"params": te_params, "lr_mult": args.te_lr_mult}]
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99), weight_decay=args.weight_decay,
+                            fused=cuda)
+    mods = {"transformer": dit, "text_encoder": te, "transformer_ema": dit_ema, "text_encoder_ema": te_ema}
+    meta = load_state(run, NAME, mods, opt)
+    if meta is None and args.init_from:
+        # warm restart from transported EMA weights (official dtypes): weights only, fresh optimizer / schedule
+        from train.common import load_weights
+
+        for mod_name, targets in (("transformer", (dit, dit_ema)), ("text_encoder", (te, te_ema))):
+            sd = {k: v.float() for k, v in load_weights(Path(args.init_from), "ema", mod_name).items()}
+            for t in targets:
+                t.load_state_dict(sd)
+        log(f"[{NAME}] initialised from {args.init_from}")
+    meta = meta or {"step": 0, "elapsed": 0.0}
+    n_dit = sum(p.numel() for p in dit.parameters())
+    n_te = sum(p.numel() for p in te.parameters())
+    log(f"[{NAME}] device {dev} DiT {n_dit:,} params, text encoder {n_te:,}; resume step {meta['step']}")
+
+    # Data: rendered + encoded once per run (cached).
+    cache = run / f"latents-{args.clips}-{args.data_seed}.pt"
+    if cache.exists():
+        zv, za, lines, irs = torch.load(cache, weights_only=False)
+        log(f"loaded cached latents {cache}")
+    else:
+        from train.latent_stats import load_vaes
+
+        vv, av = load_vaes(vae_run, dev)
+        zv, za, lines, irs = build_latents(args.clips, args.data_seed, vv, av, stats, dev, args.workers, log)
+        del vv, av
+        if not args.no_cache:
+            torch.save((zv, za, lines, irs), cache)
+    log(f"latents video {tuple(zv.shape)} std {float(zv.float().std()):.3f}, audio {tuple(za.shape)} "
+        f"std {float(za.float().std()):.3f}")
+    zv, za = zv.to(dev), za.to(dev)
+    ids_line = [e.ids for e in tokenizer.encode_batch(lines, add_special_tokens=False)]
+    ids_ir = [e.ids for e in tokenizer.encode_batch(irs, add_special_tokens=False)]
+    buckets = Buckets(ids_line, ids_ir, dev, args.p_ir)
+    log(f"caption lengths {buckets.lengths[0]}..{buckets.lengths[-1]} in {len(buckets.lengths)} buckets")
+    layouts = dit_core.LayoutCache(dev)
+
+    rng = np.random.default_rng(args.seed + 7919 * meta["step"])
+    gen = torch.Generator(device=dev).manual_seed(args.seed + meta["step"])
+    budget = Budget(args.minutes * 60, args.max_steps, meta["elapsed"], meta["step"],
+                    deadline=args.deadline)
+    last_save, t_log, agg = time.time(), time.time(), []
+    B = args.batch
+    while not budget.done():
+        L, items, ids = buckets.sample(rng, B, gen)
+        lay = layouts[L]
+        x0_v = dit_core.patchify(zv[items].float())             # [B, 112, 96]
+        x0_a = dit_core.audio_to_rows(za[items].float())        # [B, 74, 32]
+        s_v, s_a = sample_sigmas(B, dev, gen, args.p_coupled, args.p_unshifted)
+        e_v = torch.randn(x0_v.shape, device=dev, generator=gen)
+        e_a = torch.randn(x0_a.shape, device=dev, generator=gen)
+        xs_v = (1 - s_v)[:, None, None] * x0_v + s_v[:, None, None] * e_v
+        xs_a = (1 - s_a)[:, None, None] * x0_a + s_a[:, None, None] * e_a
+        lr = lr_at(args.lr, budget.fraction, budget.step, warmup=300)
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_mult"]
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            text = dit_core.encode_text(te, ids, COND_LAYER)
+            pv, pa = dit_core.batched_forward(dit, xs_v, xs_a, text, 1 - s_v, 1 - s_a, lay)
+        err_v = (pv.float() - (x0_v - e_v)).pow(2).mean(dim=(1, 2))
+        err_a = (pa.float() - (x0_a - e_a)).pow(2).mean(dim=(1, 2))
+        loss = err_v.mean() + err_a.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+        opt.step()
+        budget.step += 1
+        decay = min(args.ema, (1 + budget.step) / (10 + budget.step))
+        ema_update(dit_ema, dit, decay)
+        ema_update(te_ema, te, decay)
+        low = (s_v < 0.6).float()
+        agg.append(torch.stack([loss.detach(), err_v.mean().detach(), err_a.mean().detach(),
+                                (err_v * low).sum().detach(), low.sum(), gn.detach().float()]))
+        if budget.step % 100 == 0 or budget.step == 1:
+            a = torch.stack(agg).float()
+            agg = []
+            m = a.mean(0).tolist()
+            low_v = float(a[:, 3].sum() / a[:, 4].sum().clamp_min(1))
+            log(f"[{NAME}] step {budget.step} t {budget.elapsed:.0f}s lr {lr:.2e} loss {m[0]:.4f} video {m[1]:.4f} "
+                f"(sigma<0.6: {low_v:.4f}) audio {m[2]:.4f} gnorm {m[5]:.2f} "
+                f"{(time.time() - t_log) / max(1, len(a)):.3f}s/step")
+            t_log = time.time()
+        if time.time() - last_save > args.save_every:
+            save_state(run, NAME, mods, opt, {"step": budget.step, "elapsed": budget.elapsed})
+            last_save = time.time()
+    meta = {"step": budget.step, "elapsed": budget.elapsed, "args": vars(args), "dit_params": n_dit,
+            "text_encoder_params": n_te, "samples_seen": budget.step * B}
+    save_state(run, NAME, mods, opt, meta)
+    log(f"[{NAME}] done: {budget.step} steps, {budget.elapsed:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,9 @@
 #include <string.h>
 #include <time.h>
 
+/* The per-head q/k staging in qkv_task lives on the stack. */
+#define DIT_MAX_HEAD_DIM 1024
+
 typedef struct {
     float *norm1, *norm2, *qn, *kn; /* widened to f32 at open */
     h3_mat qkv, out, fc1, fc2;      /* mapped, read in place */
@@ -64,6 +67,8 @@ struct h3_dit {
     dit_plan plan;
     bool has_plan;
     float *tab_blk, *tab_fin;
+    float *tvals;   /* [steps][H3_ROLES] timestep of every role at every step */
+    bool per_step;  /* H3_DIT_PRECOMPUTE=0: modulation computed at each step (the slow path) */
     uint64_t table_bytes;
     h3_dit_stats stats;
 };
@@ -181,6 +186,12 @@ int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out)
     }
     d->st = &m->comp[H3_COMP_TRANSFORMER].store;
     const h3_dit_cfg *c = &d->c;
+    if (c->head_dim > DIT_MAX_HEAD_DIM) {
+        rc = h3_err(H3_E_UNSUPPORTED, "%s: attention_head_dim %d is larger than this engine supports (%d)",
+                    m->comp[H3_COMP_TRANSFORMER].config_path, c->head_dim, DIT_MAX_HEAD_DIM);
+        free(d);
+        return rc;
+    }
     d->A = c->heads * c->head_dim;
     d->P = c->video_ch * c->patch[1] * c->patch[2];
     d->F3 = 3 * c->rope_freq;
@@ -260,7 +271,8 @@ static void drop_schedule(h3_dit *d)
     plan_free(&d->plan);
     h3_free_aligned(d->tab_blk);
     h3_free_aligned(d->tab_fin);
-    d->tab_blk = d->tab_fin = NULL;
+    free(d->tvals);
+    d->tab_blk = d->tab_fin = d->tvals = NULL;
     d->table_bytes = 0;
     d->has_plan = false;
     d->n_steps = 0;
@@ -310,15 +322,13 @@ static void norm_task(void *a, int64_t b, int64_t e, int thread)
         int64_t r = j->rows ? j->rows[k] : k;
         const float *x = j->x + r * j->ldx;
         float *y = j->y + k * j->ldy;
-        double ss = 0;
-        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-        const float inv = (float)(1.0 / sqrt(ss / (double)n + j->eps));
+        const float inv = (float)(1.0 / sqrt(h3_sumsq(x, n) / (double)n + j->eps));
         if (j->row_mod) {
             const int32_t m = j->row_mod[r];
             const float *shift = j->tab + ((int64_t)m * j->stride + j->slot) * n, *scale = shift + n;
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * j->w[i] * scale[i] + shift[i];
+            h3_scale_mod(x, n, inv, j->w, scale, shift, y);
         } else {
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * j->w[i];
+            h3_scale_mod(x, n, inv, j->w, NULL, NULL, y);
         }
     }
 }
@@ -346,7 +356,7 @@ static void qkv_task(void *a, int64_t b, int64_t e, int thread)
     const h3_dit *d = j->d;
     const int D = d->c.head_dim, heads = d->c.heads, half = d->F3, A = d->A;
     const float eps = (float)d->c.qk_eps;
-    float tmp[2][1024];
+    float tmp[2][DIT_MAX_HEAD_DIM];
     for (int64_t r = b; r < e; r++) {
         const float *cs = j->cos ? j->cos + r * half : NULL, *sn = j->sin ? j->sin + r * half : NULL;
         for (int h = 0; h < heads; h++) {
@@ -355,18 +365,13 @@ static void qkv_task(void *a, int64_t b, int64_t e, int thread)
             const float *w[2] = {j->qn, j->kn};
             for (int s = 0; s < 2; s++) {
                 const float *x = src + s * D;
-                double ss = 0;
-                for (int i = 0; i < D; i++) ss += (double)x[i] * x[i];
-                const float inv = (float)(1.0 / sqrt(ss / (double)D + eps));
+                const float inv = (float)(1.0 / sqrt(h3_sumsq(x, D) / (double)D + eps));
                 float *t = cs ? tmp[s] : dst[s];
-                for (int i = 0; i < D; i++) t[i] = x[i] * inv * w[s][i];
+                h3_scale_mod(x, D, inv, w[s], NULL, NULL, t);
                 if (cs) {
                     float *o = dst[s];
-                    for (int i = 0; i < half; i++) {
-                        o[i] = t[i] * cs[i] + (-t[i + half]) * sn[i];
-                        o[i + half] = t[i + half] * cs[i] + t[i] * sn[i];
-                    }
-                    for (int i = 2 * half; i < D; i++) o[i] = t[i];
+                    h3_rope_half(t, cs, sn, half, o);
+                    memcpy(o + 2 * half, t + 2 * half, sizeof(float) * (size_t)(D - 2 * half));
                 }
             }
             memcpy(j->v + r * A + (int64_t)h * D, src + 2 * D, sizeof(float) * (size_t)D);
@@ -390,12 +395,8 @@ static void gate_task(void *a, int64_t b, int64_t e, int thread)
     for (int64_t r = b; r < e; r++) {
         float *x = j->x + r * j->n;
         const float *y = j->y + r * j->n;
-        if (j->tab) {
-            const float *g = j->tab + ((int64_t)j->row_mod[r] * 6 + j->slot) * j->n;
-            for (int64_t i = 0; i < j->n; i++) x[i] += g[i] * y[i];
-        } else {
-            for (int64_t i = 0; i < j->n; i++) x[i] += y[i];
-        }
+        const float *g = j->tab ? j->tab + ((int64_t)j->row_mod[r] * 6 + j->slot) * j->n : NULL;
+        h3_gated_add(x, g, y, j->n);
     }
 }
 
@@ -876,17 +877,22 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     if (!rc) rc = plan_build(&d->plan, l, row_t, H3_ROLES);
     free(row_t);
     const int evals = n[0] - 1;
-    float *tv = NULL;
+    /* H3_DIT_PRECOMPUTE=0 keeps diffusers' structure: the modulation of a step is computed from
+       the adaln_proj weights when the step runs, and nothing is released. */
+    const char *pre = getenv("H3_DIT_PRECOMPUTE");
+    d->per_step = pre && strcmp(pre, "0") == 0;
+    const int sets = d->per_step ? 1 : evals;
     if (!rc) {
         const int64_t H = c->hidden;
-        uint64_t blk_n = (uint64_t)evals * c->layers * d->plan.n_combo * 6 * H;
-        uint64_t fin_n = (uint64_t)evals * d->plan.n_fin * 2 * H;
+        uint64_t blk_n = (uint64_t)sets * c->layers * d->plan.n_combo * 6 * H;
+        uint64_t fin_n = (uint64_t)sets * d->plan.n_fin * 2 * H;
         d->tab_blk = h3_alloc_aligned(sizeof(float) * (size_t)(blk_n + 1));
         d->tab_fin = h3_alloc_aligned(sizeof(float) * (size_t)(fin_n + 1));
-        tv = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES);
-        if (!d->tab_blk || !d->tab_fin || !tv) rc = -H3_E_NOMEM;
+        d->tvals = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES);
+        if (!d->tab_blk || !d->tab_fin || !d->tvals) rc = -H3_E_NOMEM;
         d->table_bytes = (blk_n + fin_n) * sizeof(float);
     }
+    float *tv = d->tvals;
     for (int s = 0; !rc && s < evals; s++) {
         /* build_row_timesteps: conditioning video rows at max(t, 0.999), reference audio at 1. */
         const float t = d->ts[0][s];
@@ -895,9 +901,9 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
         tv[s * H3_ROLES + H3_ROLE_COND_VIDEO] = (float)((double)t > H3_KEYFRAME_NOISE_AUG ? (double)t : H3_KEYFRAME_NOISE_AUG);
         tv[s * H3_ROLES + H3_ROLE_COND_AUDIO] = 1.0f;
     }
+    if (d->per_step) release_adaln = false;
     if (!rc) rc = ensure_ada_bias(d);
-    if (!rc) rc = compute_tables(d, &d->plan, tv, evals, d->tab_blk, d->tab_fin, release_adaln);
-    free(tv);
+    if (!rc && !d->per_step) rc = compute_tables(d, &d->plan, tv, evals, d->tab_blk, d->tab_fin, release_adaln);
     if (rc) {
         drop_schedule(d);
         return rc;
@@ -925,9 +931,15 @@ int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
     const int64_t H = c->hidden;
-    const float *blk = d->tab_blk + (int64_t)i * c->layers * d->plan.n_combo * 6 * H;
-    const float *fin = d->tab_fin + (int64_t)i * d->plan.n_fin * 2 * H;
-    int rc = forward(d, &d->plan, blk, fin, video_rows, audio_rows, d->vo, d->ao);
+    const int set = d->per_step ? 0 : i;
+    const float *blk = d->tab_blk + (int64_t)set * c->layers * d->plan.n_combo * 6 * H;
+    const float *fin = d->tab_fin + (int64_t)set * d->plan.n_fin * 2 * H;
+    int rc = 0;
+    if (d->per_step) {
+        rc = ensure_ada_bias(d);
+        if (!rc) rc = compute_tables(d, &d->plan, d->tvals + (int64_t)i * H3_ROLES, 1, d->tab_blk, d->tab_fin, false);
+    }
+    if (!rc) rc = forward(d, &d->plan, blk, fin, video_rows, audio_rows, d->vo, d->ao);
     if (rc) return rc;
     /* Euler on the generated rows only; conditioning rows ride through unchanged. */
     const int64_t P = d->P, Ca = c->audio_ch;

@@ -43,6 +43,13 @@ uint16_t h3_f32_to_bf16(float f)
 float h3_silu(float x) { return x / (1.0f + expf(-x)); }
 
 void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n) { K()->silu_mul(gate, up, out, n); }
+double h3_sumsq(const float *x, int64_t n) { return K()->sumsq(x, n); }
+void h3_scale_mod(const float *x, int64_t n, float inv, const float *w, const float *scale, const float *shift, float *y)
+{
+    K()->scale_mod(x, n, inv, w, scale, shift, y);
+}
+void h3_gated_add(float *x, const float *g, const float *y, int64_t n) { K()->gated_add(x, g, y, n); }
+void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o) { K()->rope(t, c, s, half, o); }
 
 float h3_gelu_tanh(float x)
 {
@@ -66,7 +73,26 @@ typedef struct {
     const float *bias;
     float *Y;
     int64_t ldy;
+    float *Bs;            /* W packed once for every task, or NULL */
+    int64_t Npad, kblocks;
 } lin_job;
+
+/* W packed once when several row tasks share a column tile and the packed copy is small: each
+   task would otherwise re-pack (and convert) the same weights. */
+#define LIN_SHARE_BYTES ((size_t)32 << 20)
+
+static void lin_pack_task(void *a, int64_t b, int64_t e, int thread)
+{
+    lin_job *j = a;
+    (void)thread;
+    const int64_t K = j->W->cols;
+    for (int64_t t = b; t < e; t++) {
+        int64_t kb = t / j->nt, tj = t % j->nt;
+        int64_t k0 = kb * KC_, n0 = tj * NT, n1 = n0 + NT < j->N ? n0 + NT : j->N;
+        int kc = K - k0 < KC_ ? (int)(K - k0) : KC_;
+        j->k->linear_pack_b(j->W, n0, n1, k0, kc, j->Bs + k0 * j->Npad + n0 * kc);
+    }
+}
 
 static void lin_task(void *a, int64_t b, int64_t e, int thread)
 {
@@ -75,7 +101,7 @@ static void lin_task(void *a, int64_t b, int64_t e, int thread)
         int64_t ti = t / j->nt, tj = t % j->nt;
         int64_t m0 = ti * j->rows_per_task, m1 = m0 + j->rows_per_task < j->M ? m0 + j->rows_per_task : j->M;
         int64_t n0 = tj * NT, n1 = n0 + NT < j->N ? n0 + NT : j->N;
-        j->k->linear_tile(j->p, thread, j->X, j->ldx, j->W, j->bias, j->Y, j->ldy, m0, m1, n0, n1);
+        j->k->linear_tile(j->p, thread, j->X, j->ldx, j->W, j->bias, j->Y, j->ldy, m0, m1, n0, n1, j->Bs, j->Npad);
     }
 }
 
@@ -97,7 +123,7 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
               float *Y, int64_t ldy)
 {
     if (M <= 0 || W->rows <= 0) return 0;
-    lin_job j = {K(), p, X, ldx, M, W->rows, 0, 0, 0, W, bias, Y, ldy};
+    lin_job j = {K(), p, X, ldx, M, W->rows, 0, 0, 0, W, bias, Y, ldy, NULL, 0, 0};
     if (M <= SMALL_M) {
         /* A few rows: streaming dot products beat packing the whole weight matrix. */
         h3_parallel_for(p, W->rows, 64, lin_rows_task, &j);
@@ -119,18 +145,28 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
     if (rows < 48) rows = 48 < M ? 48 : M;
     j.rows_per_task = rows;
     j.mt = (M + rows - 1) / rows;
+    const int64_t Kd = W->cols;
+    j.Npad = (W->rows + 15) / 16 * 16;
+    j.kblocks = (Kd + KC_ - 1) / KC_;
+    if (j.mt > 1 && Kd > 0 && sizeof(float) * (size_t)j.Npad * (size_t)Kd <= LIN_SHARE_BYTES) {
+        j.Bs = h3_pool_scratch(p, 0, 3, sizeof(float) * (size_t)j.Npad * (size_t)Kd);
+        if (!j.Bs) return -H3_E_NOMEM;
+        h3_parallel_for(p, j.kblocks * j.nt, 1, lin_pack_task, &j);
+    }
     h3_parallel_for(p, j.mt * j.nt, 1, lin_task, &j);
     return 0;
 }
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-#define ABR_ 48
-#define ABC_ 64
-#define ANR_ 16 /* key panel width of the packed K (kernels.inc NR) */
+#define ABR_ 48 /* queries per block (kernels.inc ABR) */
+#define ABC_ 60 /* keys per block (kernels.inc ABC) */
+#define AMR_ 6  /* key panel height of the packed K (kernels.inc MR) */
 /* Packed K/V of a group of heads share one buffer of about this size: bounded memory for long
    sequences, while a group still holds enough (head, query block) tasks for every thread. */
-#define ATTN_PACK_BYTES ((size_t)64 << 20)
+static size_t g_attn_pack_bytes = (size_t)64 << 20;
+
+void h3_attention_pack_budget(size_t bytes) { g_attn_pack_bytes = bytes ? bytes : (size_t)64 << 20; }
 
 typedef struct {
     const h3_kernels *k;
@@ -182,16 +218,18 @@ int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const float *Kx, int64
         return 0;
     }
     int dpad = (D + 15) / 16 * 16;
-    size_t floats = (size_t)ABR_ * dpad * 2 + (size_t)ABR_ * ABC_ * 2 + 2 * ABR_;
+    size_t floats = (size_t)ABR_ * D + (size_t)ABC_ * ABR_ + (size_t)ABR_ * dpad + 3 * ABR_;
     int rc = reserve(p, 2, floats * sizeof(float));
     if (rc) return rc;
     attn_job j = {.k = K(), .p = p, .Q = Q, .Kx = Kx, .V = V, .ldq = ldq, .ldk = ldk, .ldv = ldv, .ldo = ldo,
                   .Lq = Lq, .Lk = Lk, .qblocks = (Lq + ABR_ - 1) / ABR_, .kblocks = (Lk + ABC_ - 1) / ABC_,
                   .heads = heads, .kv_heads = kv_heads, .D = D, .scale = scale, .causal = causal, .O = O};
-    j.kstride = (Lk + ANR_ - 1) / ANR_ * ANR_ * D;
+    /* K panels are read by broadcasts (any alignment); the V panels after them are read as
+       aligned vectors, so every head's share stays a multiple of 64 bytes. */
+    j.kstride = ((Lk + AMR_ - 1) / AMR_ * AMR_ * D + 15) / 16 * 16;
     j.vstride = Lk * dpad;
     const size_t head_bytes = sizeof(float) * (size_t)(j.kstride + j.vstride);
-    int gmax = (int)(ATTN_PACK_BYTES / head_bytes);
+    int gmax = (int)(g_attn_pack_bytes / head_bytes);
     if (gmax < 1) gmax = 1;
     if (gmax > kv_heads) gmax = kv_heads;
     float *buf = h3_alloc_aligned(head_bytes * (size_t)gmax);

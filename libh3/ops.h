@@ -29,7 +29,8 @@ typedef void (*h3_task_fn)(void *arg, int64_t begin, int64_t end, int thread);
 H3_INTERNAL void h3_parallel_for(h3_pool *p, int64_t n, int64_t grain, h3_task_fn fn, void *arg);
 
 /* Per-thread scratch of at least `bytes` (64-byte aligned), valid until the next call for the
-   same thread and slot. NULL on allocation failure. */
+   same thread and slot. NULL on allocation failure. Slots: 0, 1 GEMM tiles, 2 attention, 3 of
+   thread 0: the weight matrix h3_linear packs once and shares with all its tasks. */
 H3_INTERNAL void *h3_pool_scratch(h3_pool *p, int thread, int slot, size_t bytes);
 #define H3_SCRATCH_SLOTS 4
 
@@ -73,6 +74,10 @@ H3_INTERNAL int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const floa
                               const float *V, int64_t ldv, int64_t Lq, int64_t Lk, int heads,
                               int kv_heads, int D, float scale, bool causal, float *O, int64_t ldo);
 
+/* Bytes of packed K/V h3_attention holds at once (a group of heads; at least one head). 0 restores
+   the default (64 MiB). For tests of the grouping; not thread-safe. */
+H3_INTERNAL void h3_attention_pack_budget(size_t bytes);
+
 /* y[r] = x[r] / rms(x[r]) * w (w may be NULL = 1), rows of n with strides. In place allowed. */
 H3_INTERNAL void h3_rmsnorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows,
                             int64_t n, const float *w, float eps);
@@ -83,6 +88,14 @@ H3_INTERNAL void h3_layernorm(h3_pool *p, const float *x, int64_t ldx, float *y,
 H3_INTERNAL float h3_silu(float x);
 /* out[i] = up[i] * SiLU(gate[i]) (SwiGLU), vectorised; in place on either input allowed. */
 H3_INTERNAL void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+/* Row helpers of the transformer (vectorised, fixed evaluation order, so thread-count independent):
+   sum of squares in double; y = ((x * inv) * w) [* scale + shift] (scale/shift may be NULL);
+   x += g * y (g NULL: x += y); rotate-half RoPE of 2*half values (o must not alias t). */
+H3_INTERNAL double h3_sumsq(const float *x, int64_t n);
+H3_INTERNAL void h3_scale_mod(const float *x, int64_t n, float inv, const float *w, const float *scale,
+                              const float *shift, float *y);
+H3_INTERNAL void h3_gated_add(float *x, const float *g, const float *y, int64_t n);
+H3_INTERNAL void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o);
 H3_INTERNAL float h3_gelu_tanh(float x);
 
 /* Name of the kernel variant in use ("avx2" or "generic"). */
@@ -93,9 +106,13 @@ H3_INTERNAL const char *h3_kernels_variant(void);
 typedef struct h3_kernels {
     const char *name;
     /* One output tile: rows [m0, m1) x cols [n0, n1) of Y = X W^T (+bias), for all of K. */
+    /* With Bs, W comes pre-packed for all tasks (layout [K block][panel][kc][16], Npad columns);
+       otherwise the tile packs its own columns of W. */
     void (*linear_tile)(h3_pool *p, int thread, const float *X, int64_t ldx, const h3_mat *W,
                         const float *bias, float *Y, int64_t ldy, int64_t m0, int64_t m1, int64_t n0,
-                        int64_t n1);
+                        int64_t n1, const float *Bs, int64_t Npad);
+    /* Columns [n0, n1) of W for K block [k0, k0+kc) as [panel][kc][16] at dst. */
+    void (*linear_pack_b)(const h3_mat *W, int64_t n0, int64_t n1, int64_t k0, int kc, float *dst);
     /* Rows [m0, m1) of Y for small M: dot products, no packing. */
     void (*linear_rows)(const float *X, int64_t ldx, const h3_mat *W, const float *bias, float *Y,
                         int64_t ldy, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
@@ -109,6 +126,11 @@ typedef struct h3_kernels {
                        float *O, int64_t ldo);
     void (*to_f32)(const void *src, h3_dtype dt, float *dst, int64_t n);
     void (*silu_mul)(const float *gate, const float *up, float *out, int64_t n);
+    double (*sumsq)(const float *x, int64_t n);
+    void (*scale_mod)(const float *x, int64_t n, float inv, const float *w, const float *scale, const float *shift,
+                      float *y);
+    void (*gated_add)(float *x, const float *g, const float *y, int64_t n);
+    void (*rope)(const float *t, const float *c, const float *s, int64_t half, float *o);
 } h3_kernels;
 
 H3_INTERNAL extern const h3_kernels h3_kernels_generic;

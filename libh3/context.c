@@ -14,11 +14,9 @@ H3_API const char *h3_cpu_features(void)
 #if defined(__x86_64__) || defined(__i386__)
     static char buf[64];
     if (!buf[0]) {
-        __builtin_cpu_init();
-        snprintf(buf, sizeof buf, "x86-64%s%s%s%s", __builtin_cpu_supports("avx2") ? " avx2" : "",
-                 __builtin_cpu_supports("fma") ? " fma" : "",
-                 __builtin_cpu_supports("f16c") ? " f16c" : "",
-                 __builtin_cpu_supports("avx512f") ? " avx512f" : "");
+        unsigned f = h3_cpu_x86_features();
+        snprintf(buf, sizeof buf, "x86-64%s%s%s%s", (f & H3_CPU_AVX2) ? " avx2" : "", (f & H3_CPU_FMA) ? " fma" : "",
+                 (f & H3_CPU_F16C) ? " f16c" : "", (f & H3_CPU_AVX512F) ? " avx512f" : "");
     }
     return buf;
 #elif defined(__aarch64__)

@@ -98,6 +98,10 @@ H3_INTERNAL void h3_gated_add(float *x, const float *g, const float *y, int64_t 
 H3_INTERNAL void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o);
 H3_INTERNAL float h3_gelu_tanh(float x);
 
+/* x86 features usable by this process (CPU and OS support), H3_CPU_* bits; 0 elsewhere. */
+enum { H3_CPU_AVX2 = 1, H3_CPU_FMA = 2, H3_CPU_F16C = 4, H3_CPU_AVX512F = 8, H3_CPU_ZMM_OS = 16 };
+H3_INTERNAL unsigned h3_cpu_x86_features(void);
+
 /* Name of the kernel variant in use ("avx2" or "generic"). */
 H3_INTERNAL const char *h3_kernels_variant(void);
 

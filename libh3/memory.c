@@ -4,7 +4,7 @@
  * activations follow the buffers each stage allocates for the given render shape.
  */
 #include "audio_vae.h"
-#include "h3_internal.h"
+#include "dit.h"
 #include "text_encoder.h"
 #include "video_vae.h"
 
@@ -101,16 +101,25 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
     if (!rc && have_dit && (rc = h3_model_headers(m, H3_COMP_TRANSFORMER)) == 0) {
         const h3_store *s = &m->comp[H3_COMP_TRANSFORMER].store;
         uint64_t all = s->bytes, adaln = bytes_where(s, NULL, "adaln_proj", false);
-        int attn = dc.heads * dc.head_dim;
-        uint64_t act = (uint64_t)sp.seq *
-                       ((uint64_t)dc.hidden * 5 + 4ull * attn + 2ull * dc.ffn + 3ull * dc.head_dim) * 4;
-        /* Per step: (video t, video), (video t, text), (audio t, audio) rows of 6 slots per block,
-           plus two final-layer rows of 2 slots. Stored as f32. */
-        int steps = 20;
-        uint64_t tables = (uint64_t)steps * (3ull * 6 * dc.hidden * dc.layers + 2ull * 2 * dc.hidden) * 4;
+        uint64_t A = (uint64_t)dc.heads * dc.head_dim, F = (uint64_t)dc.ffn, H = (uint64_t)dc.hidden;
+        /* dit.c's buffers per packed row: residual, normed input and output (3H), the QKV or gate/up
+           projection, the attention output or the gated product, and the attention context; plus
+           at most 64 MiB of packed keys/values inside attention. */
+        uint64_t qkv_ff = 3 * A > 2 * F ? 3 * A : 2 * F, attn_ff = 3 * A > F ? 3 * A : F;
+        uint64_t act = (uint64_t)sp.seq * (3 * H + qkv_ff + attn_ff + A) * 4;
+        uint64_t kv = (uint64_t)sp.seq * 2 * A * 4;
+        act += kv < (64ull << 20) ? kv : (64ull << 20);
+        /* Per evaluation: (video t, video), (video t, text), (audio t, audio) rows of 6 slots per
+           block, plus two final-layer rows of 2 slots, in f32. The default 20 grid points give 19
+           evaluations (fewer if the shift collapses points). */
+        float sig[20];
+        int evals = h3_sched_sigmas(20, dc.shift_video, sig) - 1;
+        if (evals < 1) evals = 19;
+        int steps = evals;
+        uint64_t tables = (uint64_t)steps * (3ull * 6 * H * dc.layers + 2ull * 2 * H) * 4;
         h3_buf_printf(&b,
                       "%s\"denoise_precomputed_adaln\": {\"weights\": %llu, \"adaln_tables\": %llu, "
-                      "\"activations\": %llu, \"total\": %llu, \"steps\": %d}, "
+                      "\"activations\": %llu, \"total\": %llu, \"evaluations\": %d}, "
                       "\"denoise_without_precompute\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu}, "
                       "\"adaln_weights_released\": %llu",
                       first ? "" : ", ", (unsigned long long)(all - adaln), (unsigned long long)tables,

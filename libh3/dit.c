@@ -400,24 +400,6 @@ static void gate_task(void *a, int64_t b, int64_t e, int thread)
     }
 }
 
-typedef struct {
-    const float *f;
-    float *g;
-    int64_t F;
-} swiglu_job;
-
-/* g = SiLU(gate) * up with fc1 rows [gate | up] (diffusers' SwiGLU with its halves swapped). */
-static void swiglu_task(void *a, int64_t b, int64_t e, int thread)
-{
-    swiglu_job *j = a;
-    (void)thread;
-    for (int64_t r = b; r < e; r++) {
-        const float *gate = j->f + r * 2 * j->F, *up = gate + j->F;
-        float *g = j->g + r * j->F;
-        h3_silu_mul(gate, up, g, j->F);
-    }
-}
-
 /* ---- buffers, layout, RoPE ------------------------------------------------------------- */
 
 static int ensure_buffers(h3_dit *d, int64_t rows)
@@ -528,8 +510,8 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     charge(d, H3_DIT_PART_NORM, &t);
     if ((rc = h3_linear(d->pool, d->nb, rows, H, &b->fc1, NULL, d->big, 2 * F))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
-    swiglu_job sj = {d->big, d->qkv3, F};
-    h3_parallel_for(d->pool, rows, 8, swiglu_task, &sj);
+    /* fc1 rows are [gate | up] (diffusers' SwiGLU with its halves swapped). */
+    h3_swiglu(d->pool, d->big, 2 * F, d->big + F, 2 * F, d->qkv3, F, rows, F);
     charge(d, H3_DIT_PART_ELTWISE, &t);
     if ((rc = h3_linear(d->pool, d->qkv3, rows, F, &b->fc2, NULL, d->tmp, H))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);

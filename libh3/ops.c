@@ -278,6 +278,28 @@ int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const float *Kx, int64
     return 0;
 }
 
+/* ---- SwiGLU ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const float *g, *u;
+    float *o;
+    int64_t ldg, ldu, ldo, n;
+} swiglu_job;
+
+static void swiglu_task(void *a, int64_t b, int64_t e, int thread)
+{
+    swiglu_job *j = a;
+    (void)thread;
+    for (int64_t r = b; r < e; r++) h3_silu_mul(j->g + r * j->ldg, j->u + r * j->ldu, j->o + r * j->ldo, j->n);
+}
+
+void h3_swiglu(h3_pool *p, const float *gate, int64_t ldg, const float *up, int64_t ldu, float *out, int64_t ldo,
+               int64_t rows, int64_t n)
+{
+    swiglu_job j = {gate, up, out, ldg, ldu, ldo, n};
+    h3_parallel_for(p, rows, 4, swiglu_task, &j);
+}
+
 /* ---- norms ----------------------------------------------------------------------------- */
 
 typedef struct {

@@ -88,6 +88,9 @@ H3_INTERNAL void h3_layernorm(h3_pool *p, const float *x, int64_t ldx, float *y,
 H3_INTERNAL float h3_silu(float x);
 /* out[i] = up[i] * SiLU(gate[i]) (SwiGLU), vectorised; in place on either input allowed. */
 H3_INTERNAL void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+/* out[r] = SiLU(gate[r]) * up[r] for `rows` rows of n values (strides in floats; out may alias gate). */
+H3_INTERNAL void h3_swiglu(h3_pool *p, const float *gate, int64_t ldg, const float *up, int64_t ldu, float *out,
+                           int64_t ldo, int64_t rows, int64_t n);
 /* Row helpers of the transformer (vectorised, fixed evaluation order, so thread-count independent):
    sum of squares in double; y = ((x * inv) * w) [* scale + shift] (scale/shift may be NULL);
    x += g * y (g NULL: x += y); rotate-half RoPE of 2*half values (o must not alias t). */

@@ -461,14 +461,6 @@ static void add_task(void *arg, int64_t b, int64_t e, int thread)
     for (int64_t i = b; i < e; i++) j->x[i] += j->y[i];
 }
 
-static void swiglu_task(void *arg, int64_t b, int64_t e, int thread)
-{
-    te_job *j = arg;
-    float *g = j->a->g;
-    const float *u = j->a->u;
-    for (int64_t i = b; i < e; i++) g[i] = h3_silu(g[i]) * u[i];
-}
-
 static h3_mat mat_of(const te_layer *L, const uint8_t *buf, int w)
 {
     h3_mat m = {buf + L->off[w], L->t[w]->dtype, L->t[w]->shape[0], L->t[w]->shape[1]};
@@ -519,8 +511,7 @@ static int layer_forward(h3_pool *pool, te_act *a, const h3_text_cfg *c, const t
     if ((rc = h3_linear(pool, a->xn, n, a->H, &wg, NULL, a->g, a->I)) ||
         (rc = h3_linear(pool, a->xn, n, a->H, &wu, NULL, a->u, a->I)))
         return rc;
-    te_job sw = {a, NULL, NULL, 0, 0};
-    h3_parallel_for(pool, n * a->I, 4096, swiglu_task, &sw);
+    h3_swiglu(pool, a->g, a->I, a->u, a->I, a->g, a->I, n, a->I);
     if ((rc = h3_linear(pool, a->g, n, a->I, &wd, NULL, a->xn, a->H))) return rc;
     h3_parallel_for(pool, n * a->H, 4096, add_task, &add);
     return 0;

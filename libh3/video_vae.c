@@ -493,23 +493,6 @@ static void residual(h3_pool *pool, float *X, const float *Y, int64_t ldy, const
 }
 
 typedef struct {
-    const float *H1;
-    float *A;
-    int64_t I;
-} swiglu_job;
-
-/* Official w1 rows are [gate; up]: act = up * silu(gate) (diffusers' SwiGLU stores [up; gate]). */
-static void swiglu_task(void *arg, int64_t r0, int64_t r1, int thread)
-{
-    swiglu_job *j = arg;
-    (void)thread;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *g = j->H1 + r * 2 * j->I;
-        h3_silu_mul(g, g + j->I, j->A + r * j->I, j->I);
-    }
-}
-
-typedef struct {
     const vv_run *r;
     int64_t tok0;
 } scatter_job;
@@ -589,8 +572,8 @@ static int decode_tile(vv_run *r, int win_start, int ly0, int lx0)
         for (int64_t r0 = 0; r0 < L; r0 += RB) {
             int64_t n = L - r0 < RB ? L - r0 : RB;
             if ((rc = h3_linear(pool, r->b.S + r0 * D, n, D, &l->w1, l->w1_b, r->b.H1, 2 * I))) return rc;
-            swiglu_job sj = {r->b.H1, r->b.A, I};
-            h3_parallel_for(pool, n, 1, swiglu_task, &sj);
+            /* Official w1 rows are [gate; up]: act = up * silu(gate) (diffusers' SwiGLU stores [up; gate]). */
+            h3_swiglu(pool, r->b.H1, 2 * I, r->b.H1 + I, 2 * I, r->b.A, I, n, I);
             if ((rc = h3_linear(pool, r->b.A, n, I, &l->w2, l->w2_b, r->b.T, D))) return rc;
             residual(pool, r->b.X + r0 * D, r->b.T, D, l->scale2, n, D);
         }

@@ -33,11 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.fixtures.tokenizer import (  # noqa: E402  (shared structure: regex, added tokens, byte order)
+from tests.fixtures.tokenizer import (  # noqa: E402,F401  (shared structure: regex, added tokens, byte order)
     ADDED_TOKENS,
     QWEN2_SPLIT_REGEX,
     VOCAB_PAD_MULTIPLE,
     bytes_to_unicode,
+    padded_vocab_size,
+    special_token_ids,
+    token_count,
 )
 from train import world  # noqa: E402
 
@@ -151,22 +154,6 @@ def build_tokenizer_json(vocab_size: int = DEFAULT_VOCAB, n_specs: int = DEFAULT
         if again != text:
             raise RuntimeError("BPE training is not deterministic")
     return text
-
-
-def token_count(tokenizer_json: str) -> int:
-    doc = json.loads(tokenizer_json)
-    ids = list(doc["model"]["vocab"].values()) + [t["id"] for t in doc["added_tokens"]]
-    return max(ids) + 1
-
-
-def padded_vocab_size(tokenizer_json: str) -> int:
-    """Embedding rows of the text encoder: token count padded to a multiple of 64 (as Qwen pads 151665 -> 151936)."""
-    n = token_count(tokenizer_json)
-    return -(-n // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
-
-
-def special_token_ids(tokenizer_json: str) -> dict[str, int]:
-    return {t["content"]: t["id"] for t in json.loads(tokenizer_json)["added_tokens"]}
 
 
 def load(tokenizer_json: str):

@@ -1,4 +1,4 @@
-"""Local helper between device calls: unpack what a call returned (``/work/.device/N``) into ``train/runs/`` and make
+"""Local helper between device calls: unpack what a call returned (the folder the device tool copies $OUT into) into ``train/runs/`` and make
 the BF16 VAE copies that fit a cold call's 64 MiB carry (``train/runs/vae16``). Usage: python -m train.prep_carry DIR"""
 
 import shutil

@@ -389,9 +389,10 @@ typedef struct h3_request {
     uint64_t seed;
     const float *video_noise; /* optional */
     const float *audio_noise; /* optional */
+    int32_t vae_tile_px;      /* video decoder tile size in pixels, 0 = the model's (256 for H3) */
 } h3_request;
 
-/* Defaults: 128x128, 22 frames, 20 steps, seed 42 (h3-tiny's render). */
+/* Defaults: 128x128, 22 frames, 20 steps, seed 42 (h3-tiny's render), the model's VAE tiles. */
 H3_API void h3_request_default(h3_request *r);
 
 /*

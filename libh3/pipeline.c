@@ -40,6 +40,7 @@ struct h3_render {
     int64_t samples;
     int sample_rate;
     uint64_t seed;
+    int vae_tile; /* 0 = config */
 };
 
 static void render_free(struct h3_render *r)
@@ -179,11 +180,24 @@ typedef struct {
 } cfgs;
 
 /* Configs of every component a render needs, checked to fit together, and the request's shape. */
+/* The caller's request widened to this library's struct: fields an older caller did not know keep
+   their defaults, and nothing past its struct_size is read. */
+static int widen_request(const h3_request *q, h3_request *out)
+{
+    if (!q) return h3_err(H3_E_INVALID, "NULL request");
+    if (q->struct_size < offsetof(h3_request, audio_noise) + sizeof q->audio_noise || q->struct_size > sizeof *q)
+        return h3_err(H3_E_INVALID, "h3_request.struct_size %u is not a size this library knows", q->struct_size);
+    h3_request_default(out);
+    memcpy(out, q, q->struct_size);
+    return 0;
+}
+
 static int plan(h3_ctx *ctx, const h3_request *q, cfgs *k, struct h3_render *r)
 {
     if (!ctx || !q) return h3_err(H3_E_INVALID, "NULL argument");
-    if (q->struct_size < offsetof(h3_request, audio_noise) + sizeof q->audio_noise || q->struct_size > sizeof *q)
-        return h3_err(H3_E_INVALID, "h3_request.struct_size %u is not a size this library knows", q->struct_size);
+    if (q->vae_tile_px < 0 || q->vae_tile_px > 65536)
+        return h3_err(H3_E_INVALID, "VAE tile size must be 0 (the model's) or a positive number of pixels, got %d",
+                      q->vae_tile_px);
     h3_model *m = &ctx->model;
     int rc;
     if ((rc = h3_model_require(m, H3_COMP_TRANSFORMER, "denoising")) ||
@@ -202,6 +216,10 @@ static int plan(h3_ctx *ctx, const h3_request *q, cfgs *k, struct h3_render *r)
                       m->partition_dir, k->dc.video_ch, k->dc.audio_ch, k->dc.text_dim, k->vc.latent_ch,
                       k->ac.latent_ch, k->tc.hidden);
     if ((rc = check_shape(ctx, q, &k->dc, &k->vc, r))) return rc;
+    if (q->vae_tile_px && (q->vae_tile_px % k->vc.spatial || q->vae_tile_px <= k->vc.tile_overlap))
+        return h3_err(H3_E_INVALID, "VAE tile size %d must be a multiple of %d and larger than the %d-pixel overlap",
+                      q->vae_tile_px, k->vc.spatial, k->vc.tile_overlap);
+    r->vae_tile = q->vae_tile_px;
     int hop = 1;
     for (int i = 0; i < k->ac.n_up; i++) hop *= k->ac.rates[i];
     /* diffusers' audio_latent_num_frames: round(frames / fps * latent rate). */
@@ -232,26 +250,31 @@ static void fill_info(const struct h3_render *r, h3_render_info *out)
     out->sequence = r->layout.seq;
 }
 
-H3_API int h3_plan(h3_ctx *ctx, const h3_request *q, h3_render_info *out)
+H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out)
 {
     if (!out) return h3_err(H3_E_INVALID, "NULL argument");
     if (out->struct_size != sizeof *out)
         return h3_err(H3_E_INVALID, "h3_render_info.struct_size %u, expected %zu", out->struct_size, sizeof *out);
+    h3_request wide, *q = &wide;
+    int rc = widen_request(request, &wide);
+    if (rc) return rc;
     struct h3_render r;
     memset(&r, 0, sizeof r);
     cfgs k;
-    int rc = plan(ctx, q, &k, &r);
+    rc = plan(ctx, q, &k, &r);
     if (rc) return rc;
     fill_info(&r, out);
     return 0;
 }
 
-H3_API int h3_prepare(h3_ctx *ctx, const h3_request *q)
+H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request)
 {
-    if (!ctx || !q) return h3_err(H3_E_INVALID, "NULL argument");
+    if (!ctx || !request) return h3_err(H3_E_INVALID, "NULL argument");
+    h3_request wide, *q = &wide;
+    int rc = widen_request(request, &wide);
+    if (rc) return rc;
     if (!q->prompt) return h3_err(H3_E_INVALID, "no prompt");
     h3_render_state_free(ctx);
-    int rc;
     struct h3_render *r = h3_calloc(1, sizeof *r);
     if (!r) return -H3_E_NOMEM;
     cfgs k;
@@ -413,9 +436,7 @@ static int decode(h3_ctx *ctx, uint8_t *rgb, float *pixels, float *pcm)
         vq.pixels = pixels;
         vq.progress = ctx->progress;
         vq.user = ctx->progress_user;
-        /* H3_VAE_TILE=N decodes with N-pixel tiles (memory vs speed; the blend is diffusers'). */
-        const char *tile = getenv("H3_VAE_TILE");
-        if (tile && tile[0]) vq.tile_px = atoi(tile);
+        vq.tile_px = r->vae_tile; /* smaller tiles bound memory tighter; the blend is diffusers' */
         rc = h3_vvae_decode(&ctx->model, pool, &vq);
         h3_free_aligned(vlat);
         if (rc) return rc;

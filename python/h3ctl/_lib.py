@@ -51,7 +51,7 @@ H3_OPT_REF2VA = 1
 class H3Request(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("prompt", c_char_p), ("width", c_int32), ("height", c_int32),
                 ("frames", c_int32), ("steps", c_int32), ("seed", c_uint64), ("video_noise", c_float_p),
-                ("audio_noise", c_float_p)]
+                ("audio_noise", c_float_p), ("vae_tile_px", c_int32)]
 
 
 class H3RenderInfo(ctypes.Structure):

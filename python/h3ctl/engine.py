@@ -134,10 +134,11 @@ class Engine:
 
     def prepare(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
                 seconds: float | None = None, steps: int = 20, seed: int = 42,
-                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None) -> dict:
+                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
+                vae_tile: int | None = None) -> dict:
         if not isinstance(prompt, str):
             raise H3Error("the prompt must be a string")
-        req = self.request(prompt, width, height, frames, seconds, steps, seed)
+        req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile)
         keep = []
         for name, arr in (("video_noise", video_noise), ("audio_noise", audio_noise)):
             if arr is not None:
@@ -158,7 +159,7 @@ class Engine:
 
     def request(self, prompt: str = "", width: int | None = None, height: int | None = None,
                 frames: int | None = None, seconds: float | None = None, steps: int = 20,
-                seed: int = 42) -> _lib.H3Request:
+                seed: int = 42, vae_tile: int | None = None) -> _lib.H3Request:
         if frames is not None and seconds is not None:
             raise H3Error("give frames or seconds, not both")
         if seconds is not None:
@@ -173,6 +174,7 @@ class Engine:
         req.frames = int(self.defaults["frames"] if frames is None else frames)
         req.steps = int(steps)
         req.seed = int(seed)
+        req.vae_tile_px = int(vae_tile or 0)
         return req
 
     def plan(self, req: _lib.H3Request) -> dict:
@@ -226,11 +228,12 @@ class Engine:
 
     def render(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
                seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
-               video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None) -> Result:
+               video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
+               vae_tile: int | None = None) -> Result:
         """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate)."""
         self._progress = progress
         try:
-            info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise)
+            info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise, vae_tile)
             while self.step() > 0:
                 pass
             audio = self.decode_audio()

@@ -32,6 +32,8 @@ def add_arguments(p) -> None:
     g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")
     p.add_argument("--steps", type=int, default=20, help="sigma grid points incl. the final 0 (default 20)")
     p.add_argument("--seed", type=int, default=42, help="noise seed (default 42)")
+    p.add_argument("--vae-tile", type=int, help="video decoder tile size in pixels (smaller = less memory; "
+                   "default: the model's, 256 for H3)")
     p.add_argument("--frames-dir", help="also write every frame into this folder")
     p.add_argument("--frame-format", choices=["png", "ppm"], default="png", help="format of --frames-dir")
     p.add_argument("--wav", help="also write the audio as a 16-bit stereo WAV")
@@ -127,7 +129,7 @@ def main(args) -> int:
         raise H3Error("the MP4 and the WAV must be different files")
 
     engine = Engine(args.model_dir, threads=args.threads)
-    req = engine.request(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed)
+    req = engine.request(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed, args.vae_tile)
     plan = engine.plan(req)  # every shape rule checked before any work
 
     profile = PhaseProfile() if args.profile else None
@@ -168,7 +170,7 @@ def main(args) -> int:
         if progress_ui is not None:
             progress_ui.start()
         result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
-                               progress=on_progress)
+                               progress=on_progress, vae_tile=args.vae_tile)
         state["computing"] = False
         if engine._cancel:
             raise KeyboardInterrupt

@@ -27,7 +27,8 @@ def test_render_writes_mp4_wav_and_frames(tiny_ckpt, tmp_path):
     pcm, sr = media.read_wav(wav)
     assert sr == 32000 and pcm.shape == (2, 37 * 800)
     assert len(list(frames.glob("frame-*.png"))) == 22
-    for phase in ("encode prompt", "denoise", "decode audio", "decode video", "write outputs", "peak memory"):
+    for phase in ("encode prompt", "denoise", "decode audio", "decode video", "write outputs", "peak memory",
+                  "AdaLN precompute released"):
         assert phase in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mp4", "a.wav", "frames"]
 

@@ -96,6 +96,7 @@ class Engine:
         self._ctx = Context(self.model_dir, threads=threads or 0)
         self.defaults = model_defaults(self.model_dir)
         self._progress: ProgressFn | None = None
+        self.last_transformer_profile: dict = {}
         self._cancel = False
         self._raised: list[BaseException] = []
         self._hook = _lib.H3ProgressFn(self._on_progress)  # kept alive as long as the engine
@@ -220,6 +221,14 @@ class Engine:
         self._call(_lib.lib().h3_decode(self._ctx.ptr, rgb.ctypes.data_as(_lib.c_uint8_p), None))
         return rgb
 
+    def transformer_profile(self) -> dict:
+        """The transformer's memory and timing facts for the current request (before decoding releases it):
+        adaln_weight_bytes (released by the precompute), adaln_table_bytes, forward timings in ms."""
+        raw = _lib.lib().h3_dit_profile_json(self._ctx.ptr)
+        if raw is None:
+            raise H3Error(_lib.last_error())
+        return json.loads(raw.decode("utf-8"))
+
     def decode_video_f32(self) -> np.ndarray:
         i = self.render_info()
         px = np.empty((i["frames"], i["height"], i["width"], 3), np.float32)
@@ -236,6 +245,7 @@ class Engine:
             info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise, vae_tile)
             while self.step() > 0:
                 pass
+            self.last_transformer_profile = self.transformer_profile()
             audio = self.decode_audio()
             video = self.decode_video()
         finally:

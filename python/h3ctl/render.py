@@ -199,5 +199,13 @@ def main(args) -> int:
           f"({plan['frames'] / 24:.2f} s), {result.sample_rate // 1000} kHz stereo, {result.info['steps']} steps, "
           f"seed {args.seed}, {wall:.2f} s")
     if profile:
+        from .info import human_bytes
+
         print(profile.table())
+        tp = engine.last_transformer_profile
+        if tp:
+            print(f"transformer: {tp['forwards']} forwards, {tp['forward_ms_mean']:.1f} ms each ({tp['kernels']} "
+                  f"kernels, {tp['threads']} threads); AdaLN precompute released "
+                  f"{human_bytes(tp['adaln_weight_bytes'])} of adaln_proj weights for "
+                  f"{human_bytes(tp['adaln_table_bytes'])} of tables")
     return 0

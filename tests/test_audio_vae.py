@@ -55,7 +55,7 @@ def test_parity_with_diffusers(vaes, name, frames):
     # The random weights keep the waveform well inside [-1, 1], so this measures the network, not the clamp.
     assert np.mean(np.abs(ref) >= 1.0) < 0.01
     err = rel_l2(pcm[None], ref)
-    print(f"{name} Ta={frames}: rel-L2 {err:.3g}, max abs {np.abs(pcm[None] - ref).max():.3g}")
+    print(f"parity: audio_decode {name} Ta={frames}: rel-L2 {err:.3g}, max abs {np.abs(pcm[None] - ref).max():.3g}")
     assert err <= REL_TOL
 
 

@@ -157,6 +157,7 @@ def test_forward_f32(tmp_path_factory, name):
                              text_tags=torch.tensor([1, 1, 0, 0, 0, 0, 1, 1, 1]))):
         ev, ea = run_ref(ref, kw)
         v, a = run_h3(root, kw)
+        print(f"parity: dit {name} f32: sample rel-L2 {ds.rel_l2(v, ev):.2e}, audio_sample {ds.rel_l2(a, ea):.2e} (tol 1e-5)")
         assert ds.rel_l2(v, ev) <= 1e-5 and ds.rel_l2(a, ea) <= 1e-5, (ds.rel_l2(v, ev), ds.rel_l2(a, ea))
 
 
@@ -166,6 +167,7 @@ def test_forward_bf16_weights(tmp_path_factory, name):
     kw = packed_inputs(ref, 7, 3, 4, 4, 6, seed=3)
     ev, ea = run_ref(ref, kw)
     v, a = run_h3(root, kw)
+    print(f"parity: dit {name} bf16: sample rel-L2 {ds.rel_l2(v, ev):.2e}, audio_sample {ds.rel_l2(a, ea):.2e} (tol 1e-4)")
     assert ds.rel_l2(v, ev) <= 1e-4 and ds.rel_l2(a, ea) <= 1e-4, (ds.rel_l2(v, ev), ds.rel_l2(a, ea))
 
 
@@ -204,6 +206,8 @@ def test_denoise_matches_diffusers_loop(tmp_path_factory, name, dtype, steps):
         ol, oa, evals = tr.denoise(ctx, pe[0].numpy(), lat[0].numpy(), aud.numpy(), steps)
         prof = tr.profile(ctx)
     assert evals == steps - 1 == prof["steps"] == prof["forwards"]
+    print(f"parity: denoise {name} {dtype} {steps} grid points: latents rel-L2 {ds.rel_l2(ol, el[0].numpy()):.2e}, "
+          f"audio {ds.rel_l2(oa, ea.numpy()):.2e} (tol 1e-4)")
     assert ds.rel_l2(ol, el[0].numpy()) <= 1e-4 and ds.rel_l2(oa, ea.numpy()) <= 1e-4
 
 

@@ -183,6 +183,7 @@ def test_parity_f32(name, models, ckpts):
             ref = oracle(model, ids, layer)
             assert got.shape == ref.shape == (n, model.config.text_config.hidden_size)
             err = rel_l2(got, ref)
+            print(f"parity: text {name} f32 {n} tokens: rel-L2 {err:.2e} (tol 1e-5)")
             assert err <= 1e-5, f"{name}, {n} tokens: rel-L2 {err:.3g}"
 
 
@@ -196,6 +197,7 @@ def test_parity_bf16_official_dtype(models, tmp_path):
         for n in (1, 64, 512):
             ids = random_ids(n, n)
             err = rel_l2(text.encode(ctx, ids), oracle(upcast, ids, layer))
+            print(f"parity: text bf16 {n} tokens: rel-L2 {err:.2e} (tol 1e-4)")
             assert err <= 1e-4, f"{n} tokens: rel-L2 {err:.3g}"
 
 

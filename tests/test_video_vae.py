@@ -64,6 +64,8 @@ def check_parity(vae, root, lat, *, tile=0, overlap=0, untiled=False, tol=1e-5, 
         rgb, videos = PV.decode(ctx, lat, tile_px=tile, overlap_px=overlap, untiled=untiled)
     assert sample.shape == ref_sample.shape and videos[None].shape == ref_videos.shape
     e_sample, e_videos = O.rel_l2(sample, ref_sample), O.rel_l2(videos[None], ref_videos)
+    print(f"parity: video_decode T={lat.shape[1]} {lat.shape[2] * 16}x{lat.shape[3] * 16} tile={tile or 'cfg'} "
+          f"untiled={untiled}: sample rel-L2 {e_sample:.2e}, videos rel-L2 {e_videos:.2e} (tol {tol:g})")
     assert e_sample <= tol, f"vae.decode sample rel-L2 {e_sample:.3g} > {tol}"
     assert e_videos <= tol, f"decode-step videos rel-L2 {e_videos:.3g} > {tol}"
     # uint8: libh3 rounds its own floats exactly as the VideoProcessor does ...

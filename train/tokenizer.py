@@ -34,13 +34,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.fixtures.tokenizer import (  # noqa: E402,F401  (shared structure: regex, added tokens, byte order)
-    ADDED_TOKENS,
     QWEN2_SPLIT_REGEX,
     VOCAB_PAD_MULTIPLE,
     bytes_to_unicode,
     padded_vocab_size,
     special_token_ids,
     token_count,
+    tokenizer_doc,
 )
 from train import world  # noqa: E402
 
@@ -110,39 +110,7 @@ def _tokenizer_doc(merges: list[tuple[str, str]]) -> dict:
             continue
         vocab[a + b] = len(vocab)
         kept.append([a, b])
-    added = []
-    for content, special in ADDED_TOKENS:
-        added.append({"id": len(vocab) + len(added), "content": content, "single_word": False, "lstrip": False,
-                      "rstrip": False, "normalized": False, "special": special})
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT_REGEX}, "behavior": "Isolated", "invert": False},
-                byte_level,
-            ],
-        },
-        "post_processor": dict(byte_level),
-        "decoder": dict(byte_level),
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": "",
-            "end_of_word_suffix": "",
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": kept,
-        },
-    }
+    return tokenizer_doc(vocab, kept)
 
 
 def build_tokenizer_json(vocab_size: int = DEFAULT_VOCAB, n_specs: int = DEFAULT_SPECS, seed: int = DEFAULT_SEED,

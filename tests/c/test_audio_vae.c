@@ -11,25 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void) /* uniform in [-1, 1) */
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-
-static double rel_l2(const float *a, const double *ref, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += (a[i] - ref[i]) * (a[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 static int64_t clampl(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 /* ---- reference ops (channel-major [C][L], double) ---------------------------------------- */

@@ -11,15 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-
 /* ---- a tiny checkpoint ------------------------------------------------------------------ */
 
 enum { HID = 24, HEADS = 2, HD = 8, LAYERS = 2, REF = 1, FFN = 40, TXT = 12, FREQ = 8, TEH = 20, TED = 16,
@@ -151,7 +142,7 @@ static int write_checkpoint(const char *dir, const char *skip, const char *bad)
     fwrite(&len, 8, 1, f);
     fwrite(hdr, 1, hn, f);
     free(hdr);
-    rng = 12345;
+    ctest_rng = 12345;
     for (int i = 0; i < nspec; i++) {
         spec *s = &specs[i];
         if (skip && !strcmp(s->name, skip)) continue;

@@ -4,25 +4,6 @@
 
 #include <stdlib.h>
 
-static uint64_t rng = 88172645463325252ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-
-static double rel_l2(const float *a, const double *ref, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += (a[i] - ref[i]) * (a[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 static void test_linear(h3_pool *p1, h3_pool *p3, int64_t M, int64_t N, int64_t Kd, h3_dtype dt)
 {
     float *X = malloc(sizeof(float) * M * Kd), *Wf = malloc(sizeof(float) * N * Kd);
@@ -93,6 +74,7 @@ static void test_attention(h3_pool *p1, h3_pool *p3, int64_t Lq, int64_t Lk, int
 
 int main(void)
 {
+    ctest_rng = 88172645463325252ull;
     printf("kernels: %s\n", h3_kernels_variant());
     h3_pool *p1 = h3_pool_create(1), *p3 = h3_pool_create(3);
     int64_t shapes[][3] = {{1, 7, 5}, {3, 33, 17}, {7, 100, 300}, {37, 61, 29}, {130, 300, 520}, {6, 16, 256}, {97, 257, 257}};

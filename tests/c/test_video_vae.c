@@ -15,15 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-
 /* ---- geometry ---------------------------------------------------------------------------- */
 
 static h3_vvae_cfg release_cfg(void)

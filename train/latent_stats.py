@@ -43,6 +43,16 @@ def compute(vae_run: Path, clips: int, seed: int, device, workers=None, log=prin
     return {"video_mean": vm, "video_std": vs, "audio_mean": am, "audio_std": as_, "clips": clips, "seed": seed}
 
 
+def compute_audio(vae_run: Path, clips: int, seed: int, device, workers=None, log=print) -> dict:
+    """Audio statistics only: for a retrained audio VAE next to an unchanged video VAE."""
+    av = build_audio_vae()
+    av.load_state_dict({k: v.float() for k, v in load_weights(vae_run, "audio_vae", "model").items()})
+    av = av.to(device).eval().requires_grad_(False)
+    d = data.render(clips, seed=seed, split="train", workers=workers, video=False, log=log)
+    am, as_ = data.channel_stats(data.encode_audio(av, d["audio"], device=device), 2)
+    return {"audio_mean": am, "audio_std": as_}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", default="train/runs/vae")
@@ -50,10 +60,18 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=300)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--video-stats-from", default=None,
+                    help="latent_stats.json whose video statistics are kept (the video VAE did not change); only "
+                         "the audio statistics are computed")
     args = ap.parse_args(argv)
     run = Path(args.run)
     log = Logger(run / "latent_stats.log")
-    stats = compute(run, args.clips, args.seed, device_of(args.device), args.workers, log)
+    if args.video_stats_from:
+        stats = json.loads(Path(args.video_stats_from).read_text())
+        stats.update(compute_audio(run, args.clips, args.seed, device_of(args.device), args.workers, log))
+        stats["audio_clips"], stats["audio_seed"] = args.clips, args.seed
+    else:
+        stats = compute(run, args.clips, args.seed, device_of(args.device), args.workers, log)
     (run / "latent_stats.json").write_text(json.dumps(stats, indent=1))
     fmt = lambda v: " ".join(f"{x:.3f}" for x in v)  # noqa: E731
     log(f"video mean {fmt(stats['video_mean'])}\nvideo std  {fmt(stats['video_std'])}")

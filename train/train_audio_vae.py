@@ -135,6 +135,12 @@ def main(argv=None) -> int:
     ap.add_argument("--bigvgan-init", action="store_true", help="N(0, 0.01) decoder init (slow start; default: "
                     "diffusers' init)")
     ap.add_argument("--p-sounding", type=float, default=0.8, help="fraction of crops from non-silent channels")
+    ap.add_argument("--p-hard", type=float, default=0.0,
+                    help="fraction of crops from clips with a beep or bounce clicks (the sounds a short run misses)")
+    ap.add_argument("--init-from", default=None,
+                    help="dir with audio_vae-model*.safetensors to start from when the run dir has no checkpoint "
+                         "(weights only, fresh optimizer)")
+    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--deadline", type=float, default=None,
                     help="absolute wall-clock time (epoch seconds) at which to stop and save, whatever the budget")
     args = ap.parse_args(argv)
@@ -153,17 +159,27 @@ def main(argv=None) -> int:
         init_audio_vae_(vae)
     vae = vae.to(dev).train()
     opt = torch.optim.AdamW(vae.parameters(), lr=args.lr, betas=(0.8, 0.99), weight_decay=0.0)
-    meta = load_state(run, NAME, {"model": vae}, opt) or {"step": 0, "elapsed": 0.0}
+    meta = load_state(run, NAME, {"model": vae}, opt)
+    if meta is None and args.init_from:
+        from train.common import load_weights
+
+        vae.load_state_dict({k: v.float() for k, v in load_weights(Path(args.init_from), NAME, "model").items()})
+        log(f"[{NAME}] initialised from {args.init_from}")
+    meta = meta or {"step": 0, "elapsed": 0.0}
     log(f"[{NAME}] device {dev} params {sum(p.numel() for p in vae.parameters()):,} resume step {meta['step']}")
 
-    train = data.render(args.clips, seed=args.data_seed, split="train", workers=args.workers, video=False,
-                        log=log)["audio"]
+    rendered = data.render(args.clips, seed=args.data_seed, split="train", workers=args.workers, video=False, log=log)
+    train = rendered["audio"]
+    # the 880 Hz beep and the bounce clicks are what a short run drops first (both decoded as silence once):
+    # --p-hard draws that share of crops from the clips whose caption names them (both stereo sides)
+    hard_clip = np.array(["beep" in c or "click" in c for c in rendered["line"]])
+    hard = np.flatnonzero(np.repeat(hard_clip, 2))
     heldout = data.render(args.eval_clips, seed=args.data_seed, split="heldout", workers=args.workers, video=False,
                           log=log)["audio"]
     mono = torch.from_numpy(train.reshape(-1, train.shape[-1])).to(dev)   # [2N, S] on the device
     S = mono.shape[1]
     sounding = torch.nonzero(mono.pow(2).sum(1) > 1.0).flatten().cpu().numpy()
-    log(f"[{NAME}] {len(sounding)}/{mono.shape[0]} sounding channels")
+    log(f"[{NAME}] {len(sounding)}/{mono.shape[0]} sounding channels, {len(hard)} with a beep or clicks")
     crop = args.crop_latents * 800
     rng = np.random.default_rng(args.seed + meta["step"])
     gen = torch.Generator(device=dev).manual_seed(args.seed + meta["step"])
@@ -176,12 +192,15 @@ def main(argv=None) -> int:
         rows = rng.integers(0, mono.shape[0], args.batch)
         pick = rng.random(args.batch) < args.p_sounding
         rows[pick] = sounding[rng.integers(0, len(sounding), int(pick.sum()))]
+        if args.p_hard > 0 and len(hard):
+            pick = rng.random(args.batch) < args.p_hard
+            rows[pick] = hard[rng.integers(0, len(hard), int(pick.sum()))]
         rows = torch.from_numpy(rows).to(dev)
         starts = torch.from_numpy(rng.integers(0, S - crop + 1, args.batch)).to(dev)
         x = mono[rows[:, None], starts[:, None] + ar[None]]
         gain = torch.from_numpy(rng.uniform(0.4, 2.0, (args.batch, 1)).astype(np.float32)).to(dev)
         x = (x * gain).clamp(-1, 1)[:, None]
-        lr = lr_at(args.lr, budget.fraction, budget.step, warmup=100)
+        lr = lr_at(args.lr, budget.fraction, budget.step, warmup=args.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
         loss, parts = loss_fn(vae, x, args.kl_weight, gen)

@@ -14,7 +14,7 @@ cp train/runs/transportB/tokenizer.json $X/; cp train/runs/transportB/tokenizer.
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 common="--vae-run $V --init-from train/runs/transportB --minutes $(python3 -c "print(($DEND - 80) / 60)") --clips $CLIPS \
   --data-seed $DSEED --batch ${BATCH:-512} --lr ${LR:-6e-4} --deadline $((T0 + DEND))"
-python3 -m train.train_dit --run $X $common --workers 15 --obj-weight $XW --p-high $XH 2>&1 | grep -v -i warn > $X/dit.stdout &
+python3 -m train.train_dit --run $X $common --workers 15 --obj-weight $XW --p-high $XH 2>&1 | grep --line-buffered -v -i warn > $X/dit.stdout &
 PX=$!
 until grep -q "^latents video" $X/dit.stdout 2>/dev/null || ! kill -0 $PX 2>/dev/null; do sleep 2; done
 ln -f $X/latents-$CLIPS-$DSEED.pt $Y/ && echo "shared latents at $(( $(date +%s) - T0 ))s"

@@ -288,6 +288,14 @@ H3_API const char *h3_dit_profile_json(h3_ctx *ctx);
  */
 H3_API double h3_bench_gemm(h3_ctx *ctx, int64_t m, int64_t n, int64_t k, int reps);
 
+/*
+ * The arithmetic peak of the active kernel variant on the context's threads: every thread runs
+ * register-only multiply-adds (12 independent chains of 8 lanes) for about 0.2 s; best GFLOP/s
+ * over `reps` runs (negative H3_E_* on error). No GEMM can beat it; benchmarks report a stage's
+ * rate as a share of it.
+ */
+H3_API double h3_bench_fma_peak(h3_ctx *ctx, int reps);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Video decoder                                                                               */
 /*

@@ -84,6 +84,8 @@ void h3_scale_mod(const float *x, int64_t n, float inv, const float *w, const fl
 void h3_gated_add(float *x, const float *g, const float *y, int64_t n) { K()->gated_add(x, g, y, n); }
 void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o) { K()->rope(t, c, s, half, o); }
 
+float h3_fma_loop(int64_t iters) { return K()->fma_loop(iters); }
+
 float h3_gelu_tanh(float x)
 {
     const float c = 0.7978845608028654f; /* sqrt(2/pi) */

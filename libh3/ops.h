@@ -100,6 +100,7 @@ H3_INTERNAL void h3_scale_mod(const float *x, int64_t n, float inv, const float 
 H3_INTERNAL void h3_gated_add(float *x, const float *g, const float *y, int64_t n);
 H3_INTERNAL void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o);
 H3_INTERNAL float h3_gelu_tanh(float x);
+H3_INTERNAL float h3_fma_loop(int64_t iters);
 
 /* x86 features usable by this process (CPU and OS support), H3_CPU_* bits; 0 elsewhere. */
 enum { H3_CPU_AVX2 = 1, H3_CPU_FMA = 2, H3_CPU_F16C = 4, H3_CPU_AVX512F = 8, H3_CPU_ZMM_OS = 16 };
@@ -138,6 +139,8 @@ typedef struct h3_kernels {
                       float *y);
     void (*gated_add)(float *x, const float *g, const float *y, int64_t n);
     void (*rope)(const float *t, const float *c, const float *s, int64_t half, float *o);
+    /* iters x 12 x 8 multiply-adds in registers (the arithmetic peak; see h3_bench_fma_peak). */
+    float (*fma_loop)(int64_t iters);
 } h3_kernels;
 
 H3_INTERNAL extern const h3_kernels h3_kernels_generic;

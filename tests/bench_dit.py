@@ -17,7 +17,9 @@ and the best forward of each is reported: the machine may be shared, and the bes
 
 GFLOP/s counts the matrix products and attention of the forward (2*m*n*k per GEMM, 4*L^2*heads*head_dim for
 attention) for the engine's work, so both columns are comparable "useful" rates. The sgemm peak is measured in the same
-run: libh3's GEMM (h3_bench_gemm) and torch.mm on a 2048^3 f32 product with the same thread count.
+run: libh3's GEMM (h3_bench_gemm) and torch.mm on a 2048^3 f32 product with the same thread count. So is the
+arithmetic (FMA) peak of the threads (h3_bench_fma_peak: register-only multiply-adds), the ceiling no f32 engine can
+pass: the last columns give both engines' rates as a share of it, and the speed-up that ceiling would allow.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def main():
                 best = min(best, time.perf_counter() - t0)
             return h3, 2 * 2048**3 / best / 1e9
 
+        fma_peak = lib.h3_bench_fma_peak(ctx.ptr, 3)
+
         h3_peak, torch_peak = peaks()
         for spec in args.shapes.split(","):
             lat_t, lat_h, lat_w, audio = shape_geometry(spec)
@@ -137,14 +141,18 @@ def main():
         h3_peak2, torch_peak2 = peaks()
         h3_peak, torch_peak = max(h3_peak, h3_peak2), max(torch_peak, torch_peak2)
         peak = max(h3_peak, torch_peak)
+        fma_peak = max(fma_peak, lib.h3_bench_fma_peak(ctx.ptr, 3))
     print(f"machine: {platform.machine()} {_cpu_name()}, {os.cpu_count()} cpus; threads={args.threads}; "
           f"libh3 kernels {prof['kernels']}; torch {torch.__version__}; model {params / 1e6:.1f}M params f32")
-    print(f"sgemm 2048^3: libh3 {h3_peak:.1f} GFLOP/s, torch.mm {torch_peak:.1f} GFLOP/s (peak = {peak:.1f})")
+    print(f"sgemm 2048^3: libh3 {h3_peak:.1f} GFLOP/s, torch.mm {torch_peak:.1f} GFLOP/s (peak = {peak:.1f}); "
+          f"FMA peak {fma_peak:.1f} GFLOP/s")
     print(f"{'shape':>12} {'tokens':>6} {'libh3 ms':>9} {'diffusers ms':>12} {'speedup':>7} "
-          f"{'libh3 GF/s':>10} {'%peak':>6} {'diff GF/s':>9} {'%peak':>6}")
+          f"{'libh3 GF/s':>10} {'%peak':>6} {'diff GF/s':>9} {'%peak':>6} {'%FMA h3':>7} {'%FMA diff':>9} "
+          f"{'FMA-bound':>9}")
     for spec, L, h, d, r, gh, gd, _ in rows:
         print(f"{spec:>12} {L:>6} {h:>9.1f} {d:>12.1f} {r:>6.2f}x {gh:>10.1f} {100 * gh / peak:>5.0f}% {gd:>9.1f} "
-              f"{100 * gd / peak:>5.0f}%")
+              f"{100 * gd / peak:>5.0f}% {100 * gh / fma_peak:>6.0f}% {100 * gd / fma_peak:>8.0f}% "
+              f"{fma_peak / gd:>8.2f}x")
     print("libh3 forward time by part (ms, mean over the best round's forwards):")
     for spec, *_, parts in rows:
         print(f"{spec:>12} " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()))

@@ -334,3 +334,16 @@ def test_checkpoint_with_a_wrong_shape_names_the_tensor(tmp_path_factory, tmp_pa
     root = ds.write_checkpoint(ref, tmp_path / "missing", tensors=tensors)
     with pytest.raises(H3Error, match=r"'blocks\.1\.mlp\.fc2\.weight' is missing"):
         run_h3(root, kw)
+
+
+def test_bench_peaks_report_rates_and_reject_bad_arguments(tiny_ckpt):
+    """The benchmark's ceilings: the FMA peak is a positive rate no GEMM exceeds, bad repeats name the problem."""
+    from h3ctl import _lib
+
+    lib = _lib.lib()
+    with Context(tiny_ckpt.parent, threads=1) as ctx:
+        fma = lib.h3_bench_fma_peak(ctx.ptr, 1)
+        gemm = lib.h3_bench_gemm(ctx.ptr, 256, 256, 256, 2)
+        assert 0 < gemm < 1.2 * fma, (gemm, fma)   # the margin covers clock drift between the two timings
+        assert lib.h3_bench_fma_peak(ctx.ptr, 0) < 0 and "repeats 0" in _lib.last_error()
+        assert lib.h3_bench_gemm(ctx.ptr, 0, 8, 8, 1) < 0 and "bad GEMM size" in _lib.last_error()

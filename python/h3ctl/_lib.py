@@ -106,6 +106,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
                                c_float_p, c_float_p]),
     "h3_dit_profile_json": (c_char_p, [c_void_p]),
     "h3_bench_gemm": (c_double, [c_void_p, c_int64, c_int64, c_int64, c_int]),
+    "h3_bench_fma_peak": (c_double, [c_void_p, c_int]),
     "h3_video_decode_opts_default": (None, [ctypes.POINTER(H3VideoDecodeOpts)]),
     "h3_video_decode_shape": (c_int, [c_void_p, c_int, c_int, c_int, c_int_p, c_int_p, c_int_p]),
     "h3_video_decode_workspace": (c_int64, [c_void_p, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts)]),

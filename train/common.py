@@ -28,6 +28,57 @@ def device_of(arg: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def fast_cuda(dev: torch.device, cudnn_benchmark: bool = True) -> None:
+    """TF32 matmuls and convolutions (and cuDNN autotuning) on CUDA; nothing on other devices."""
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        if cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+
+
+def optimizer_step(opt, loss: torch.Tensor, params, lr: float, clip: float = 1.0) -> torch.Tensor:
+    """One update at learning rate `lr` (times a group's "lr_mult", if it has one): backward, clip the global grad
+    norm, step. Returns the norm before clipping."""
+    for g in opt.param_groups:
+        g["lr"] = lr * g.get("lr_mult", 1.0)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    return gn
+
+
+class StepStats:
+    """Per-step metric vectors kept on the device (no sync per step), reported every `every` steps and at step 1."""
+
+    def __init__(self, every: int):
+        self.every, self.rows, self.t = every, [], time.time()
+
+    def add(self, step: int, values: list) -> torch.Tensor | None:
+        """Returns the float rows [n, len(values)] since the last report when one is due, else None."""
+        self.rows.append(torch.stack([v.detach().float() for v in values]))
+        if step % self.every and step != 1:
+            return None
+        rows = torch.stack(self.rows).float()
+        self.rows = []
+        self.sec_per_step = (time.time() - self.t) / len(rows)
+        self.t = time.time()
+        return rows
+
+
+class Saver:
+    """Checkpoints every `seconds` of wall time (resumable state between a run's end-of-budget saves)."""
+
+    def __init__(self, run_dir: Path, name: str, modules: dict, optimizer, seconds: float):
+        self.args, self.seconds, self.last = (run_dir, name, modules, optimizer), seconds, time.time()
+
+    def maybe(self, budget: "Budget") -> None:
+        if time.time() - self.last > self.seconds:
+            save_state(*self.args, {"step": budget.step, "elapsed": budget.elapsed})
+            self.last = time.time()
+
+
 class Logger:
     def __init__(self, path: Path | None):
         self.path = Path(path) if path else None

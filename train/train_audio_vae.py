@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +23,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from train import data, world  # noqa: E402
-from train.common import Budget, Logger, device_of, load_state, lr_at, save_state, seed_all  # noqa: E402
+from train.common import Budget, Logger, Saver, StepStats, device_of, fast_cuda, load_state  # noqa: E402
+from train.common import lr_at, optimizer_step, save_state, seed_all  # noqa: E402
 from train.models import build_audio_vae, init_audio_vae_  # noqa: E402
 
 NAME = "audio_vae"
@@ -148,10 +148,7 @@ def main(argv=None) -> int:
     run = Path(args.run)
     log = Logger(run / f"{NAME}.log")
     dev = device_of(args.device)
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
+    fast_cuda(dev)
     seed_all(args.seed)
 
     vae = build_audio_vae()
@@ -186,7 +183,7 @@ def main(argv=None) -> int:
 
     budget = Budget(args.minutes * 60, args.max_steps, meta["elapsed"], meta["step"],
                     deadline=args.deadline)
-    last_save, t_log, agg = time.time(), time.time(), []
+    stats, saver = StepStats(50), Saver(run, NAME, {"model": vae}, opt, args.save_every)
     ar = torch.arange(crop, device=dev)
     while not budget.done():
         rows = rng.integers(0, mono.shape[0], args.batch)
@@ -201,24 +198,15 @@ def main(argv=None) -> int:
         gain = torch.from_numpy(rng.uniform(0.4, 2.0, (args.batch, 1)).astype(np.float32)).to(dev)
         x = (x * gain).clamp(-1, 1)[:, None]
         lr = lr_at(args.lr, budget.fraction, budget.step, warmup=args.warmup)
-        for g in opt.param_groups:
-            g["lr"] = lr
         loss, parts = loss_fn(vae, x, args.kl_weight, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        opt.step()
+        gn = optimizer_step(opt, loss, vae.parameters(), lr)
         budget.step += 1
-        agg.append(torch.stack([loss.detach()] + list(parts.values()) + [gn.detach().float()]))
-        if budget.step % 50 == 0 or budget.step == 1:
-            a = torch.stack(agg).float().mean(0).tolist()
-            agg = []
+        rows = stats.add(budget.step, [loss, *parts.values(), gn])
+        if rows is not None:
+            a = rows.mean(0).tolist()
             log(f"[{NAME}] step {budget.step} t {budget.elapsed:.0f}s lr {lr:.2e} loss {a[0]:.4f} l1 {a[1]:.5f} "
-                f"l2 {a[2]:.5f} stft {a[3]:.4f} kl {a[4]:.2f} gnorm {a[5]:.2f} {(time.time() - t_log) / 50:.3f}s/step")
-            t_log = time.time()
-        if time.time() - last_save > args.save_every:
-            save_state(run, NAME, {"model": vae}, opt, {"step": budget.step, "elapsed": budget.elapsed})
-            last_save = time.time()
+                f"l2 {a[2]:.5f} stft {a[3]:.4f} kl {a[4]:.2f} gnorm {a[5]:.2f} {stats.sec_per_step:.3f}s/step")
+        saver.maybe(budget)
     ev = evaluate(vae, heldout, dev)
     meta = {"step": budget.step, "elapsed": budget.elapsed, "eval_heldout": ev, "args": vars(args)}
     save_state(run, NAME, {"model": vae}, opt, meta)

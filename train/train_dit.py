@@ -41,7 +41,8 @@ import torch  # noqa: E402
 
 from train import data, dit_core  # noqa: E402
 from train import tokenizer as tk  # noqa: E402
-from train.common import Budget, Logger, device_of, load_state, lr_at, save_state, seed_all  # noqa: E402
+from train.common import Budget, Logger, Saver, StepStats, device_of, fast_cuda, load_state  # noqa: E402
+from train.common import lr_at, optimizer_step, save_state, seed_all  # noqa: E402
 from train.models import (  # noqa: E402
     AUDIO_SHIFT,
     COND_LAYER,
@@ -191,9 +192,7 @@ def main(argv=None) -> int:
     log = Logger(run / f"{NAME}.log")
     dev = device_of(args.device)
     cuda = dev.type == "cuda"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    fast_cuda(dev, cudnn_benchmark=False)
     seed_all(args.seed)
 
     # Tokenizer (deterministic; kept in the run dir) and latent statistics from stage 1.
@@ -261,7 +260,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device=dev).manual_seed(args.seed + meta["step"])
     budget = Budget(args.minutes * 60, args.max_steps, meta["elapsed"], meta["step"],
                     deadline=args.deadline)
-    last_save, t_log, agg = time.time(), time.time(), []
+    stats, saver = StepStats(100), Saver(run, NAME, mods, opt, args.save_every)
     B = args.batch
     while not budget.done():
         L, items, ids = buckets.sample(rng, B, gen)
@@ -277,8 +276,6 @@ def main(argv=None) -> int:
         xs_v = (1 - s_v)[:, None, None] * x0_v + s_v[:, None, None] * e_v
         xs_a = (1 - s_a)[:, None, None] * x0_a + s_a[:, None, None] * e_a
         lr = lr_at(args.lr, budget.fraction, budget.step, warmup=300)
-        for g in opt.param_groups:
-            g["lr"] = lr * g["lr_mult"]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
             text = dit_core.encode_text(te, ids, COND_LAYER)
             pv, pa = dit_core.batched_forward(dit, xs_v, xs_a, text, 1 - s_v, 1 - s_a, lay)
@@ -291,29 +288,19 @@ def main(argv=None) -> int:
             err_v = (pv.float() - (x0_v - e_v)).pow(2).mean(dim=(1, 2))
         err_a = (pa.float() - (x0_a - e_a)).pow(2).mean(dim=(1, 2))
         loss = err_v.mean() + err_a.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
-        opt.step()
+        gn = optimizer_step(opt, loss, [p for g in groups for p in g["params"]], lr)
         budget.step += 1
         decay = min(args.ema, (1 + budget.step) / (10 + budget.step))
         ema_update(dit_ema, dit, decay)
         ema_update(te_ema, te, decay)
         low = (s_v < 0.6).float()
-        agg.append(torch.stack([loss.detach(), err_v.mean().detach(), err_a.mean().detach(),
-                                (err_v * low).sum().detach(), low.sum(), gn.detach().float()]))
-        if budget.step % 100 == 0 or budget.step == 1:
-            a = torch.stack(agg).float()
-            agg = []
+        a = stats.add(budget.step, [loss, err_v.mean(), err_a.mean(), (err_v * low).sum(), low.sum(), gn])
+        if a is not None:
             m = a.mean(0).tolist()
             low_v = float(a[:, 3].sum() / a[:, 4].sum().clamp_min(1))
             log(f"[{NAME}] step {budget.step} t {budget.elapsed:.0f}s lr {lr:.2e} loss {m[0]:.4f} video {m[1]:.4f} "
-                f"(sigma<0.6: {low_v:.4f}) audio {m[2]:.4f} gnorm {m[5]:.2f} "
-                f"{(time.time() - t_log) / max(1, len(a)):.3f}s/step")
-            t_log = time.time()
-        if time.time() - last_save > args.save_every:
-            save_state(run, NAME, mods, opt, {"step": budget.step, "elapsed": budget.elapsed})
-            last_save = time.time()
+                f"(sigma<0.6: {low_v:.4f}) audio {m[2]:.4f} gnorm {m[5]:.2f} {stats.sec_per_step:.3f}s/step")
+        saver.maybe(budget)
     meta = {"step": budget.step, "elapsed": budget.elapsed, "args": vars(args), "dit_params": n_dit,
             "text_encoder_params": n_te, "samples_seen": budget.step * B}
     save_state(run, NAME, mods, opt, meta)

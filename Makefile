@@ -7,9 +7,10 @@ UNAME_S  := $(shell uname -s)
 UNAME_M  := $(shell uname -m)
 OPT      ?= -O2
 # Baseline ISA only: SIMD paths are compiled per file (*_avx2.c) and chosen at run time, so one
-# build runs on any CPU of the architecture.
+# build runs on any CPU of the architecture. No FMA contraction: `x + g * y` rounds the product
+# first, as torch does, with GCC (off by default in ISO C modes) and clang (on by default) alike.
 CFLAGS_BASE := -std=c11 -Wall -Wextra -Wshadow -Wno-unused-parameter -fPIC -fvisibility=hidden \
-               -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -pthread
+               -ffp-contract=off -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -pthread
 CFLAGS   ?= $(OPT) -g
 LDLIBS   := -lm -pthread
 

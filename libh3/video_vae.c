@@ -470,19 +470,13 @@ typedef struct {
     int64_t D, ldy;
 } resid_job;
 
-/* X += Y * scale (layer scale), product rounded before the add as torch does. */
+/* X += Y * scale (layer scale): the gated residual kernel the transformer uses, with the scale as
+   the gate (product rounded before the add, as torch does: C11 builds do not contract to FMA). */
 static void resid_task(void *arg, int64_t r0, int64_t r1, int thread)
 {
     resid_job *j = arg;
     (void)thread;
-    for (int64_t r = r0; r < r1; r++) {
-        float *x = j->X + r * j->D;
-        const float *y = j->Y + r * j->ldy;
-        for (int64_t d = 0; d < j->D; d++) {
-            float p = y[d] * j->scale[d];
-            x[d] = x[d] + p;
-        }
-    }
+    for (int64_t r = r0; r < r1; r++) h3_gated_add(j->X + r * j->D, j->scale, j->Y + r * j->ldy, j->D);
 }
 
 static void residual(h3_pool *pool, float *X, const float *Y, int64_t ldy, const float *scale, int64_t rows,

@@ -474,38 +474,35 @@ const h3j *h3j_at(const h3_json *d, const h3j *arr, uint32_t index)
     return c;
 }
 
+/* The first of the NULL-terminated alias keys in `ap` that holds a number (an integer when `want_int`). */
+static const h3j *cfg_first_num(const h3_json *d, const h3j *obj, bool want_int, va_list ap)
+{
+    const char *k;
+    while ((k = va_arg(ap, const char *)) != NULL) {
+        const h3j *v = h3j_get(d, obj, k);
+        if (v && v->type == H3J_NUM && (v->is_int || !want_int)) return v;
+    }
+    return NULL;
+}
+
 int h3_cfg_int(const h3_json *d, const h3j *obj, int64_t *out, ...)
 {
     va_list ap;
     va_start(ap, out);
-    const char *k;
-    int rc = -1;
-    while ((k = va_arg(ap, const char *)) != NULL) {
-        const h3j *v = h3j_get(d, obj, k);
-        if (v && v->type == H3J_NUM && v->is_int) {
-            *out = v->i;
-            rc = 0;
-            break;
-        }
-    }
+    const h3j *v = cfg_first_num(d, obj, true, ap);
     va_end(ap);
-    return rc;
+    if (!v) return -1;
+    *out = v->i;
+    return 0;
 }
 
 int h3_cfg_num(const h3_json *d, const h3j *obj, double *out, ...)
 {
     va_list ap;
     va_start(ap, out);
-    const char *k;
-    int rc = -1;
-    while ((k = va_arg(ap, const char *)) != NULL) {
-        const h3j *v = h3j_get(d, obj, k);
-        if (v && v->type == H3J_NUM) {
-            *out = v->num;
-            rc = 0;
-            break;
-        }
-    }
+    const h3j *v = cfg_first_num(d, obj, false, ap);
     va_end(ap);
-    return rc;
+    if (!v) return -1;
+    *out = v->num;
+    return 0;
 }

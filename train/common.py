@@ -73,10 +73,13 @@ class Saver:
     def __init__(self, run_dir: Path, name: str, modules: dict, optimizer, seconds: float):
         self.args, self.seconds, self.last = (run_dir, name, modules, optimizer), seconds, time.time()
 
+    def save(self, budget: "Budget", **meta) -> None:
+        save_state(*self.args, {"step": budget.step, "elapsed": budget.elapsed, **meta})
+        self.last = time.time()
+
     def maybe(self, budget: "Budget") -> None:
         if time.time() - self.last > self.seconds:
-            save_state(*self.args, {"step": budget.step, "elapsed": budget.elapsed})
-            self.last = time.time()
+            self.save(budget)
 
 
 class Logger:

@@ -25,12 +25,17 @@ from train.common import Logger, device_of, load_weights  # noqa: E402
 from train.models import build_audio_vae, build_video_vae  # noqa: E402
 
 
+def load_audio_vae(vae_run: Path, device, stats: dict | None = None):
+    """The run's audio VAE, frozen (F32 or BF16 files: load_state_dict casts into the F32 module)."""
+    av = build_audio_vae(latents_mean=stats and stats["audio_mean"], latents_std=stats and stats["audio_std"])
+    av.load_state_dict(load_weights(vae_run, "audio_vae", "model"))
+    return av.to(device).eval().requires_grad_(False)
+
+
 def load_vaes(vae_run: Path, device, stats: dict | None = None):
     vv = build_video_vae(latents_mean=stats and stats["video_mean"], latents_std=stats and stats["video_std"])
     vv.load_state_dict(load_weights(vae_run, "video_vae", "model"))
-    av = build_audio_vae(latents_mean=stats and stats["audio_mean"], latents_std=stats and stats["audio_std"])
-    av.load_state_dict(load_weights(vae_run, "audio_vae", "model"))
-    return vv.to(device).eval().requires_grad_(False), av.to(device).eval().requires_grad_(False)
+    return vv.to(device).eval().requires_grad_(False), load_audio_vae(vae_run, device, stats)
 
 
 def compute(vae_run: Path, clips: int, seed: int, device, workers=None, log=print) -> dict:
@@ -45,9 +50,7 @@ def compute(vae_run: Path, clips: int, seed: int, device, workers=None, log=prin
 
 def compute_audio(vae_run: Path, clips: int, seed: int, device, workers=None, log=print) -> dict:
     """Audio statistics only: for a retrained audio VAE next to an unchanged video VAE."""
-    av = build_audio_vae()
-    av.load_state_dict({k: v.float() for k, v in load_weights(vae_run, "audio_vae", "model").items()})
-    av = av.to(device).eval().requires_grad_(False)
+    av = load_audio_vae(vae_run, device)
     d = data.render(clips, seed=seed, split="train", workers=workers, video=False, log=log)
     am, as_ = data.channel_stats(data.encode_audio(av, d["audio"], device=device), 2)
     return {"audio_mean": am, "audio_std": as_}

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from train import data, world  # noqa: E402
 from train.common import Budget, Logger, Saver, StepStats, device_of, fast_cuda, load_state  # noqa: E402
-from train.common import lr_at, optimizer_step, save_state, seed_all  # noqa: E402
+from train.common import lr_at, optimizer_step, seed_all  # noqa: E402
 from train.models import build_audio_vae, init_audio_vae_  # noqa: E402
 
 NAME = "audio_vae"
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     if meta is None and args.init_from:
         from train.common import load_weights
 
-        vae.load_state_dict({k: v.float() for k, v in load_weights(Path(args.init_from), NAME, "model").items()})
+        vae.load_state_dict(load_weights(Path(args.init_from), NAME, "model"))  # BF16 files are cast on load
         log(f"[{NAME}] initialised from {args.init_from}")
     meta = meta or {"step": 0, "elapsed": 0.0}
     log(f"[{NAME}] device {dev} params {sum(p.numel() for p in vae.parameters()):,} resume step {meta['step']}")
@@ -208,8 +208,7 @@ def main(argv=None) -> int:
                 f"l2 {a[2]:.5f} stft {a[3]:.4f} kl {a[4]:.2f} gnorm {a[5]:.2f} {stats.sec_per_step:.3f}s/step")
         saver.maybe(budget)
     ev = evaluate(vae, heldout, dev)
-    meta = {"step": budget.step, "elapsed": budget.elapsed, "eval_heldout": ev, "args": vars(args)}
-    save_state(run, NAME, {"model": vae}, opt, meta)
+    saver.save(budget, eval_heldout=ev, args=vars(args))
     log(f"[{NAME}] done step {budget.step} held-out {ev}")
     return 0
 

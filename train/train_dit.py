@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from train import data, dit_core  # noqa: E402
 from train import tokenizer as tk  # noqa: E402
 from train.common import Budget, Logger, Saver, StepStats, device_of, fast_cuda, load_state  # noqa: E402
-from train.common import lr_at, optimizer_step, save_state, seed_all  # noqa: E402
+from train.common import lr_at, optimizer_step, seed_all  # noqa: E402
 from train.models import (  # noqa: E402
     AUDIO_SHIFT,
     COND_LAYER,
@@ -59,13 +59,16 @@ def shift_sigma(u: torch.Tensor, s: float) -> torch.Tensor:
     return s * u / (1 + (s - 1) * u)
 
 
-def sample_sigmas(b: int, device, gen, p_coupled: float, p_unshifted: float):
+def sample_sigmas(b: int, device, gen, p_coupled: float, p_unshifted: float, p_high: float = 0.0):
     u_v = torch.rand(b, device=device, generator=gen)
     u_a = torch.where(torch.rand(b, device=device, generator=gen) < p_coupled, u_v,
                       torch.rand(b, device=device, generator=gen))
     raw = torch.rand(b, device=device, generator=gen) < p_unshifted
     s_v = torch.where(raw, u_v, shift_sigma(u_v, VIDEO_SHIFT))
     s_a = torch.where(raw, u_a, shift_sigma(u_a, AUDIO_SHIFT))
+    if p_high > 0:  # video sigma uniform in [0.9, 1) for this share (audio keeps its draw)
+        high = torch.rand(b, device=device, generator=gen) < p_high
+        s_v = torch.where(high, 0.9 + 0.1 * torch.rand(b, device=device, generator=gen), s_v)
     return s_v, s_a
 
 
@@ -267,10 +270,7 @@ def main(argv=None) -> int:
         lay = layouts[L]
         x0_v = dit_core.patchify(zv[items].float())             # [B, 112, 96]
         x0_a = dit_core.audio_to_rows(za[items].float())        # [B, 74, 32]
-        s_v, s_a = sample_sigmas(B, dev, gen, args.p_coupled, args.p_unshifted)
-        if args.p_high > 0:
-            high = torch.rand(B, device=dev, generator=gen) < args.p_high
-            s_v = torch.where(high, 0.9 + 0.1 * torch.rand(B, device=dev, generator=gen), s_v)
+        s_v, s_a = sample_sigmas(B, dev, gen, args.p_coupled, args.p_unshifted, args.p_high)
         e_v = torch.randn(x0_v.shape, device=dev, generator=gen)
         e_a = torch.randn(x0_a.shape, device=dev, generator=gen)
         xs_v = (1 - s_v)[:, None, None] * x0_v + s_v[:, None, None] * e_v
@@ -301,9 +301,7 @@ def main(argv=None) -> int:
             log(f"[{NAME}] step {budget.step} t {budget.elapsed:.0f}s lr {lr:.2e} loss {m[0]:.4f} video {m[1]:.4f} "
                 f"(sigma<0.6: {low_v:.4f}) audio {m[2]:.4f} gnorm {m[5]:.2f} {stats.sec_per_step:.3f}s/step")
         saver.maybe(budget)
-    meta = {"step": budget.step, "elapsed": budget.elapsed, "args": vars(args), "dit_params": n_dit,
-            "text_encoder_params": n_te, "samples_seen": budget.step * B}
-    save_state(run, NAME, mods, opt, meta)
+    saver.save(budget, args=vars(args), dit_params=n_dit, text_encoder_params=n_te, samples_seen=budget.step * B)
     log(f"[{NAME}] done: {budget.step} steps, {budget.elapsed:.0f}s")
     return 0
 

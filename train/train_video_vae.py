@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from train import data  # noqa: E402
 from train.common import Budget, Logger, Saver, StepStats, device_of, fast_cuda, load_state  # noqa: E402
-from train.common import lr_at, optimizer_step, save_state, seed_all  # noqa: E402
+from train.common import lr_at, optimizer_step, seed_all  # noqa: E402
 from train.models import build_video_vae  # noqa: E402
 
 NAME = "video_vae"
@@ -138,8 +138,7 @@ def main(argv=None) -> int:
                 f"{stats.sec_per_step:.3f}s/step")
         saver.maybe(budget)
     ev = evaluate(vae, heldout, dev, autocast)
-    meta = {"step": budget.step, "elapsed": budget.elapsed, "eval_heldout": ev, "args": vars(args)}
-    save_state(run, NAME, {"model": vae}, opt, meta)
+    saver.save(budget, eval_heldout=ev, args=vars(args))
     log(f"[{NAME}] done step {budget.step} held-out PSNR {ev['psnr']:.2f} dB (object pixels {ev['psnr_object']:.2f})")
     return 0
 

@@ -63,10 +63,13 @@ def forward_flops(cfg, L, n_video, n_audio):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=4,
+                    help="forwards per round (>= 2: diffusers' forward is timed at the schedule's second step)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="128x128x22,256x256x22,256x256x56")
     args = ap.parse_args()
+    if args.repeats < 2:
+        ap.error("--repeats must be at least 2")
 
     import torch
 
@@ -95,11 +98,9 @@ def main():
                 t0 = time.perf_counter()
                 torch.mm(a, b)
                 best = min(best, time.perf_counter() - t0)
-            return h3, 2 * 2048**3 / best / 1e9
+            return h3, 2 * 2048**3 / best / 1e9, lib.h3_bench_fma_peak(ctx.ptr, 3)
 
-        fma_peak = lib.h3_bench_fma_peak(ctx.ptr, 3)
-
-        h3_peak, torch_peak = peaks()
+        h3_peak, torch_peak, fma_peak = peaks()
         for spec in args.shapes.split(","):
             lat_t, lat_h, lat_w, audio = shape_geometry(spec)
             g = torch.Generator().manual_seed(1)
@@ -138,10 +139,8 @@ def main():
             L = pos.shape[0]
             fl = forward_flops(BENCH_CONFIG, L, vidx.numel(), aidx.numel())
             rows.append((spec, L, h3_ms, dms, dms / h3_ms, fl / h3_ms / 1e6, fl / dms / 1e6, parts))
-        h3_peak2, torch_peak2 = peaks()
-        h3_peak, torch_peak = max(h3_peak, h3_peak2), max(torch_peak, torch_peak2)
+        h3_peak, torch_peak, fma_peak = (max(x, y) for x, y in zip((h3_peak, torch_peak, fma_peak), peaks()))
         peak = max(h3_peak, torch_peak)
-        fma_peak = max(fma_peak, lib.h3_bench_fma_peak(ctx.ptr, 3))
     print(f"machine: {platform.machine()} {_cpu_name()}, {os.cpu_count()} cpus; threads={args.threads}; "
           f"libh3 kernels {prof['kernels']}; torch {torch.__version__}; model {params / 1e6:.1f}M params f32")
     print(f"sgemm 2048^3: libh3 {h3_peak:.1f} GFLOP/s, torch.mm {torch_peak:.1f} GFLOP/s (peak = {peak:.1f}); "

@@ -95,15 +95,11 @@ def test_h3tiny_passes_90_percent_of_checks_on_heldout_prompts():
     from h3ctl import Engine
     from tests import semantic_run as S
 
-    per: dict = {}
     with Engine(threads=2) as eng:
-        for k, spec in enumerate(HELDOUT):
-            frames, audio = S.libh3_render(eng, spec.caption, 20, 42 + k)
-            for name, ok in S.score(spec, frames, audio).items():
-                per.setdefault(name, []).append(bool(ok))
-    passed = sum(sum(v) for v in per.values())
-    total = sum(len(v) for v in per.values())
-    table = ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in per.items())
-    print(f"semantic: {passed}/{total} = {100 * passed / total:.1f} % ({table})")
+        results = [evaluate.check(spec, *S.libh3_render(eng, spec.caption, 20, 42 + k))
+                   for k, spec in enumerate(HELDOUT)]
+    summary = evaluate.summarize(results)
+    print(f"semantic: {summary['passed']}/{summary['total']} = {100 * summary['pass_rate']:.1f} % "
+          f"{summary['per_check']}")
     assert len(HELDOUT) >= 20
-    assert passed / total >= 0.90, table
+    assert summary["pass_rate"] >= 0.90, summary["per_check"]

@@ -15,6 +15,7 @@ if ROOT not in sys.path:
 
 from train import world as w  # noqa: E402
 from train.world import ObjectSpec, Spec, make_clip, parse_caption  # noqa: E402
+from train.evaluate import dominant_hz, frame_pan  # noqa: E402  (the semantic suite's own measures)
 
 SR = w.SAMPLE_RATE
 
@@ -47,23 +48,6 @@ def weighted_centroids(a):
     ys = np.arange(H) + 0.5
     tot = a.sum(axis=(1, 2))
     return np.stack([(a.sum(axis=1) * xs).sum(1) / tot, (a.sum(axis=2) * ys).sum(1) / tot], 1)
-
-
-def dominant_hz(x):
-    spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
-    return np.fft.rfftfreq(len(x), 1.0 / SR)[int(np.argmax(spec))]
-
-
-def frame_pan(audio, F):
-    """Per-frame pan estimate in [0, 1] (equal-power inverse) and per-frame energy."""
-    bounds = [int(round(f / w.FPS * SR)) for f in range(F + 1)]
-    pans, energy = [], []
-    for f in range(F):
-        seg = audio[:, bounds[f]:bounds[f + 1]].astype(np.float64)
-        el, er = np.sqrt((seg ** 2).mean(axis=1))
-        pans.append(np.arctan2(er, el) / (np.pi / 2))
-        energy.append(el ** 2 + er ** 2)
-    return np.array(pans), np.array(energy)
 
 
 # ---------------------------------------------------------------------------------------------

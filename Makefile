@@ -10,9 +10,12 @@ OPT      ?= -O2
 # build runs on any CPU of the architecture. No FMA contraction: `x + g * y` rounds the product
 # first, as torch does, with GCC (off by default in ISO C modes) and clang (on by default) alike.
 CFLAGS_BASE := -std=c11 -Wall -Wextra -Wshadow -Wno-unused-parameter -fPIC -fvisibility=hidden \
-               -ffp-contract=off -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -pthread
+               -ffp-contract=off -Ilibh3 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -pthread
 CFLAGS   ?= $(OPT) -g
 LDLIBS   := -lm -pthread
+ifneq ($(UNAME_S),Darwin)
+  LDLIBS += -ldl
+endif
 
 ifeq ($(UNAME_S),Darwin)
   LIBEXT := dylib
@@ -31,8 +34,12 @@ else
 endif
 
 LIB      := python/h3ctl/libh3.$(LIBEXT)
-SRC      := $(sort $(wildcard libh3/*.c))
-HDR      := $(wildcard libh3/*.h libh3/*.inc)
+# libh3's layout: api/ (the only code that knows the context), core/, models/, runtime/ and
+# backend/cpu/. backend/cuda/ is built separately (see `cuda` below) and loaded at run time.
+SRC_DIRS := libh3/api libh3/core libh3/models libh3/runtime libh3/backend libh3/backend/cpu
+SRC      := $(sort $(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
+HDR      := $(wildcard libh3/*.h $(foreach d,$(SRC_DIRS),$(d)/*.h $(d)/*.inc))
+INC      := -Ilibh3
 OBJ      := $(patsubst libh3/%.c,build/obj/%.o,$(SRC))
 ASAN_OBJ := $(patsubst libh3/%.c,build/asan/%.o,$(SRC))
 SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -41,7 +48,7 @@ CTEST_SRC := $(sort $(wildcard tests/c/test_*.c))
 CTEST_BIN := $(patsubst tests/c/%.c,build/tests/%,$(CTEST_SRC))
 CTEST_ASAN := $(patsubst tests/c/%.c,build/tests-asan/%,$(CTEST_SRC))
 
-.PHONY: lib test test-c test-asan clean fuzz examples
+.PHONY: lib test test-c test-asan clean fuzz examples cuda
 # Keep objects between runs (make would delete them as intermediates of the test binaries).
 .SECONDARY:
 
@@ -101,7 +108,7 @@ build/render: examples/render.c libh3/h3.h $(LIB)
 # execution count. gcc's trace-pc instrumentation feeds tests/fuzz/driver.c (clang users can link
 # tests/fuzz/fuzz_safetensors.c with -fsanitize=fuzzer instead).
 FUZZ_RUNS ?= 200000
-FUZZ_SRC  := libh3/util.c libh3/json.c libh3/safetensors.c
+FUZZ_SRC  := libh3/core/util.c libh3/core/json.c libh3/core/safetensors.c
 fuzz: build/fuzz/fuzz_safetensors
 	build/fuzz/fuzz_safetensors $(FUZZ_RUNS)
 
@@ -109,7 +116,14 @@ build/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c tests/fuzz/driver.c $
 	@mkdir -p build/fuzz
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -fsanitize-coverage=trace-pc -Ilibh3 -c -o build/fuzz/target.o tests/fuzz/fuzz_safetensors.c
 	for f in $(FUZZ_SRC); do $(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -fsanitize-coverage=trace-pc -c -o build/fuzz/$$(basename $$f .c).o $$f || exit 1; done
-	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ tests/fuzz/driver.c build/fuzz/target.o $(patsubst libh3/%.c,build/fuzz/%.o,$(FUZZ_SRC)) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ tests/fuzz/driver.c build/fuzz/target.o $(foreach f,$(FUZZ_SRC),build/fuzz/$(basename $(notdir $(f))).o) $(LDLIBS)
 
 clean:
 	rm -rf build $(LIB)
+
+# ---- CUDA backend (begin) -------------------------------------------------------------------
+# libh3_cuda: the CUDA backend as its own shared library next to libh3, loaded at run time by
+# libh3/backend/backend.c, so one install serves machines with and without a GPU.
+CUDA_LIB := python/h3ctl/libh3_cuda.$(LIBEXT)
+cuda: $(CUDA_LIB)
+# ---- CUDA backend (end) ---------------------------------------------------------------------

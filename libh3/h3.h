@@ -8,7 +8,15 @@
  *  - Functions that can fail return 0 on success and a negative H3_E* code on failure (or NULL
  *    for constructors). The message of the most recent failure on the calling thread is returned
  *    by h3_last_error(); it names the file and the problem in one line.
- *  - A context (h3_ctx) is not thread-safe: use one context per thread, or serialise calls.
+ *  - Threads: a context (h3_ctx) is used by one thread at a time. Calls on one context from
+ *    two threads at once must be serialised by the caller (the Python Engine holds a lock);
+ *    different contexts may run on different threads at once. A tokenizer is read-only after
+ *    h3_tokenizer_load and may be shared. h3_last_error is per thread. Progress callbacks run
+ *    on the calling thread, inside the call.
+ *  - Any sequence of calls on a live context is safe: a call that does not fit the context's
+ *    state (a step before a prepare, a decode before the last step, a step after the public
+ *    transformer entry points replaced the prepared request's transformer state) returns
+ *    H3_E_INVALID with a message and leaves the context usable.
  *  - All tensors crossing the API are dense, row-major, little-endian.
  */
 #ifndef H3_H
@@ -61,13 +69,55 @@ typedef struct h3_options {
     uint32_t struct_size; /* sizeof(h3_options): lets older callers keep working */
     int32_t threads;      /* worker threads; 0 = number of online CPUs */
     uint32_t flags;       /* H3_OPT_* */
+    int32_t device;       /* H3_DEVICE_*: where the transformer and sampler run */
+    int32_t device_index; /* GPU ordinal for H3_DEVICE_CUDA / AUTO (default 0) */
 } h3_options;
 
 /* Use the Ref2VA partition instead of FL2VA when the directory holds both. */
 #define H3_OPT_REF2VA 1u
+/*
+ * Exact slow paths that every speed trick keeps (each has an environment override that h3_init
+ * reads, and only h3_init: the variable set to 1 sets the flag, set to 0 clears it):
+ *  H3_OPT_DIT_PER_STEP      AdaLN modulation computed from the adaln_proj weights at every step
+ *                           instead of precomputed for the schedule (H3_DIT_PRECOMPUTE=0)
+ *  H3_OPT_KEEP_ADALN        keep the adaln_proj weights after the precompute (H3_DIT_KEEP_ADALN=1)
+ *  H3_OPT_NO_TEXT_PREFETCH  read text-encoder layers synchronously (H3_TEXT_PREFETCH=0)
+ *  H3_OPT_DROP_PAGE_CACHE   drop the page cache when a phase releases its weights
+ *                           (H3_DROP_PAGE_CACHE=1)
+ * Results are identical with and without each. H3_NO_SIMD=1 (baseline-ISA CPU kernels) is
+ * process-wide and read once, at the first kernel call.
+ */
+#define H3_OPT_DIT_PER_STEP 2u
+#define H3_OPT_KEEP_ADALN 4u
+#define H3_OPT_NO_TEXT_PREFETCH 8u
+#define H3_OPT_DROP_PAGE_CACHE 16u
 
-/* Fill *o with defaults (all cores, FL2VA). */
+/*
+ * Devices. AUTO runs on CUDA when the CUDA backend was built (libh3_cuda next to libh3) and a
+ * GPU of compute capability 8.0 or newer answers, else on the CPU. CUDA fails h3_init with a
+ * one-line reason when that is not so. Only the transformer and the sampler run on the GPU
+ * today; the text encoder and the decoders run on the CPU.
+ */
+#define H3_DEVICE_AUTO 0
+#define H3_DEVICE_CPU 1
+#define H3_DEVICE_CUDA 2
+
+/* Fill *o with defaults (all cores, FL2VA, device auto). */
 H3_API void h3_options_default(h3_options *o);
+
+/*
+ * The backends this build of libh3 has and what they find, as a JSON object owned by the library
+ * (valid until the next call of this function):
+ * {"cpu": {"available": true, "kernels": "avx2"}, "cuda": {"built": true|false, "available":
+ * true|false, "device": "NVIDIA H200", "compute_capability": "9.0", "memory_bytes": N,
+ * "reason": "why not available"}}. Initialises the CUDA driver when the backend is built.
+ */
+H3_API const char *h3_backends_json(void);
+
+/* The backend a context computes the transformer on: its name ("cpu", "cuda") and a one-line
+   description (device, memory, kernels). Owned by the context. */
+H3_API const char *h3_device_name(h3_ctx *ctx);
+H3_API const char *h3_device_description(h3_ctx *ctx);
 
 /*
  * Open a model directory: the official MiniMaxAI/MiniMax-H3 layout (a root holding FL2VA/ and

@@ -152,7 +152,7 @@ def _lib_path() -> Path:
     if root is not None:
         # Editable/source checkout: rebuild when a C file is newer than the library, so a stale
         # library never answers for edited sources.
-        srcs = [p for p in (root / "libh3").glob("*.[ch]")] + [root / "Makefile"]
+        srcs = [p for p in (root / "libh3").rglob("*") if p.suffix in (".c", ".h", ".inc")] + [root / "Makefile"]
         if not so.exists() or so.stat().st_mtime < max(p.stat().st_mtime for p in srcs):
             proc = subprocess.run(["make", "-s", "-C", str(root), "lib"], capture_output=True, text=True)
             if proc.returncode != 0:

@@ -4,7 +4,7 @@
  * writes in the official layout. Also: the kernels one by one, both ISA variants, tiling and
  * thread-count invariance, progress/cancel, and schema errors. Runs under ASan+UBSan too.
  */
-#include "audio_vae.h"
+#include "models/audio_vae.h"
 #include "ctest.h"
 
 #include <stdlib.h>

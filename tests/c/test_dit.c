@@ -5,7 +5,7 @@
  * 3 threads, errors for bad input and bad checkpoints. Agreement with diffusers is tests/test_dit.py.
  */
 #include "ctest.h"
-#include "dit.h"
+#include "models/dit.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 /* Kernels vs straightforward double-precision references; thread-count and variant checks. */
 #include "ctest.h"
-#include "ops.h"
+#include "backend/cpu/ops.h"
 
 #include <stdlib.h>
 

@@ -1,6 +1,6 @@
 /* JSON reader and safetensors validation: accepted and rejected inputs, with their messages. */
 #include "ctest.h"
-#include "h3_internal.h"
+#include "core/internal.h"
 
 #include <stdlib.h>
 #include <unistd.h>

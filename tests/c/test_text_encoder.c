@@ -5,7 +5,7 @@
  * ASan+UBSan too (reader thread start/stop on every path).
  */
 #include "ctest.h"
-#include "text_encoder.h"
+#include "models/text_encoder.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
    strings, NFC cases, decoding, and clear errors for bad files and bad input. */
 #define _GNU_SOURCE
 #include "h3.h"
-#include "tokenizer.h"
+#include "core/tokenizer.h"
 
 #include "ctest.h"
 

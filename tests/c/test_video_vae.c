@@ -6,7 +6,7 @@
  * tests/test_video_vae.py.
  */
 #include "ctest.h"
-#include "video_vae.h"
+#include "models/video_vae.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * or fail with a message, never crash, leak or trip UBSan. libFuzzer-compatible entry point; with
  * gcc it runs under tests/fuzz/driver.c, a small coverage-guided loop built on gcc's trace-pc.
  */
-#include "h3_internal.h"
+#include "core/internal.h"
 
 #include <stdint.h>
 #include <string.h>

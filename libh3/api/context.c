@@ -1,0 +1,248 @@
+/* The context object: open a model directory, describe it, estimate memory per phase. */
+#include "backend/cpu/ops.h"
+#include "models/text_encoder.h"
+#include "models/dit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+H3_API const char *h3_cpu_features(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static char buf[64];
+    if (!buf[0]) {
+        unsigned f = h3_cpu_x86_features();
+        snprintf(buf, sizeof buf, "x86-64%s%s%s%s", (f & H3_CPU_AVX2) ? " avx2" : "", (f & H3_CPU_FMA) ? " fma" : "",
+                 (f & H3_CPU_F16C) ? " f16c" : "", (f & H3_CPU_AVX512F) ? " avx512f" : "");
+    }
+    return buf;
+#elif defined(__aarch64__)
+    return "aarch64 neon";
+#else
+    return "generic";
+#endif
+}
+
+H3_API void h3_options_default(h3_options *o)
+{
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+}
+
+static int online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
+}
+
+H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
+{
+    h3_options o;
+    h3_options_default(&o);
+    if (options) {
+        if (options->struct_size < offsetof(h3_options, flags) + sizeof o.flags ||
+            options->struct_size > sizeof o) {
+            h3_err(H3_E_INVALID, "h3_options.struct_size %u is not a size this library knows",
+                   options->struct_size);
+            return NULL;
+        }
+        memcpy(&o, options, options->struct_size);
+    }
+    if (o.threads < 0 || o.threads > 1024) {
+        h3_err(H3_E_INVALID, "threads must be between 0 (all cores) and 1024, got %d", o.threads);
+        return NULL;
+    }
+    h3_ctx *ctx = h3_calloc(1, sizeof *ctx);
+    if (!ctx) return NULL;
+    ctx->threads = o.threads ? o.threads : online_cpus();
+    ctx->flags = o.flags;
+    if (h3_model_open(&ctx->model, model_dir, o.flags) != 0) {
+        free(ctx);
+        return NULL;
+    }
+    h3_err_clear();
+    return ctx;
+}
+
+H3_API void h3_free(h3_ctx *ctx)
+{
+    if (!ctx) return;
+    h3_render_state_free(ctx);
+    h3_tokenizer_free(ctx->tokenizer);
+    h3_text_cache_free(ctx->text_cache);
+    h3_dit_close(ctx->dit); /* before the model: its weights are mapped from the model's store */
+    h3_model_close(&ctx->model);
+    h3_pool_destroy(ctx->pool);
+    free(ctx->dit_json);
+    free(ctx->info_json);
+    free(ctx->mem_json);
+    free(ctx);
+}
+
+H3_API int h3_threads(const h3_ctx *ctx) { return ctx ? ctx->threads : 0; }
+
+h3_pool *h3_ctx_pool(h3_ctx *ctx)
+{
+    if (!ctx->pool) ctx->pool = h3_pool_create(ctx->threads);
+    return ctx->pool;
+}
+
+H3_API void h3_set_progress(h3_ctx *ctx, h3_progress_fn fn, void *user)
+{
+    if (!ctx) return;
+    ctx->progress = fn;
+    ctx->progress_user = fn ? user : NULL;
+}
+
+int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total)
+{
+    if (!fn || fn(user, phase, done, total) == 0) return 0;
+    return h3_err(H3_E_CANCELLED, "%s: cancelled by the progress callback after %d of %d steps", phase, done,
+                  total);
+}
+
+/* ---- info ------------------------------------------------------------------------------ */
+
+static void json_kv_str(h3_buf *b, const char *k, const char *v, bool comma)
+{
+    h3_buf_printf(b, "%s\"%s\": ", comma ? ", " : "", k);
+    if (v)
+        h3_buf_json_str(b, v);
+    else
+        h3_buf_printf(b, "null");
+}
+
+static int describe_store(h3_buf *b, const h3_store *s)
+{
+    uint64_t bytes[H3_DT_COUNT] = {0};
+    size_t count[H3_DT_COUNT] = {0};
+    for (size_t i = 0; i < s->ntensors; i++) {
+        bytes[s->tensors[i].dtype] += s->tensors[i].end - s->tensors[i].begin;
+        count[s->tensors[i].dtype]++;
+    }
+    h3_buf_printf(b, ", \"files\": %d, \"tensors\": %zu, \"bytes\": %llu, \"dtypes\": {", s->nfiles,
+                  s->ntensors, (unsigned long long)s->bytes);
+    bool first = true;
+    for (int t = 0; t < H3_DT_COUNT; t++) {
+        if (!count[t]) continue;
+        h3_buf_printf(b, "%s\"%s\": {\"tensors\": %zu, \"bytes\": %llu}", first ? "" : ", ",
+                      h3_dtype_name((h3_dtype)t), count[t], (unsigned long long)bytes[t]);
+        first = false;
+    }
+    h3_buf_printf(b, "}");
+    return 0;
+}
+
+static int describe_config(h3_buf *b, h3_model *m, h3_component c)
+{
+    int rc;
+    if (c == H3_COMP_TRANSFORMER) {
+        h3_dit_cfg d;
+        if ((rc = h3_dit_cfg_load(m, &d))) return rc;
+        h3_buf_printf(b,
+                      ", \"config\": {\"hidden_size\": %d, \"num_layers\": %d, \"token_refiner_num_layers\": %d, "
+                      "\"num_attention_heads\": %d, \"attention_head_dim\": %d, \"ffn_hidden_size\": %d, "
+                      "\"latents_dim\": %d, \"audio_latents_dim\": %d, \"patch_size\": [%d, %d, %d], "
+                      "\"text_dim\": %d, \"timestep_input_dim\": %d, \"time_embed_hidden_size\": %d, "
+                      "\"time_embed_dim\": %d, \"rope_inv_freq_len\": %d, \"rope_theta\": %g, "
+                      "\"shift_video\": %g, \"shift_audio\": %g}",
+                      d.hidden, d.layers, d.refiner_layers, d.heads, d.head_dim, d.ffn, d.video_ch,
+                      d.audio_ch, d.patch[0], d.patch[1], d.patch[2], d.text_dim, d.freq_dim,
+                      d.temb_hidden, d.temb_dim, d.rope_freq, d.rope_theta, d.shift_video, d.shift_audio);
+    } else if (c == H3_COMP_TEXT_ENCODER) {
+        h3_text_cfg t;
+        if ((rc = h3_text_cfg_load(m, &t))) return rc;
+        h3_buf_printf(b,
+                      ", \"config\": {\"hidden_size\": %d, \"num_hidden_layers\": %d, \"conditioning_layer\": %d, "
+                      "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+                      "\"intermediate_size\": %d, \"vocab_size\": %d, \"rope_theta\": %g}",
+                      t.hidden, t.layers, t.cond_layer, t.heads, t.kv_heads, t.head_dim, t.inter, t.vocab,
+                      t.rope_theta);
+    } else if (c == H3_COMP_VIDEO_VAE) {
+        h3_vvae_cfg v;
+        if ((rc = h3_vvae_cfg_load(m, &v))) return rc;
+        h3_buf_printf(b,
+                      ", \"config\": {\"latent_channels\": %d, \"spatial_ratio\": %d, \"temporal_ratio\": %d, "
+                      "\"decoder_layers\": %d, \"decoder_heads\": %d, \"decoder_head_dim\": %d, "
+                      "\"clip_length\": %d, \"token_drop\": %d, \"tile_size\": %d, \"tile_overlap\": %d}",
+                      v.latent_ch, v.spatial, v.temporal, v.dec_layers, v.dec_heads, v.dec_head_dim,
+                      v.clip_length, v.token_drop, v.tile_size, v.tile_overlap);
+    } else if (c == H3_COMP_AUDIO_VAE) {
+        h3_avae_cfg a;
+        if ((rc = h3_avae_cfg_load(m, &a))) return rc;
+        int hop = 1;
+        for (int i = 0; i < a.n_up; i++) hop *= a.rates[i];
+        h3_buf_printf(b,
+                      ", \"config\": {\"latent_channels\": %d, \"latent_dim\": %d, \"decoder_dim\": %d, "
+                      "\"sample_rate\": %d, \"hop\": %d, \"upsample_stages\": %d}",
+                      a.latent_ch, a.latent_dim, a.decoder_dim, a.sample_rate, hop, a.n_up);
+    }
+    return 0;
+}
+
+H3_API int h3_model_check(h3_ctx *ctx, int require_all)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_model *m = &ctx->model;
+    for (int c = 0; c < H3_COMP_COUNT; c++) {
+        if (!m->comp[c].present) {
+            if (require_all) return h3_model_require(m, (h3_component)c, "a text-to-video+audio render");
+            continue;
+        }
+        int rc = c == H3_COMP_TOKENIZER ? 0 : h3_model_validate(m, (h3_component)c);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+H3_API const char *h3_model_info_json(h3_ctx *ctx)
+{
+    if (!ctx) {
+        h3_err(H3_E_INVALID, "NULL context");
+        return NULL;
+    }
+    h3_model *m = &ctx->model;
+    h3_buf b = {0};
+    h3_buf_printf(&b, "{");
+    json_kv_str(&b, "root", m->root, false);
+    json_kv_str(&b, "partition", m->partition, true);
+    json_kv_str(&b, "partition_dir", m->partition_dir, true);
+    h3_buf_printf(&b, ", \"ref2va_present\": %s, \"components\": {", m->has_ref2va ? "true" : "false");
+    int rc = 0;
+    for (int c = 0; c < H3_COMP_COUNT && !rc; c++) {
+        h3_comp *k = &m->comp[c];
+        h3_buf_printf(&b, "%s\"%s\": {\"present\": %s", c ? ", " : "", h3_component_name((h3_component)c),
+                      k->present ? "true" : "false");
+        if (k->present) {
+            json_kv_str(&b, "dir", k->dir, true);
+            if (c == H3_COMP_TOKENIZER) {
+                struct stat st;
+                json_kv_str(&b, "path", k->config_path, true);
+                if (stat(k->config_path, &st) == 0) h3_buf_printf(&b, ", \"bytes\": %lld", (long long)st.st_size);
+            } else {
+                if ((rc = h3_model_headers(m, (h3_component)c))) break;
+                describe_store(&b, &k->store);
+                if ((rc = describe_config(&b, m, (h3_component)c))) break;
+                if ((rc = h3_model_validate(m, (h3_component)c))) break;
+            }
+        }
+        h3_buf_printf(&b, "}");
+    }
+    h3_buf_printf(&b, "}}");
+    if (rc) {
+        h3_buf_free(&b);
+        return NULL;
+    }
+    if (b.oom) {
+        h3_buf_free(&b);
+        h3_err(H3_E_NOMEM, "out of memory describing the model");
+        return NULL;
+    }
+    free(ctx->info_json);
+    ctx->info_json = b.p;
+    return ctx->info_json;
+}

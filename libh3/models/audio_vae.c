@@ -1,0 +1,823 @@
+/*
+ * Audio VAE decoder on CPU: diffusers' AutoencoderKLMiniMaxH3Audio.decode (dec_in_proj, then the
+ * BigVGAN decoder) preceded by the per-channel de-normalisation of MiniMaxH3AudioDecodeStep.
+ * The two stereo sides are independent batch items, decoded one after the other.
+ *
+ * Data flow per side (activations time-major [time, channels], see audio_vae.h):
+ *   x*std+mean -> dec_in_proj (1x1) -> conv_pre (k7) -> for each stage: ConvTranspose1d, then the
+ *   mean of the stage's AMP blocks -> activation_post -> conv_post -> clamp [-1, 1].
+ * Every convolution is one im2col-free GEMM per phase (avae_kern.inc, weights packed once at
+ * load): a dilated convolution splits time into `dilation` phases that are ordinary
+ * convolutions; a transposed convolution of stride u splits its output into u phases that are
+ * ordinary convolutions over consecutive input rows. Zero padding is real zero rows around each
+ * phase, so a GEMM input row is just a pointer into the activation buffer.
+ *
+ * Weight norm is folded at load (w = v * (g / ||v||), the arithmetic of torch's fused CPU
+ * kernel) while packing the weights; the file mapping is dropped before decoding starts.
+ */
+#include "models/audio_vae.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_FRAMES (1 << 20) /* ~7 hours at 40 Hz: keeps every length well inside int64 */
+#define ACT_TILE 128         /* activation output rows per scratch tile (17 KB: 16 channels at a time) */
+#define ACT_SLOT 3           /* pool scratch slot of the activation tiles (others' kernels use 0-2) */
+#define ACT_COST 40          /* progress units per activation output value, next to 1 per MAC */
+#define PRE_K 7              /* conv_pre / conv_post kernel size (fixed by diffusers) */
+
+typedef struct {
+    h3_avae_pw w; /* [cout][k * cin], packed: column k * cin + i is tap k of input channel i */
+    float *bias;
+    int cin, cout, k, dil;
+} conv_w;
+
+typedef struct {
+    int u, k, p, cin, cout;
+    h3_avae_pw w[64];    /* per output phase r: [cout][ntap[r] * cin], input rows in time order */
+    int ntap[64], c[64]; /* phase r reads input rows q + c[r] - ntap[r] + 1 .. q + c[r] */
+    float *bias;
+} tconv_w;
+
+typedef struct {
+    int C, tail_period;
+    float *a, *rb;           /* exp(alpha), 1 / (exp(beta) + 1e-9) per channel */
+    float *tail_a, *tail_rb; /* the last C % 8 channels' a and rb repeated to lcm(C % 8, 8) */
+    float fup[H3_AA_TAPS], fdown[H3_AA_TAPS];
+} act_w;
+
+typedef struct {
+    int k, ndil;
+    conv_w c1[8], c2[8];
+    act_w a1[8], a2[8];
+} amp_w;
+
+typedef struct {
+    h3_avae_cfg cfg;
+    conv_w in_proj, pre;
+    tconv_w ups[16];
+    amp_w *res; /* [n_up * n_res], diffusers' resblocks index i * n_res + j */
+    act_w post;
+    float *post_w; /* conv_post folded, [PRE_K * C]: tap k of channel i at k * C + i */
+} decoder;
+
+/* ---- geometry --------------------------------------------------------------------------- */
+
+static int stage_ch(const h3_avae_cfg *c, int i) { return c->decoder_dim >> i; }
+
+/* ConvTranspose1d output length for stage i (padding (k - u) // 2, no output padding). */
+static int64_t up_len(const h3_avae_cfg *c, int i, int64_t lin)
+{
+    int u = c->rates[i], k = c->kernels[i], p = (k - u) / 2;
+    return (lin - 1) * u - 2 * (int64_t)p + k;
+}
+
+/*
+ * Output phase r of a transposed convolution (stride u, kernel k, padding p): output q*u + r takes
+ * taps kr, kr + u, ... (kr = (r + p) % u) from input rows q + c - j, j = 0..ntap-1.
+ */
+static void tphase(int u, int k, int r, int *ntap, int *c)
+{
+    int p = (k - u) / 2, kr = (r + p) % u;
+    *ntap = kr < k ? (k - kr + u - 1) / u : 0;
+    *c = (r + p) / u;
+}
+
+/* Rows of zero margin stage i's transposed convolution reads before and after its lin input rows. */
+static void tconv_margins(const h3_avae_cfg *cf, int i, int64_t lin, int64_t *left, int64_t *right)
+{
+    const int u = cf->rates[i];
+    const int64_t lout = up_len(cf, i, lin);
+    *left = *right = 0;
+    for (int r = 0; r < u && r < lout; r++) {
+        int n, c;
+        tphase(u, cf->kernels[i], r, &n, &c);
+        if (!n) continue;
+        int64_t Q = (lout - r + u - 1) / u, lo = c - n + 1, hi = Q - 1 + c;
+        if (-lo > *left) *left = -lo;
+        if (hi - (lin - 1) > *right) *right = hi - (lin - 1);
+    }
+}
+
+static int check_geometry(const h3_avae_cfg *c, const char *path)
+{
+    if (c->n_up < 1 || c->n_up > 16 || c->n_res < 1 || c->n_dil < 1)
+        return h3_err(H3_E_FORMAT, "%s: the decoder needs at least one stage, resblock and dilation", path);
+    for (int i = 0; i < c->n_up; i++) {
+        if (c->kernels[i] < c->rates[i] || c->rates[i] > 64)
+            return h3_err(H3_E_UNSUPPORTED, "%s: upsampling stage %d has kernel %d below its rate %d", path, i,
+                          c->kernels[i], c->rates[i]);
+    }
+    for (int j = 0; j < c->n_res; j++)
+        if (c->res_kernels[j] % 2 == 0)
+            return h3_err(H3_E_UNSUPPORTED, "%s: resblock kernel %d is even (its convolutions would change the "
+                          "length; diffusers fails on it too)", path, c->res_kernels[j]);
+    return 0;
+}
+
+int64_t h3_avae_samples(const h3_avae_cfg *c, int64_t frames)
+{
+    if (frames < 1 || frames > MAX_FRAMES)
+        return h3_err(H3_E_INVALID, "audio latent frames must be between 1 and %d, got %lld", MAX_FRAMES,
+                      (long long)frames);
+    int64_t L = frames;
+    for (int i = 0; i < c->n_up; i++) L = up_len(c, i, L);
+    if (L < 1) return h3_err(H3_E_INVALID, "audio decoder: %lld frames decode to no samples", (long long)frames);
+    return L;
+}
+
+/* ---- loading ---------------------------------------------------------------------------- */
+
+/* Copy a tensor that must be F32 with exactly this shape (the mapping may be unaligned). */
+static int read_f32(h3_store *s, const char *name, int ndim, const int64_t *shape, float *out)
+{
+    const void *p = h3_store_get(s, name, H3_DT_F32, ndim, shape);
+    if (!p) {
+        /* h3_store_get recorded the message; it fails on a schema mismatch or a mapping error. */
+        const h3_tensor *t = h3_store_find(s, name);
+        bool schema = !t || t->dtype != H3_DT_F32 || t->ndim != ndim;
+        for (int i = 0; t && !schema && i < ndim; i++) schema = t->shape[i] != shape[i];
+        return schema ? -H3_E_SCHEMA : -H3_E_IO;
+    }
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    memcpy(out, p, (size_t)n * sizeof(float));
+    h3_store_release_tensor(s, name);
+    return 0;
+}
+
+static float *falloc(int64_t n) { return h3_malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+
+/*
+ * Weight norm (torch.nn.utils.weight_norm, dim 0): w = v * (g / ||v_row||), rows along dim 0.
+ * Reads v [rows, d1, d2] into `v` and returns each row's factor in `scale`; the packing applies
+ * it. torch's CPU _weight_norm_interface computes the row norm, then g / norm, then one product
+ * per element: the same here, except that the norm is summed in double (torch sums float lanes),
+ * a difference far below the rounding of the convolutions themselves.
+ */
+static int weight_norm(h3_store *s, const char *base, float *v, int64_t rows, int64_t d1, int64_t d2, float *scale)
+{
+    char name[256];
+    int64_t vshape[3] = {rows, d1, d2}, gshape[3] = {rows, 1, 1}, per_row = d1 * d2;
+    int rc;
+    snprintf(name, sizeof name, "%s.weight_v", base);
+    if ((rc = read_f32(s, name, 3, vshape, v))) return rc;
+    snprintf(name, sizeof name, "%s.weight_g", base);
+    if ((rc = read_f32(s, name, 3, gshape, scale))) return rc;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = v + r * per_row;
+        double acc[8] = {0}; /* eight partial sums: no serial dependency chain */
+        int64_t j = 0;
+        for (; j + 8 <= per_row; j += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)row[j + l] * row[j + l];
+        for (; j < per_row; j++) acc[0] += (double)row[j] * row[j];
+        double ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        float norm = (float)sqrt(ss);
+        scale[r] = scale[r] / norm; /* g / ||v|| */
+    }
+    return 0;
+}
+
+static int read_bias(h3_store *s, const char *base, int n, float **out)
+{
+    char name[256];
+    int64_t shape[1] = {n};
+    snprintf(name, sizeof name, "%s.bias", base);
+    if (!(*out = falloc(n))) return -H3_E_NOMEM;
+    return read_f32(s, name, 1, shape, *out);
+}
+
+/* A packed weight of N outputs and K reduction columns (the packers write every lane). */
+static int pw_alloc(h3_avae_pw *w, int N, int64_t K)
+{
+    size_t n = (size_t)((N + H3_AVAE_NR - 1) / H3_AVAE_NR) * (size_t)K * H3_AVAE_NR;
+    if (!(w->p = h3_alloc_aligned(n * sizeof(float)))) return h3_err(H3_E_NOMEM, "out of memory packing weights");
+    w->N = N, w->K = K;
+    return 0;
+}
+
+/* A Conv1d, weight-normed (`wn`) or plain, with or without bias, packed as [cout][k * cin + i]. */
+static int load_conv(h3_store *s, const char *base, int cout, int cin, int k, int dil, bool wn, bool bias,
+                     conv_w *cv)
+{
+    float *v = falloc((int64_t)cout * cin * k), *scale = falloc(cout);
+    int rc = v && scale ? 0 : -H3_E_NOMEM;
+    if (!rc && wn) {
+        rc = weight_norm(s, base, v, cout, cin, k, scale);
+    } else if (!rc) {
+        char name[256];
+        int64_t shape[3] = {cout, cin, k};
+        snprintf(name, sizeof name, "%s.weight", base);
+        rc = read_f32(s, name, 3, shape, v);
+    }
+    if (!rc) rc = pw_alloc(&cv->w, cout, (int64_t)k * cin);
+    if (!rc) {
+        /* Written in packed order (contiguous stores; 16 read streams, one per output lane). */
+        float *dst = cv->w.p;
+        for (int p = 0; p < cout; p += H3_AVAE_NR)
+            for (int t = 0; t < k; t++)
+                for (int i = 0; i < cin; i++, dst += H3_AVAE_NR)
+                    for (int l = 0; l < H3_AVAE_NR; l++) {
+                        int o = p + l;
+                        float x = o < cout ? v[((int64_t)o * cin + i) * k + t] : 0.0f;
+                        dst[l] = o < cout && wn ? x * scale[o] : x;
+                    }
+    }
+    free(v), free(scale);
+    cv->cin = cin, cv->cout = cout, cv->k = k, cv->dil = dil;
+    if (!rc && bias) rc = read_bias(s, base, cout, &cv->bias);
+    return rc;
+}
+
+/* ConvTranspose1d [cin, cout, k] with weight norm over dim 0 (input channels), split in phases. */
+static int load_tconv(h3_store *s, const char *base, int cin, int cout, int k, int u, tconv_w *t)
+{
+    t->u = u, t->k = k, t->p = (k - u) / 2, t->cin = cin, t->cout = cout;
+    float *v = falloc((int64_t)cin * cout * k), *scale = falloc(cin);
+    int rc = v && scale ? weight_norm(s, base, v, cin, cout, k, scale) : -H3_E_NOMEM;
+    for (int r = 0; !rc && r < u; r++) {
+        int n;
+        tphase(u, k, r, &n, &t->c[r]);
+        t->ntap[r] = n;
+        if (!n) continue;
+        const int kr = (r + t->p) % u;
+        if ((rc = pw_alloc(&t->w[r], cout, (int64_t)n * cin))) break;
+        /* Column block e holds input row s0 + e, i.e. tap j = n - 1 - e (taps run backwards in
+           time); the weight-norm factor belongs to the input channel (dim 0 of [cin, cout, k]). */
+        float *dst = t->w[r].p;
+        for (int p = 0; p < cout; p += H3_AVAE_NR)
+            for (int e = 0; e < n; e++) {
+                const int kk = kr + (n - 1 - e) * u;
+                for (int i = 0; i < cin; i++, dst += H3_AVAE_NR)
+                    for (int l = 0; l < H3_AVAE_NR; l++)
+                        dst[l] = p + l < cout ? v[((int64_t)i * cout + p + l) * k + kk] * scale[i] : 0.0f;
+            }
+    }
+    free(scale);
+    free(v);
+    if (!rc) rc = read_bias(s, base, cout, &t->bias);
+    return rc;
+}
+
+static int load_act(h3_store *s, const char *base, int C, act_w *a)
+{
+    char name[256];
+    int64_t cs[1] = {C}, fs[3] = {1, 1, H3_AA_TAPS};
+    int rc;
+    a->C = C;
+    const int R = C % 8;
+    a->tail_period = R == 0 ? 8 : (R % 4 == 0 ? 2 * R : (R % 2 == 0 ? 4 * R : 8 * R));
+    if (!(a->a = falloc(C)) || !(a->rb = falloc(C)) || !(a->tail_a = falloc(a->tail_period)) ||
+        !(a->tail_rb = falloc(a->tail_period)))
+        return -H3_E_NOMEM;
+    snprintf(name, sizeof name, "%s.act.alpha", base);
+    if ((rc = read_f32(s, name, 1, cs, a->a))) return rc;
+    snprintf(name, sizeof name, "%s.act.beta", base);
+    if ((rc = read_f32(s, name, 1, cs, a->rb))) return rc;
+    /* Each activation reads its own filter buffers: diffusers registers them per activation
+       (persistent) and loads whatever the checkpoint holds. */
+    snprintf(name, sizeof name, "%s.upsample.filter", base);
+    if ((rc = read_f32(s, name, 3, fs, a->fup))) return rc;
+    snprintf(name, sizeof name, "%s.downsample.lowpass.filter", base);
+    if ((rc = read_f32(s, name, 3, fs, a->fdown))) return rc;
+    /* SnakeBeta stores log-scale parameters; torch evaluates exp and (beta + 1e-9)^-1 in f32. */
+    for (int c = 0; c < C; c++) {
+        a->a[c] = expf(a->a[c]);
+        a->rb[c] = 1.0f / (expf(a->rb[c]) + 1e-9f);
+    }
+    /* The kernel runs the tail channels' SnakeBeta on flattened [rows, R] tiles, whole vectors. */
+    for (int i = 0; i < a->tail_period; i++) {
+        a->tail_a[i] = R ? a->a[C - R + i % R] : 0.0f;
+        a->tail_rb[i] = R ? a->rb[C - R + i % R] : 0.0f;
+    }
+    return 0;
+}
+
+static void free_conv(conv_w *c)
+{
+    h3_free_aligned(c->w.p);
+    free(c->bias);
+}
+
+static void free_act(act_w *a)
+{
+    free(a->a);
+    free(a->rb);
+    free(a->tail_a);
+    free(a->tail_rb);
+}
+
+static void dec_free(decoder *d)
+{
+    if (!d) return;
+    free_conv(&d->in_proj);
+    free_conv(&d->pre);
+    for (int i = 0; i < 16; i++) {
+        for (int r = 0; r < 64; r++) h3_free_aligned(d->ups[i].w[r].p);
+        free(d->ups[i].bias);
+    }
+    if (d->res) {
+        for (int g = 0; g < d->cfg.n_up * d->cfg.n_res; g++) {
+            amp_w *b = &d->res[g];
+            for (int j = 0; j < 8; j++) {
+                free_conv(&b->c1[j]);
+                free_conv(&b->c2[j]);
+                free_act(&b->a1[j]);
+                free_act(&b->a2[j]);
+            }
+        }
+        free(d->res);
+    }
+    free_act(&d->post);
+    free(d->post_w);
+    free(d);
+}
+
+static int dec_load(h3_model *m, decoder **out)
+{
+    *out = NULL;
+    decoder *d = h3_calloc(1, sizeof *d);
+    if (!d) return -H3_E_NOMEM;
+    int rc = h3_avae_cfg_load(m, &d->cfg);
+    const h3_avae_cfg *c = &d->cfg;
+    if (!rc) rc = check_geometry(c, m->comp[H3_COMP_AUDIO_VAE].config_path);
+    if (!rc) rc = h3_model_headers(m, H3_COMP_AUDIO_VAE);
+    if (rc) {
+        dec_free(d);
+        return rc;
+    }
+    h3_store *s = &m->comp[H3_COMP_AUDIO_VAE].store;
+    char base[160];
+    rc = load_conv(s, "dec_in_proj", c->latent_dim, c->latent_ch, 1, 1, false, true, &d->in_proj);
+    if (!rc) rc = load_conv(s, "decoder.conv_pre", c->decoder_dim, c->latent_dim, PRE_K, 1, true, true, &d->pre);
+    for (int i = 0; !rc && i < c->n_up; i++) {
+        snprintf(base, sizeof base, "decoder.ups.%d.0", i);
+        rc = load_tconv(s, base, stage_ch(c, i), stage_ch(c, i + 1), c->kernels[i], c->rates[i], &d->ups[i]);
+    }
+    if (!rc && !(d->res = h3_calloc((size_t)(c->n_up * c->n_res), sizeof *d->res))) rc = -H3_E_NOMEM;
+    for (int i = 0; !rc && i < c->n_up; i++) {
+        int ch = stage_ch(c, i + 1);
+        for (int j = 0; !rc && j < c->n_res; j++) {
+            int g = i * c->n_res + j, k = c->res_kernels[j];
+            amp_w *b = &d->res[g];
+            b->k = k, b->ndil = c->n_dil;
+            for (int e = 0; !rc && e < c->n_dil; e++) {
+                snprintf(base, sizeof base, "decoder.resblocks.%d.convs1.%d", g, e);
+                rc = load_conv(s, base, ch, ch, k, c->res_dil[j][e], true, true, &b->c1[e]);
+                snprintf(base, sizeof base, "decoder.resblocks.%d.convs2.%d", g, e);
+                if (!rc) rc = load_conv(s, base, ch, ch, k, 1, true, true, &b->c2[e]);
+                /* activations[::2] precede convs1, activations[1::2] precede convs2. */
+                snprintf(base, sizeof base, "decoder.resblocks.%d.activations.%d", g, 2 * e);
+                if (!rc) rc = load_act(s, base, ch, &b->a1[e]);
+                snprintf(base, sizeof base, "decoder.resblocks.%d.activations.%d", g, 2 * e + 1);
+                if (!rc) rc = load_act(s, base, ch, &b->a2[e]);
+            }
+        }
+    }
+    int cl = stage_ch(c, c->n_up);
+    if (!rc) rc = load_act(s, "decoder.activation_post", cl, &d->post);
+    if (!rc) {
+        conv_w post = {0};
+        rc = load_conv(s, "decoder.conv_post", 1, cl, PRE_K, 1, true, false, &post);
+        /* One output: the direct dot-product kernel takes the plain row. */
+        if (!rc && !(d->post_w = falloc((int64_t)PRE_K * cl))) rc = -H3_E_NOMEM;
+        for (int64_t j = 0; !rc && j < (int64_t)PRE_K * cl; j++) d->post_w[j] = *h3_avae_pw_at(&post.w, 0, j);
+        free_conv(&post);
+    }
+    /* The folded copies are all that is needed now: drop the mapping and its page cache. */
+    h3_store_release(s);
+    if (rc) {
+        dec_free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+/* ---- execution helpers ------------------------------------------------------------------ */
+
+typedef struct {
+    h3_pool *pool;
+    const h3_avae_kernels *k;
+    h3_progress_fn progress;
+    void *user;
+    int64_t done, total;
+    int reported; /* last permille passed to progress, -1 before the first */
+} runner;
+
+static int tick(runner *r, int64_t units)
+{
+    r->done += units;
+    /* Work is counted in multiply-adds (int64); the shared hook reports permille. */
+    int permille = r->total > 0 ? (int)((double)r->done * 1000.0 / (double)r->total) : 1000;
+    if (permille > 1000) permille = 1000;
+    /* Report each permille once: a progress bar needs no more, and callbacks into Python cost. */
+    if (permille == r->reported) return 0;
+    r->reported = permille;
+    if (r->progress && r->progress(r->user, "audio_decode", permille, 1000))
+        return h3_err(H3_E_CANCELLED, "audio decode: cancelled by the progress callback");
+    return 0;
+}
+
+typedef struct {
+    const h3_avae_act *a;
+    h3_pool *pool;
+    const h3_avae_kernels *k;
+} act_job;
+
+static void act_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    act_job *j = arg;
+    float *z = h3_pool_scratch(j->pool, thread, ACT_SLOT, 0); /* reserved by run_act */
+    for (int64_t m = b; m < e; m += ACT_TILE) j->k->act_rows(j->a, m, m + ACT_TILE < e ? m + ACT_TILE : e, z);
+}
+
+#define GEMM_ROWS 96  /* rows per task at most: a task's X block stays in L2 across its panels */
+#define GEMM_PANELS 4 /* panels of 16 outputs per task */
+
+typedef struct {
+    const h3_avae_gemm *g;
+    const h3_avae_kernels *k;
+    int64_t M, rows;
+    int np, ng;
+} gemm_job;
+
+static void gemm_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    gemm_job *j = arg;
+    for (int64_t t = b; t < e; t++) {
+        int64_t m0 = t / j->ng * j->rows, m1 = m0 + j->rows < j->M ? m0 + j->rows : j->M;
+        int p0 = (int)(t % j->ng) * GEMM_PANELS, p1 = p0 + GEMM_PANELS < j->np ? p0 + GEMM_PANELS : j->np;
+        j->k->gemm_tile(j->g, m0, m1, p0, p1);
+    }
+}
+
+/* Y [M, N] (row stride ldy) = bias + X . W^T with X's rows at stride ldx (see h3_avae_gemm). */
+static void run_gemm(runner *r, const float *X, int64_t M, int64_t ldx, const h3_avae_pw *w, const float *bias,
+                     float *Y, int64_t ldy)
+{
+    if (M <= 0) return;
+    h3_avae_gemm g = {X, ldx, w, bias, Y, ldy};
+    gemm_job j = {&g, r->k, M, GEMM_ROWS, (w->N + H3_AVAE_NR - 1) / H3_AVAE_NR, 0};
+    j.ng = (j.np + GEMM_PANELS - 1) / GEMM_PANELS;
+    /* Shorter row blocks when there would be too few tasks to keep every thread busy; the
+       split never changes a result (every output sums the same blocks in the same order). */
+    const int64_t want = 4 * (int64_t)h3_pool_threads(r->pool);
+    while (j.rows > 12 && (M + j.rows - 1) / j.rows * j.ng < want) j.rows = (j.rows / 2 + 5) / 6 * 6;
+    h3_parallel_for(r->pool, (M + j.rows - 1) / j.rows * j.ng, 1, gemm_task, &j);
+}
+
+/* Zero the margins and phase tails of a phased destination for L rows of C channels. */
+static void dst_zero(const h3_avae_dst *d, int64_t L, int C)
+{
+    for (int r = 0; r < d->d; r++) {
+        int64_t rows = r < L ? (L - r + d->d - 1) / d->d : 0;
+        float *ph = d->p + (int64_t)r * d->phase_rows * C;
+        memset(ph, 0, (size_t)(d->margin * C) * sizeof(float));
+        int64_t tail = d->margin + rows;
+        memset(ph + tail * C, 0, (size_t)((d->phase_rows - tail) * C) * sizeof(float));
+    }
+}
+
+static int run_act(runner *r, const act_w *w, const float *x, int64_t L, h3_avae_dst dst)
+{
+    size_t need = sizeof(float) * (size_t)(2 * ACT_TILE + H3_AA_TAPS) * 16;
+    for (int t = 0; t < h3_pool_threads(r->pool); t++)
+        if (!h3_pool_scratch(r->pool, t, ACT_SLOT, need)) return -H3_E_NOMEM;
+    dst_zero(&dst, L, w->C);
+    h3_avae_act a = {x, L, w->C, w->a, w->rb, w->tail_a, w->tail_rb, w->tail_period, w->fup, w->fdown, dst};
+    act_job j = {&a, r->pool, r->k};
+    h3_parallel_for(r->pool, L, ACT_TILE, act_task, &j);
+    return tick(r, L * w->C * ACT_COST);
+}
+
+/* A phased destination for a convolution of kernel k and dilation d over L rows (in `buf`). */
+static h3_avae_dst conv_dst(float *buf, int64_t L, int k, int d)
+{
+    int64_t h = (k - 1) / 2;
+    return (h3_avae_dst){buf, d, (L + d - 1) / d + 2 * h, h};
+}
+
+static int64_t conv_dst_floats(int64_t L, int k, int d, int C)
+{
+    return (int64_t)d * ((L + d - 1) / d + (k - 1)) * C;
+}
+
+/* The largest convolution input any AMP block of a stage needs (L rows of ch channels). */
+static int64_t amp_dst_floats(const h3_avae_cfg *c, int64_t L, int ch)
+{
+    int64_t f = 0;
+    for (int j = 0; j < c->n_res; j++)
+        for (int e = 0; e < c->n_dil; e++) {
+            int64_t f1 = conv_dst_floats(L, c->res_kernels[j], c->res_dil[j][e], ch),
+                    f2 = conv_dst_floats(L, c->res_kernels[j], 1, ch);
+            f = f1 > f ? f1 : f;
+            f = f2 > f ? f2 : f;
+        }
+    return f;
+}
+
+/* y [L, cout] (row stride ldy) = conv(P) where P was filled through conv_dst(P, L, k, dil). */
+static int run_conv(runner *r, const conv_w *cv, const float *P, int64_t L, float *y, int64_t ldy)
+{
+    const int d = cv->dil;
+    const int64_t phase_rows = (L + d - 1) / d + (cv->k - 1);
+    for (int ph = 0; ph < d && ph < L; ph++) {
+        int64_t M = (L - ph + d - 1) / d;
+        run_gemm(r, P + ph * phase_rows * cv->cin, M, cv->cin, &cv->w, cv->bias, y + ph * ldy, ldy * d);
+    }
+    return tick(r, L * cv->w.N * cv->w.K);
+}
+
+/* y [lout, cout] = ConvTranspose1d(U) where U holds lin rows after `left` zero rows. */
+static int run_tconv(runner *r, const tconv_w *t, const float *U, int64_t left, int64_t lin, int64_t lout,
+                     float *y)
+{
+    for (int ph = 0; ph < t->u && ph < lout; ph++) {
+        int64_t Q = (lout - ph + t->u - 1) / t->u, ldy = (int64_t)t->u * t->cout;
+        float *yp = y + (int64_t)ph * t->cout;
+        if (!t->ntap[ph]) { /* no tap lands on this phase: bias only */
+            for (int64_t q = 0; q < Q; q++) memcpy(yp + q * ldy, t->bias, sizeof(float) * (size_t)t->cout);
+            continue;
+        }
+        const float *X = U + (left + t->c[ph] - t->ntap[ph] + 1) * t->cin;
+        run_gemm(r, X, Q, t->cin, &t->w[ph], t->bias, yp, ldy);
+    }
+    (void)lin;
+    int64_t macs = 0;
+    for (int ph = 0; ph < t->u && ph < lout; ph++) macs += (lout - ph + t->u - 1) / t->u * t->w[ph].N * t->w[ph].K;
+    return tick(r, macs);
+}
+
+/* Elementwise passes over n floats: y += x, or y = (y + x) / div. */
+typedef struct {
+    float *y;
+    const float *x;
+    float div;
+    bool divide;
+} ew_job;
+
+static void ew_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    ew_job *j = arg;
+    if (j->divide)
+        for (int64_t i = b; i < e; i++) {
+            float s = j->y[i] + j->x[i];
+            j->y[i] = s / j->div; /* diffusers divides the sum (no reciprocal) */
+        }
+    else
+        for (int64_t i = b; i < e; i++) j->y[i] = j->y[i] + j->x[i];
+}
+
+static void ew(runner *r, float *y, const float *x, int64_t n, bool divide, float div)
+{
+    ew_job j = {y, x, div, divide};
+    h3_parallel_for(r->pool, n, 1 << 14, ew_task, &j);
+}
+
+typedef struct {
+    const h3_avae_kernels *k;
+    const float *P, *w;
+    float *pcm;
+    int C;
+} post_job;
+
+static void post_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    (void)thread;
+    post_job *j = arg;
+    j->k->post_rows(j->P, j->C, PRE_K, j->w, j->pcm, b, e);
+}
+
+/* ---- one stereo side -------------------------------------------------------------------- */
+
+/* Progress units of one side (must mirror decode_side exactly). */
+static int64_t side_cost(const decoder *d, int64_t T)
+{
+    const h3_avae_cfg *c = &d->cfg;
+    int64_t u = T * d->in_proj.w.N * d->in_proj.w.K + T * d->pre.w.N * d->pre.w.K, L = T;
+    for (int i = 0; i < c->n_up; i++) {
+        const tconv_w *t = &d->ups[i];
+        int64_t lout = up_len(c, i, L);
+        for (int ph = 0; ph < t->u && ph < lout; ph++)
+            if (t->ntap[ph]) u += (lout - ph + t->u - 1) / t->u * t->w[ph].N * t->w[ph].K;
+        L = lout;
+        int ch = stage_ch(c, i + 1);
+        for (int j = 0; j < c->n_res; j++) {
+            const amp_w *b = &d->res[i * c->n_res + j];
+            for (int e = 0; e < b->ndil; e++)
+                u += 2 * L * ch * ACT_COST + L * b->c1[e].w.N * b->c1[e].w.K + L * b->c2[e].w.N * b->c2[e].w.K;
+        }
+    }
+    return u + L * d->post.C * ACT_COST + L * (int64_t)d->post.C * PRE_K;
+}
+
+/* One AMP block in place on h [L, ch]; P and tmp are scratch buffers. */
+static int run_amp(runner *r, const amp_w *b, float *h, int64_t L, int ch, float *P, float *tmp)
+{
+    int rc = 0;
+    for (int e = 0; !rc && e < b->ndil; e++) {
+        /* residual = conv1(act1(h)); residual = conv2(act2(residual)); h = residual + h */
+        if ((rc = run_act(r, &b->a1[e], h, L, conv_dst(P, L, b->k, b->c1[e].dil))) ||
+            (rc = run_conv(r, &b->c1[e], P, L, tmp, ch)) ||
+            (rc = run_act(r, &b->a2[e], tmp, L, conv_dst(P, L, b->k, 1))) ||
+            (rc = run_conv(r, &b->c2[e], P, L, tmp, ch)))
+            break;
+        ew(r, h, tmp, L * ch, false, 0);
+    }
+    return rc;
+}
+
+/*
+ * Working buffers, kept across stages and both sides (so each is faulted in once) and grown on
+ * demand. Roles: ACC holds conv_pre's output, then each stage's accumulator, which is the next
+ * stage's input; X the stage input; TMP the latents, then convolution outputs; P the
+ * zero-margined convolution inputs; H the middle resblocks' state.
+ */
+enum { SL_ACC, SL_X, SL_TMP, SL_P, SL_H, SL_COUNT };
+typedef struct {
+    float *p[SL_COUNT];
+    int64_t n[SL_COUNT];
+} slots;
+
+static float *slot(slots *s, int i, int64_t floats)
+{
+    if (s->n[i] < floats) {
+        free(s->p[i]);
+        s->p[i] = falloc(floats);
+        s->n[i] = s->p[i] ? floats : 0;
+    }
+    return s->p[i];
+}
+
+/* Zero `before` rows ahead of and `after` rows behind `rows` rows of `ch` floats at p. */
+static void zero_margins(float *p, int64_t before, int64_t rows, int64_t after, int64_t ch)
+{
+    memset(p, 0, sizeof(float) * (size_t)(before * ch));
+    memset(p + (before + rows) * ch, 0, sizeof(float) * (size_t)(after * ch));
+}
+
+static int decode_side(runner *r, const decoder *d, slots *sl, const float *lat, int64_t T, float *pcm)
+{
+    const h3_avae_cfg *c = &d->cfg;
+    const int C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim, H = PRE_K / 2;
+    int rc = 0;
+    int64_t left, right, L = T;
+    tconv_margins(c, 0, T, &left, &right);
+    float *A = slot(sl, SL_TMP, T * C), *B = slot(sl, SL_P, (T + 2 * H) * D);
+    float *U = slot(sl, SL_ACC, (left + T + right) * D0);
+    if (!A || !B || !U) return -H3_E_NOMEM;
+
+    /* De-normalise ([C, T] -> time-major [T, C]): latents * std + mean, two f32 roundings. */
+    for (int ch = 0; ch < C; ch++)
+        for (int64_t t = 0; t < T; t++) {
+            float v = lat[(int64_t)ch * T + t] * c->latents_std[ch];
+            A[t * C + ch] = v + c->latents_mean[ch];
+        }
+    /* dec_in_proj into the zero-margined input of conv_pre, whose output is stage 0's input. */
+    zero_margins(B, H, T, H, D);
+    run_gemm(r, A, T, C, &d->in_proj.w, d->in_proj.bias, B + H * D, D);
+    if ((rc = tick(r, T * d->in_proj.w.N * d->in_proj.w.K))) return rc;
+    zero_margins(U, left, T, right, D0);
+    if ((rc = run_conv(r, &d->pre, B, T, U + left * D0, D0))) return rc;
+
+    for (int i = 0; i < c->n_up; i++) {
+        const int ch = stage_ch(c, i + 1);
+        const int64_t lout = up_len(c, i, L);
+        float *x = slot(sl, SL_X, lout * ch);
+        if (!x) return -H3_E_NOMEM;
+        if ((rc = run_tconv(r, &d->ups[i], U, left, L, lout, x))) return rc;
+        L = lout;
+
+        /* The stage output doubles as the next stage's zero-margined input (U is consumed). */
+        int64_t nl = 0, nr = 0;
+        if (i + 1 < c->n_up) tconv_margins(c, i + 1, L, &nl, &nr);
+        float *acc = slot(sl, SL_ACC, (nl + L + nr) * ch), *tmp = slot(sl, SL_TMP, L * ch);
+        float *P = slot(sl, SL_P, amp_dst_floats(c, L, ch)), *h = c->n_res > 2 ? slot(sl, SL_H, L * ch) : NULL;
+        if (!acc || !tmp || !P || (c->n_res > 2 && !h)) return -H3_E_NOMEM;
+        zero_margins(acc, nl, L, nr, ch);
+        /* Block 0 runs on the accumulator, middle blocks on h, the last one on x itself (its
+           input is not needed afterwards); the sum is in diffusers' order, then divided. */
+        float *acc0 = acc + nl * ch;
+        for (int j = 0; j < c->n_res; j++) {
+            const amp_w *b = &d->res[i * c->n_res + j];
+            bool last = j == c->n_res - 1 && j > 0;
+            float *cur = j == 0 ? acc0 : (last ? x : h);
+            if (cur != x) memcpy(cur, x, sizeof(float) * (size_t)(L * ch));
+            if ((rc = run_amp(r, b, cur, L, ch, P, tmp))) return rc;
+            if (j > 0) ew(r, acc0, cur, L * ch, last, (float)c->n_res);
+        }
+        /* With one resblock diffusers divides by 1, which changes no value. */
+        U = acc;
+        left = nl;
+    }
+
+    /* activation_post -> conv_post (no bias) -> clamp. */
+    float *P = slot(sl, SL_P, conv_dst_floats(L, PRE_K, 1, d->post.C));
+    if (!P) return -H3_E_NOMEM;
+    if ((rc = run_act(r, &d->post, U, L, conv_dst(P, L, PRE_K, 1)))) return rc;
+    post_job pj = {r->k, P, d->post_w, pcm, d->post.C};
+    h3_parallel_for(r->pool, L, 4096, post_task, &pj);
+    return tick(r, L * (int64_t)d->post.C * PRE_K);
+}
+
+/* Working memory of the decode (floats): the largest size each slot of decode_side reaches. */
+static int64_t slots_floats(const h3_avae_cfg *c, int64_t T)
+{
+    const int64_t C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim;
+    int64_t left, right, L = T, n[SL_COUNT] = {0};
+#define GROW(i, v) n[i] = (v) > n[i] ? (v) : n[i]
+    tconv_margins(c, 0, T, &left, &right);
+    GROW(SL_TMP, T * C);
+    GROW(SL_P, (T + PRE_K - 1) * D);
+    GROW(SL_ACC, (left + T + right) * D0);
+    for (int i = 0; i < c->n_up; i++) {
+        const int64_t ch = stage_ch(c, i + 1);
+        L = up_len(c, i, L);
+        int64_t nl = 0, nr = 0;
+        if (i + 1 < c->n_up) tconv_margins(c, i + 1, L, &nl, &nr);
+        GROW(SL_X, L * ch);
+        GROW(SL_ACC, (nl + L + nr) * ch);
+        GROW(SL_TMP, L * ch);
+        GROW(SL_P, amp_dst_floats(c, L, (int)ch));
+        if (c->n_res > 2) GROW(SL_H, L * ch);
+    }
+    GROW(SL_P, conv_dst_floats(L, PRE_K, 1, stage_ch(c, c->n_up)));
+#undef GROW
+    int64_t sum = 0;
+    for (int i = 0; i < SL_COUNT; i++) sum += n[i];
+    return sum;
+}
+
+int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads)
+{
+    if (h3_avae_samples(c, frames) < 0) return -H3_E_INVALID;
+    /* Sides are decoded one after the other; add the activation tiles of every thread. */
+    return 4 * (slots_floats(c, frames) + (int64_t)threads * (2 * ACT_TILE + H3_AA_TAPS) * 16);
+}
+
+/* ---- entry points ----------------------------------------------------------------------- */
+
+int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channels, int64_t frames, float *pcm,
+                   int64_t pcm_cap, h3_progress_fn progress, void *user)
+{
+    if (!latents || !pcm || !pool) return h3_err(H3_E_INVALID, "audio decode: NULL latents, PCM buffer or pool");
+    h3_avae_cfg cfg;
+    int rc = h3_avae_cfg_load(m, &cfg);
+    if (rc) return rc;
+    if ((rc = check_geometry(&cfg, m->comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
+    if (channels != cfg.latent_ch)
+        return h3_err(H3_E_INVALID, "audio decode: latents have %d channels, the audio VAE (%s) expects %d",
+                      channels, m->comp[H3_COMP_AUDIO_VAE].config_path, cfg.latent_ch);
+    int64_t S = h3_avae_samples(&cfg, frames);
+    if (S < 0) return (int)S;
+    if (pcm_cap < 2 * S)
+        return h3_err(H3_E_INVALID, "audio decode: the PCM buffer holds %lld floats, %lld frames need 2 x %lld",
+                      (long long)pcm_cap, (long long)frames, (long long)S);
+    decoder *d;
+    if ((rc = dec_load(m, &d))) return rc;
+    runner r = {pool, h3_avae_kern(), progress, user, 0, 2 * side_cost(d, frames), -1};
+    slots sl = {{0}, {0}};
+    for (int side = 0; !rc && side < 2; side++)
+        rc = decode_side(&r, d, &sl, latents + (int64_t)side * channels * frames, frames, pcm + side * S);
+    for (int i = 0; i < SL_COUNT; i++) free(sl.p[i]);
+    dec_free(d);
+    return rc;
+}
+
+H3_API int h3_audio_info(h3_ctx *ctx, int *latent_channels, int *sample_rate, int *hop)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_avae_cfg c;
+    int rc = h3_avae_cfg_load(&ctx->model, &c);
+    if (rc) return rc;
+    int64_t u = 1;
+    for (int i = 0; i < c.n_up; i++) u *= c.rates[i];
+    if (latent_channels) *latent_channels = c.latent_ch;
+    if (sample_rate) *sample_rate = c.sample_rate;
+    if (hop) *hop = (int)u;
+    return 0;
+}
+
+H3_API int64_t h3_audio_samples(h3_ctx *ctx, int latent_frames)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_avae_cfg c;
+    int rc = h3_avae_cfg_load(&ctx->model, &c);
+    if (rc) return rc;
+    if ((rc = check_geometry(&c, ctx->model.comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
+    return h3_avae_samples(&c, latent_frames);
+}
+
+H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int latent_frames, float *pcm,
+                           int64_t pcm_capacity, h3_progress_fn progress, void *user)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_pool *pool = h3_ctx_pool(ctx);
+    if (!pool) return -H3_E_NOMEM;
+    return h3_avae_decode(&ctx->model, pool, latents, channels, latent_frames, pcm, pcm_capacity, progress, user);
+}

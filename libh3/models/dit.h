@@ -1,0 +1,169 @@
+/*
+ * The MiniMax-H3 transformer (DiT) and its sampler: internal API.
+ *
+ * The end-to-end context API is built on this header. A request runs as
+ *
+ *     h3_dit_open(model, pool, &dit)                 weights mapped, small vectors widened to f32
+ *     h3_dit_layout_t2va(cfg, ..., &layout)           packed rows, tags, fp64 RoPE grid
+ *     h3_dit_set_layout(dit, &layout)                 RoPE cos/sin tables for that layout
+ *     h3_dit_set_text(dit, prompt_embeds, n)          condition_proj + token refiner, once per prompt
+ *     h3_dit_prepare_schedule(dit, steps, ...)        sigmas + AdaLN tables of every step, then the
+ *                                                     adaln_proj weights are released
+ *     h3_noise_fill / injected noise -> h3_dit_patchify_video / h3_dit_pack_audio -> rows
+ *     while (h3_dit_step(dit, i++, video_rows, audio_rows) > 0) ...   one forward + Euler per call
+ *     h3_dit_unpatchify_video / h3_dit_unpack_audio -> latents for the decoders
+ *
+ * Everything follows diffusers 0.42.1 (MiniMaxH3Transformer3DModel, MiniMaxH3Scheduler and the
+ * modular pipeline's layout/timestep plan) and computes in f32; bf16/f16 weights are widened on
+ * the fly by h3_linear.
+ */
+#ifndef H3_DIT_H
+#define H3_DIT_H
+
+#include "backend/cpu/ops.h"
+
+/* Modality tags of packed rows (diffusers MINIMAX_H3_*_TAG). They select the AdaLN modality. */
+enum { H3_TAG_VIDEO = 0, H3_TAG_TEXT = 1, H3_TAG_AUDIO = 2, H3_TAGS = 3 };
+
+/*
+ * Timestep roles of a request's rows (diffusers MiniMaxH3SetTimestepsStep.build_row_timesteps):
+ * generated video rows and every text row use the video timestep, generated audio rows the audio
+ * timestep, visual conditioning rows max(video t, 0.999), reference audio rows 1.0. Roles replace
+ * diffusers' per-step `torch.unique` of the row timesteps: equal values give equal modulation, so
+ * the result is the same while the row -> table mapping stays fixed for the whole schedule.
+ */
+enum { H3_ROLE_VIDEO = 0, H3_ROLE_AUDIO = 1, H3_ROLE_COND_VIDEO = 2, H3_ROLE_COND_AUDIO = 3, H3_ROLES = 4 };
+
+#define H3_STEREO 2                 /* audio rows are packed side-major: [left t0..][right t0..] */
+#define H3_KEYFRAME_NOISE_AUG 0.999 /* t of visual conditioning rows (pipeline keyframe_noise_aug) */
+
+/* FL2VA keyframe anchors of h3_dit_layout_t2va. */
+enum { H3_ANCHOR_FIRST = 0, H3_ANCHOR_LAST = 1 };
+
+typedef struct h3_dit h3_dit;
+
+/* ---- layout ---------------------------------------------------------------------------- */
+
+/*
+ * One packed sequence. Row r of the sequence is a text, video or audio row; the index arrays give
+ * the sequence position of each modality's rows in the order their inputs/outputs are stored
+ * (video: conditioning rows first, then generated rows; audio: reference rows first).
+ */
+typedef struct h3_dit_layout {
+    int64_t seq;                       /* L */
+    int64_t n_text, n_video, n_audio;  /* rows per modality (video/audio include conditioning) */
+    int64_t n_cond_video, n_cond_audio;/* leading conditioning rows, never stepped */
+    int64_t *text_idx, *video_idx, *audio_idx;
+    uint8_t *tags;                     /* [L] H3_TAG_* */
+    uint8_t *role;                     /* [L] H3_ROLE_* */
+    double *pos;                       /* [L][3] (t, h, w) RoPE coordinates, fp64 as diffusers */
+    /* Generated latent geometry (for patchify/unpatchify); 0 when the layout came from rows. */
+    int lat_t, lat_h, lat_w, audio_lat;
+} h3_dit_layout;
+
+/*
+ * The t2va / fl2va layout [text | keyframe rows | target audio | target video] exactly as
+ * diffusers' MiniMaxH3PrepareLayoutStep.build_packed_sequence builds it. text_tags (n_text
+ * entries, H3_TAG_TEXT or H3_TAG_VIDEO for vision spans) may be NULL for all-text prompts.
+ * anchors: n_anchors entries of H3_ANCHOR_* (0 for t2va).
+ */
+H3_INTERNAL int h3_dit_layout_t2va(const h3_dit_cfg *c, int64_t n_text, const uint8_t *text_tags,
+                                   int lat_t, int lat_h, int lat_w, int audio_lat, const int *anchors,
+                                   int n_anchors, h3_dit_layout *out);
+H3_INTERNAL void h3_dit_layout_free(h3_dit_layout *l);
+/* Deep copy. */
+H3_INTERNAL int h3_dit_layout_copy(h3_dit_layout *dst, const h3_dit_layout *src);
+/*
+ * A layout described row by row, as diffusers' forward receives it (text/video/audio_indices,
+ * token_tags, position_ids). Indices must be distinct and inside the sequence; rows no index
+ * names stay zero, as diffusers' index_copy into a zero buffer leaves them. Roles are all 0.
+ */
+H3_INTERNAL int h3_dit_layout_from_rows(int64_t seq, int64_t n_text, int64_t n_video, int64_t n_audio,
+                                        const int64_t *text_idx, const int64_t *video_idx,
+                                        const int64_t *audio_idx, const int64_t *tags, const double *pos,
+                                        h3_dit_layout *out);
+
+/* Video latents [C, T, H, W] <-> rows [T*(H/ph)*(W/pw), C*ph*pw] (frame, patch row, patch col;
+   features channel-major then dh, dw). */
+H3_INTERNAL void h3_dit_patchify_video(const h3_dit_cfg *c, const float *lat, int T, int H, int W, float *rows);
+H3_INTERNAL void h3_dit_unpatchify_video(const h3_dit_cfg *c, const float *rows, int T, int H, int W, float *lat);
+/* Audio latents [2, C, Ta] <-> rows [2*Ta, C] (side-major, then time). */
+H3_INTERNAL void h3_dit_pack_audio(int C, int Ta, const float *lat, float *rows);
+H3_INTERNAL void h3_dit_unpack_audio(int C, int Ta, const float *rows, float *lat);
+
+/* ---- schedule, noise, Euler (schedule.c) ------------------------------------------------- */
+
+/*
+ * MiniMaxH3Scheduler.set_timesteps(steps) with the given shift, bit for bit: `steps` grid points
+ * of torch.linspace(1, 0, steps) in f32, shifted in f32, consecutive duplicates collapsed.
+ * Writes up to `steps` sigmas and returns their count (>= 2), or a negative error.
+ */
+H3_INTERNAL int h3_sched_sigmas(int steps, double shift, float *sigmas);
+/* timesteps[i] = 1 - sigmas[i] (f32), i < n - 1. */
+H3_INTERNAL void h3_sched_timesteps(const float *sigmas, int n, float *timesteps);
+/* MiniMaxH3Scheduler.step on n values in place: x <- r*x + (1-r)*(x + (1-t)*v), r = s1/s0. */
+H3_INTERNAL void h3_sched_euler(float *x, const float *v, int64_t n, float t, float sigma, float sigma_next);
+/* Standard normal noise, element `offset + i` of stream (seed, stream) for i < n (see schedule.c). */
+H3_INTERNAL void h3_noise(uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n);
+
+/* ---- the model ------------------------------------------------------------------------- */
+
+/* Map the transformer weights (shape-checked against config.json) and widen the small vectors. */
+H3_INTERNAL int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out);
+H3_INTERNAL void h3_dit_close(h3_dit *d);
+/* The context's transformer, opened on first use and kept until h3_free or a decode. */
+H3_INTERNAL int h3_ctx_dit(h3_ctx *ctx, h3_dit **out);
+H3_INTERNAL const h3_dit_cfg *h3_dit_config(const h3_dit *d);
+
+/* Use this layout for the following forwards (copied; builds the RoPE tables). Drops the text
+   refined for a previous layout only if its text row count differs. */
+H3_INTERNAL int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l);
+/* condition_proj + token refiner on prompt_embeds [n, text_dim]; n must match the layout. */
+H3_INTERNAL int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n);
+
+/*
+ * Build both schedules (video/audio shift) with `steps` grid points, and the AdaLN modulation of
+ * every step for the (role, modality) pairs the layout uses. With `release_adaln`, the
+ * adaln_proj weights (blocks and final layer) are then released: their pages are dropped, and
+ * the denoise loop never reads them again. Returns the number of model evaluations (>= 1).
+ */
+H3_INTERNAL int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shift_audio,
+                                        bool release_adaln);
+/* Evaluations of the prepared schedule; sigma tables (count = evaluations + 1). */
+H3_INTERNAL int h3_dit_num_steps(const h3_dit *d);
+H3_INTERNAL const float *h3_dit_sigmas(const h3_dit *d, int modality_audio);
+
+/*
+ * Step i (0-based) of the prepared schedule: one forward on all rows and the Euler update of the
+ * generated rows, in place. video_rows [n_video, patch_dim] (conditioning rows first), audio_rows
+ * [n_audio, audio_ch]. Returns the number of steps left (0 after the last), or a negative error.
+ */
+H3_INTERNAL int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows);
+
+/*
+ * One forward with explicit timesteps: t_values[n_t] and row_t[L] (index into t_values per row),
+ * i.e. diffusers' (timestep, timestep_indices). Needs the adaln_proj weights (computes the
+ * modulation of the pairs present). Outputs every video/audio row in index order.
+ */
+H3_INTERNAL int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *row_t,
+                                 const float *video_rows, const float *audio_rows, float *video_out,
+                                 float *audio_out);
+
+/* Bytes of the adaln_proj tensors (released after precompute) and of the precomputed tables. */
+H3_INTERNAL void h3_dit_adaln_bytes(const h3_dit *d, uint64_t *weights, uint64_t *tables, bool *released);
+
+/* Timings in milliseconds for profiles: open, the last refine and prepare, and the forwards since
+   the last prepared schedule. */
+enum { H3_DIT_PART_LINEAR, H3_DIT_PART_ATTENTION, H3_DIT_PART_NORM, H3_DIT_PART_QKV, H3_DIT_PART_ELTWISE,
+       H3_DIT_PARTS };
+typedef struct h3_dit_stats {
+    double open_ms, refine_ms, prepare_ms;
+    double forward_ms_last, forward_ms_min, forward_ms_total;
+    double part_ms[H3_DIT_PARTS]; /* forward time by kind of work, summed over the forwards */
+    int forwards;
+} h3_dit_stats;
+/* Names of the parts ("linear", "attention", "norm_modulate", "qk_norm_rope", "eltwise"). */
+H3_INTERNAL const char *h3_dit_part_name(int part);
+H3_INTERNAL void h3_dit_get_stats(const h3_dit *d, h3_dit_stats *s);
+
+#endif /* H3_DIT_H */

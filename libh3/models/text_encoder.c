@@ -1,0 +1,636 @@
+/*
+ * Text conditioner: the Qwen3-VL language model over a text-only prompt, up to the hidden state
+ * MiniMax-H3 conditions on. The oracle is transformers' Qwen3VLForConditionalGeneration:
+ *
+ *   h = embed_tokens[ids]                                   (hidden_states[0])
+ *   for each decoder layer l < K:                           (hidden_states[l + 1])
+ *       a = RMSNorm(h) ; q, k, v = a Wq^T, a Wk^T, a Wv^T
+ *       q, k = per-head RMSNorm(q, k) (q_norm / k_norm, before RoPE), then RoPE
+ *       h += o_proj(causal GQA attention(q, k, v), scale 1/sqrt(head_dim))
+ *       h += down(silu(RMSNorm(h) Wg^T) * (RMSNorm(h) Wu^T))
+ *   out = h after layer K-1 = hidden_states[K]              (no final norm)
+ *
+ * Positions. Qwen3-VL rotates with interleaved mRoPE: frequency slot j takes its angle from the
+ * t, h or w position (j mod 3 for j < 3*mrope_section[1|2], else t). For a text-only prompt the
+ * model builds position ids 0..n-1 and broadcasts them to all three axes, so every slot sees the
+ * same position and the layout collapses to ordinary 1-D RoPE: angle(p, j) = p * inv_freq[j],
+ * inv_freq[j] = theta^(-2j/head_dim), applied rotate-half style (dims j and j + head_dim/2).
+ * transformers forms inv_freq and the angle in f32; we do the same so the argument rounding
+ * matches, and take cos/sin of that f32 angle.
+ *
+ * Streaming. Only layers 0..K-1 are read, one at a time, into owned buffers (see te_reader). The
+ * embedding table is touched only at the rows of the prompt's tokens.
+ */
+#include "models/text_encoder.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- the read plan: which bytes each layer needs ------------------------------------------ */
+
+enum {
+    W_IN_NORM, W_Q, W_K, W_V, W_Q_NORM, W_K_NORM, W_O, W_POST_NORM, W_GATE, W_UP, W_DOWN, W_COUNT
+};
+
+static const char *const k_wname[W_COUNT] = {
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight", "mlp.down_proj.weight",
+};
+
+#define TE_ALIGN 64u
+#define TE_EMBED "model.language_model.embed_tokens.weight"
+
+typedef struct {
+    const h3_tensor *t[W_COUNT];
+    size_t off[W_COUNT];   /* offset of each tensor inside the layer buffer (64-byte aligned) */
+    int order[W_COUNT];    /* tensors sorted by (file, offset): the order they are read in */
+    uint64_t bytes;        /* stored bytes of the layer (what is read) */
+    size_t buf_bytes;      /* bytes of buffer it needs (with alignment padding) */
+} te_layer;
+
+typedef struct {
+    h3_text_cfg cfg;
+    h3_store *store;
+    const h3_tensor *embed;
+    te_layer *layers;      /* cfg.cond_layer entries */
+    size_t slot_bytes;     /* largest buf_bytes */
+} te_plan;
+
+static const h3_tensor *layer_tensor(h3_store *s, int layer, int w)
+{
+    char name[160];
+    snprintf(name, sizeof name, "model.language_model.layers.%d.%s", layer, k_wname[w]);
+    return h3_store_find(s, name);
+}
+
+/* Read order of a layer's tensors: by (shard, offset), so each shard is read front to back and the
+   kernel's readahead sees one sequential stream. Insertion sort: 11 items. */
+static bool before(const h3_tensor *x, const h3_tensor *y)
+{
+    return x->file != y->file ? x->file < y->file : x->begin < y->begin;
+}
+
+static void sort_reads(te_layer *L)
+{
+    for (int i = 0; i < W_COUNT; i++) L->order[i] = i;
+    for (int i = 1; i < W_COUNT; i++)
+        for (int j = i; j > 0 && before(L->t[L->order[j]], L->t[L->order[j - 1]]); j--) {
+            int t = L->order[j];
+            L->order[j] = L->order[j - 1];
+            L->order[j - 1] = t;
+        }
+}
+
+static void plan_free(te_plan *p)
+{
+    free(p->layers);
+    memset(p, 0, sizeof *p);
+}
+
+/* Config + headers + schema (shapes and float dtypes of everything read), then the byte plan. */
+static int plan_build(h3_model *m, te_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    int rc;
+    if ((rc = h3_text_cfg_load(m, &p->cfg)) || (rc = h3_model_headers(m, H3_COMP_TEXT_ENCODER)) ||
+        (rc = h3_model_validate(m, H3_COMP_TEXT_ENCODER)))
+        return rc;
+    p->store = &m->comp[H3_COMP_TEXT_ENCODER].store;
+    p->embed = h3_store_find(p->store, TE_EMBED);
+    p->layers = h3_calloc((size_t)p->cfg.cond_layer, sizeof *p->layers);
+    if (!p->embed || !p->layers) {
+        bool oom = p->embed != NULL;
+        plan_free(p);
+        return oom ? -H3_E_NOMEM : h3_err(H3_E_SCHEMA, "tensor '%s' is missing", TE_EMBED);
+    }
+    for (int l = 0; l < p->cfg.cond_layer; l++) {
+        te_layer *L = &p->layers[l];
+        size_t off = 0;
+        for (int w = 0; w < W_COUNT; w++) {
+            L->t[w] = layer_tensor(p->store, l, w);
+            if (!L->t[w]) { /* the schema check above makes this unreachable; keep the invariant */
+                plan_free(p);
+                return h3_err(H3_E_SCHEMA, "text encoder: layer %d has no %s", l, k_wname[w]);
+            }
+            uint64_t len = L->t[w]->end - L->t[w]->begin;
+            L->off[w] = off;
+            L->bytes += len;
+            off += (size_t)((len + TE_ALIGN - 1) / TE_ALIGN * TE_ALIGN);
+        }
+        L->buf_bytes = off;
+        sort_reads(L);
+        if (off > p->slot_bytes) p->slot_bytes = off;
+    }
+    return 0;
+}
+
+/* ---- shard access ------------------------------------------------------------------------- */
+
+typedef struct {
+    const h3_store *s;
+    int *fd;               /* per shard, -1 until opened */
+} te_files;
+
+static void files_close(te_files *f)
+{
+    if (f->fd)
+        for (int i = 0; i < f->s->nfiles; i++)
+            if (f->fd[i] >= 0) close(f->fd[i]);
+    free(f->fd);
+    f->fd = NULL;
+}
+
+/* Open every shard the plan reads (before any reader thread starts: the table is then read-only). */
+static int files_open(te_files *f, const te_plan *p)
+{
+    f->s = p->store;
+    f->fd = h3_malloc((size_t)(p->store->nfiles ? p->store->nfiles : 1) * sizeof *f->fd);
+    if (!f->fd) return -H3_E_NOMEM;
+    for (int i = 0; i < p->store->nfiles; i++) f->fd[i] = -1;
+    bool *need = h3_calloc((size_t)(p->store->nfiles ? p->store->nfiles : 1), sizeof *need);
+    if (!need) return -H3_E_NOMEM;
+    need[p->embed->file] = true;
+    for (int l = 0; l < p->cfg.cond_layer; l++)
+        for (int w = 0; w < W_COUNT; w++) need[p->layers[l].t[w]->file] = true;
+    int rc = 0;
+    for (int i = 0; i < p->store->nfiles && !rc; i++) {
+        if (!need[i]) continue;
+        const h3_st_file *sf = &p->store->files[i];
+        int fd = open(sf->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            rc = h3_err(H3_E_IO, "%s: cannot open: %s", sf->path, strerror(errno));
+            break;
+        }
+        f->fd[i] = fd;
+        struct stat st;
+        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != sf->size)
+            rc = h3_err(H3_E_IO, "%s: file changed size since its header was read", sf->path);
+    }
+    free(need);
+    return rc;
+}
+
+/*
+ * pread `len` bytes of tensor `t` starting `skip` bytes into it. Big reads go in 64 MiB pieces so a
+ * cancelled encode stops the reader within one piece.
+ */
+static int read_tensor(const te_files *f, const h3_tensor *t, uint64_t skip, uint64_t len, void *dst,
+                       const atomic_int *stop)
+{
+    const h3_st_file *sf = &f->s->files[t->file];
+    uint64_t pos = sf->data_off + t->begin + skip, done = 0;
+    const uint64_t piece = 64ull << 20;
+    while (done < len) {
+        if (stop && atomic_load_explicit(stop, memory_order_relaxed))
+            return h3_err(H3_E_CANCELLED, "text encoder: read of '%s' stopped", h3_tensor_name(f->s, t));
+        size_t want = (size_t)(len - done < piece ? len - done : piece);
+        ssize_t r = pread(f->fd[t->file], (char *)dst + done, want, (off_t)(pos + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return h3_err(H3_E_IO, "%s: cannot read tensor '%s' (%llu bytes at offset %llu): %s", sf->path,
+                          h3_tensor_name(f->s, t), (unsigned long long)len,
+                          (unsigned long long)(pos + done), r < 0 ? strerror(errno) : "file truncated");
+        done += (uint64_t)r;
+    }
+    return 0;
+}
+
+static int read_layer(const te_files *f, const te_layer *L, uint8_t *buf, const atomic_int *stop)
+{
+    for (int i = 0; i < W_COUNT; i++) {
+        int w = L->order[i];
+        int rc = read_tensor(f, L->t[w], 0, L->t[w]->end - L->t[w]->begin, buf + L->off[w], stop);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---- layer streaming ---------------------------------------------------------------------- */
+/*
+ * Design: pread into owned buffers, double-buffered, with one background reader thread.
+ *
+ * Why pread and not mmap + MADV_WILLNEED: a layer of the release is ~930 MiB read once per
+ * encode. pread hands the kernel one large request per piece, while a cold mapping faults page by
+ * page (Flash-MoE measured mmap ~5x slower than pread for cold multi-MB blobs). Owned buffers
+ * also make the peak exact and independent of page-cache behaviour: two layer buffers, reused,
+ * whatever the kernel does; no mapping of a 60+ GB shard set stays around, and nothing has to
+ * be madvise'd away afterwards. The price is one memory-bandwidth copy per layer out of the page
+ * cache, small next to the layer's GEMMs for any real prompt (a release layer is ~1 GFLOP per token).
+ *
+ * Measured on the 2-core development box with a header-true full-size checkpoint (sparse shards,
+ * first 4 of 64 layers, 1 token): peak RSS rises by 1861 MiB with prefetch (2 x 930 MiB buffers)
+ * and by 931 MiB without; steady-state layers take ~1.0 s with prefetch against ~1.5 s without,
+ * while each freshly allocated buffer pays ~1.5 s of page faults on first use. Huge pages
+ * (MADV_HUGEPAGE) were tried for the buffers and made that first touch slower (synchronous
+ * compaction under THP "madvise" defrag), so buffers are plain allocations.
+ *
+ * Page cache: we do not drop it (no POSIX_FADV_DONTNEED). Its pages are clean and reclaimable,
+ * so they never raise the committed peak, and when RAM allows, a second prompt re-reads the
+ * layers from RAM instead of the disk ("trust the OS page cache", the Flash-MoE lesson). The
+ * phase-end h3_store_release remains the place to drop it explicitly.
+ *
+ * Protocol: slot (l % 2) holds layer l. The main thread waits for layer l, then requests l+1
+ * (whose slot held layer l-1, finished), then computes l while the reader fills l+1. With
+ * H3_TEXT_PREFETCH=0 there is one slot and the main thread reads each layer itself before using
+ * it. Either way the bytes computed on are the same, so results are bit-identical.
+ */
+typedef struct {
+    const te_plan *plan;
+    const te_files *files;
+    uint8_t *slot[2];
+    int nslots;
+    pthread_t th;
+    bool running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int requested, loaded; /* highest layer asked for / completely read (-1: none) */
+    int err;               /* H3_E* code of a failed read (0: none) */
+    char msg[512];
+    atomic_int stop;
+    uint64_t bytes;
+} te_reader;
+
+static void *reader_main(void *arg)
+{
+    te_reader *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!atomic_load(&r->stop) && r->requested <= r->loaded) pthread_cond_wait(&r->cv, &r->mu);
+        if (atomic_load(&r->stop)) break;
+        int l = r->loaded + 1;
+        pthread_mutex_unlock(&r->mu);
+        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[l % r->nslots], &r->stop);
+        pthread_mutex_lock(&r->mu);
+        if (rc) {
+            /* h3_err's message lives in this thread's storage: hand it to the main thread. */
+            r->err = -rc;
+            snprintf(r->msg, sizeof r->msg, "%s", h3_last_error());
+            pthread_cond_broadcast(&r->cv);
+            break;
+        }
+        r->bytes += r->plan->layers[l].bytes;
+        r->loaded = l;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static int reader_start(te_reader *r, const te_plan *p, const te_files *f, bool prefetch)
+{
+    memset(r, 0, sizeof *r);
+    r->plan = p;
+    r->files = f;
+    r->requested = r->loaded = -1;
+    r->nslots = prefetch && p->cfg.cond_layer > 1 ? 2 : 1;
+    atomic_init(&r->stop, 0);
+    for (int i = 0; i < r->nslots; i++)
+        if (!(r->slot[i] = h3_alloc_aligned(p->slot_bytes ? p->slot_bytes : TE_ALIGN))) return -H3_E_NOMEM;
+    if (r->nslots == 1) return 0;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (pthread_create(&r->th, NULL, reader_main, r) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        return h3_err(H3_E_NOMEM, "text encoder: cannot start the layer reader thread");
+    }
+    r->running = true;
+    return 0;
+}
+
+static void reader_request(te_reader *r, int layer)
+{
+    if (!r->running) return;
+    pthread_mutex_lock(&r->mu);
+    if (layer > r->requested) r->requested = layer;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Layer `l` ready in its slot: wait for the reader, or read it here when synchronous. */
+static int reader_get(te_reader *r, int l, const uint8_t **buf)
+{
+    if (!r->running) {
+        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[0], NULL);
+        if (rc) return rc;
+        r->bytes += r->plan->layers[l].bytes;
+        *buf = r->slot[0];
+        return 0;
+    }
+    pthread_mutex_lock(&r->mu);
+    while (r->loaded < l && !r->err) pthread_cond_wait(&r->cv, &r->mu);
+    int err = r->loaded < l ? r->err : 0;
+    pthread_mutex_unlock(&r->mu);
+    if (err) return h3_err(err, "%s", r->msg);
+    *buf = r->slot[l % r->nslots];
+    return 0;
+}
+
+static void reader_stop(te_reader *r)
+{
+    if (r->running) {
+        pthread_mutex_lock(&r->mu);
+        atomic_store(&r->stop, 1);
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->th, NULL);
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        r->running = false;
+    }
+    for (int i = 0; i < 2; i++) h3_free_aligned(r->slot[i]);
+    r->slot[0] = r->slot[1] = NULL;
+}
+
+static bool prefetch_default(void)
+{
+    const char *e = getenv("H3_TEXT_PREFETCH");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* ---- compute ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t n;
+    int H, QD, KD, I, hd, half, heads, kv;
+    float *xn, *q, *k, *v, *att, *g, *u; /* [n,H] [n,QD] [n,KD] [n,KD] [n,QD] [n,I] [n,I] */
+    float *cosb, *sinb;                  /* [n, half] */
+    float *w_in, *w_post, *w_qn, *w_kn;  /* norm weights as f32 */
+} te_act;
+
+/* Activation floats for n tokens, excluding the caller's output (see h3_text_memory). */
+static uint64_t act_floats(const h3_text_cfg *c, uint64_t n)
+{
+    uint64_t QD = (uint64_t)c->heads * c->head_dim, KD = (uint64_t)c->kv_heads * c->head_dim;
+    return n * ((uint64_t)c->hidden + 2 * QD + 2 * KD + 2ull * c->inter + (uint64_t)c->head_dim) +
+           2ull * c->hidden + 2ull * c->head_dim;
+}
+
+static float *carve(float **cur, uint64_t count)
+{
+    float *p = *cur;
+    *cur += (count + 15) / 16 * 16; /* keep every buffer 64-byte aligned */
+    return p;
+}
+
+static int act_alloc(te_act *a, const h3_text_cfg *c, int n, void **block)
+{
+    memset(a, 0, sizeof *a);
+    a->n = n;
+    a->H = c->hidden;
+    a->hd = c->head_dim;
+    a->half = c->head_dim / 2;
+    a->heads = c->heads;
+    a->kv = c->kv_heads;
+    a->QD = c->heads * c->head_dim;
+    a->KD = c->kv_heads * c->head_dim;
+    a->I = c->inter;
+    uint64_t total = act_floats(c, (uint64_t)n) + 16ull * 16; /* + alignment slack of 16 buffers */
+    float *cur = *block = h3_alloc_aligned(total * sizeof(float));
+    if (!cur) return h3_err(H3_E_NOMEM, "text encoder: cannot allocate %llu MiB of activations for %d tokens",
+                            (unsigned long long)(total * sizeof(float) >> 20), n);
+    uint64_t N = (uint64_t)n;
+    a->xn = carve(&cur, N * a->H);
+    a->q = carve(&cur, N * a->QD);
+    a->k = carve(&cur, N * a->KD);
+    a->v = carve(&cur, N * a->KD);
+    a->att = carve(&cur, N * a->QD);
+    a->g = carve(&cur, N * a->I);
+    a->u = carve(&cur, N * a->I);
+    a->cosb = carve(&cur, N * a->half);
+    a->sinb = carve(&cur, N * a->half);
+    a->w_in = carve(&cur, (uint64_t)a->H);
+    a->w_post = carve(&cur, (uint64_t)a->H);
+    a->w_qn = carve(&cur, (uint64_t)a->hd);
+    a->w_kn = carve(&cur, (uint64_t)a->hd);
+    return 0;
+}
+
+/* cos/sin of p * inv_freq[j] for positions 0..n-1, with inv_freq and the angle formed in f32 as
+   transformers forms them (powf matches torch's f32 pow to the ulp on the tested head sizes). */
+static void rope_table(te_act *a, double theta)
+{
+    for (int j = 0; j < a->half; j++) {
+        float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)a->hd);
+        for (int64_t p = 0; p < a->n; p++) {
+            float ang = (float)p * inv_freq;
+            a->cosb[p * a->half + j] = (float)cos((double)ang);
+            a->sinb[p * a->half + j] = (float)sin((double)ang);
+        }
+    }
+}
+
+typedef struct {
+    te_act *a;
+    float *x;       /* rope: q or k buffer; add: destination */
+    const float *y; /* add: addend */
+    int heads, ld;
+} te_job;
+
+/* x[t, h, :] rotated by position t (rotate-half pairs j, j + half). */
+static void rope_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    te_job *j = arg;
+    const te_act *a = j->a;
+    for (int64_t t = b; t < e; t++) {
+        const float *c = a->cosb + t * a->half, *s = a->sinb + t * a->half;
+        for (int h = 0; h < j->heads; h++) {
+            float *v = j->x + t * j->ld + (int64_t)h * a->hd;
+            for (int i = 0; i < a->half; i++) {
+                float x1 = v[i], x2 = v[i + a->half];
+                v[i] = x1 * c[i] - x2 * s[i];
+                v[i + a->half] = x2 * c[i] + x1 * s[i];
+            }
+        }
+    }
+}
+
+static void add_task(void *arg, int64_t b, int64_t e, int thread)
+{
+    te_job *j = arg;
+    for (int64_t i = b; i < e; i++) j->x[i] += j->y[i];
+}
+
+static h3_mat mat_of(const te_layer *L, const uint8_t *buf, int w)
+{
+    h3_mat m = {buf + L->off[w], L->t[w]->dtype, L->t[w]->shape[0], L->t[w]->shape[1]};
+    return m;
+}
+
+static void norm_weight(const te_layer *L, const uint8_t *buf, int w, float *dst)
+{
+    h3_to_f32(buf + L->off[w], L->t[w]->dtype, dst, L->t[w]->shape[0]);
+}
+
+/* One decoder layer, in place on the residual stream x[n, H]. */
+static int layer_forward(h3_pool *pool, te_act *a, const h3_text_cfg *c, const te_layer *L,
+                         const uint8_t *buf, float *x)
+{
+    const int64_t n = a->n;
+    const float eps = (float)c->rms_eps;
+    norm_weight(L, buf, W_IN_NORM, a->w_in);
+    norm_weight(L, buf, W_POST_NORM, a->w_post);
+    norm_weight(L, buf, W_Q_NORM, a->w_qn);
+    norm_weight(L, buf, W_K_NORM, a->w_kn);
+    h3_mat wq = mat_of(L, buf, W_Q), wk = mat_of(L, buf, W_K), wv = mat_of(L, buf, W_V);
+    h3_mat wo = mat_of(L, buf, W_O), wg = mat_of(L, buf, W_GATE), wu = mat_of(L, buf, W_UP);
+    h3_mat wd = mat_of(L, buf, W_DOWN);
+    int rc;
+
+    /* attention block */
+    h3_rmsnorm(pool, x, a->H, a->xn, a->H, n, a->H, a->w_in, eps);
+    if ((rc = h3_linear(pool, a->xn, n, a->H, &wq, NULL, a->q, a->QD)) ||
+        (rc = h3_linear(pool, a->xn, n, a->H, &wk, NULL, a->k, a->KD)) ||
+        (rc = h3_linear(pool, a->xn, n, a->H, &wv, NULL, a->v, a->KD)))
+        return rc;
+    /* q_norm / k_norm: RMSNorm over each head's head_dim values, before the rotation. */
+    h3_rmsnorm(pool, a->q, a->hd, a->q, a->hd, n * a->heads, a->hd, a->w_qn, eps);
+    h3_rmsnorm(pool, a->k, a->hd, a->k, a->hd, n * a->kv, a->hd, a->w_kn, eps);
+    te_job jq = {a, a->q, NULL, a->heads, a->QD}, jk = {a, a->k, NULL, a->kv, a->KD};
+    h3_parallel_for(pool, n, 16, rope_task, &jq);
+    h3_parallel_for(pool, n, 16, rope_task, &jk);
+    if ((rc = h3_attention(pool, a->q, a->QD, a->k, a->KD, a->v, a->KD, n, n, a->heads, a->kv, a->hd,
+                           (float)(1.0 / sqrt((double)a->hd)), true, a->att, a->QD)) ||
+        (rc = h3_linear(pool, a->att, n, a->QD, &wo, NULL, a->xn, a->H)))
+        return rc;
+    te_job add = {a, x, a->xn, 0, 0};
+    h3_parallel_for(pool, n * a->H, 4096, add_task, &add);
+
+    /* MLP block */
+    h3_rmsnorm(pool, x, a->H, a->xn, a->H, n, a->H, a->w_post, eps);
+    if ((rc = h3_linear(pool, a->xn, n, a->H, &wg, NULL, a->g, a->I)) ||
+        (rc = h3_linear(pool, a->xn, n, a->H, &wu, NULL, a->u, a->I)))
+        return rc;
+    h3_swiglu(pool, a->g, a->I, a->u, a->I, a->g, a->I, n, a->I);
+    if ((rc = h3_linear(pool, a->g, n, a->I, &wd, NULL, a->xn, a->H))) return rc;
+    h3_parallel_for(pool, n * a->H, 4096, add_task, &add);
+    return 0;
+}
+
+/* hidden_states[0]: the prompt's rows of the embedding table, read one by one into out. */
+static int embed_rows(const te_files *f, const te_plan *p, const int32_t *ids, int n, float *out,
+                      uint64_t *bytes)
+{
+    const h3_tensor *t = p->embed;
+    const int H = p->cfg.hidden;
+    size_t row = (size_t)H * h3_dtype_size(t->dtype);
+    void *tmp = h3_alloc_aligned(row);
+    if (!tmp) return -H3_E_NOMEM;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = read_tensor(f, t, (uint64_t)ids[i] * row, row, tmp, NULL);
+        if (!rc) h3_to_f32(tmp, t->dtype, out + (int64_t)i * H, H);
+        *bytes += row;
+    }
+    h3_free_aligned(tmp);
+    return rc;
+}
+
+int h3_text_check_count(int n)
+{
+    if (n <= 0)
+        return h3_err(H3_E_INVALID,
+                      "text encoder: empty prompt (0 tokens); the Qwen3-VL conditioner needs at least one "
+                      "token (transformers and diffusers cannot encode an empty prompt either)");
+    if (n > H3_TEXT_MAX_TOKENS)
+        return h3_err(H3_E_INVALID, "text encoder: %d tokens exceed the limit of %d", n, H3_TEXT_MAX_TOKENS);
+    return 0;
+}
+
+static int check_ids(const te_plan *p, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= p->cfg.vocab)
+            return h3_err(H3_E_INVALID, "text encoder: token id %d at position %d is outside the vocabulary "
+                          "[0, %d) of %s", (int)ids[i], i, p->cfg.vocab,
+                          p->store->files[p->embed->file].path);
+    return 0;
+}
+
+int h3_text_forward(h3_model *m, h3_pool *pool, const int32_t *ids, int n, float *out, h3_text_run *run)
+{
+    if (!ids || !out) return h3_err(H3_E_INVALID, "text encoder: NULL ids or output");
+    int rc = h3_text_check_count(n);
+    if (rc) return rc;
+    te_plan p;
+    rc = plan_build(m, &p);
+    if (rc) return rc;
+    if ((rc = check_ids(&p, ids, n))) {
+        plan_free(&p);
+        return rc;
+    }
+    const int L = p.cfg.cond_layer;
+    bool prefetch = run && run->prefetch >= 0 ? run->prefetch != 0 : prefetch_default();
+    h3_progress_fn progress = run ? run->progress : NULL;
+    void *user = run ? run->progress_user : NULL;
+    te_files files = {0};
+    te_reader rd;
+    te_act a;
+    void *block = NULL;
+    uint64_t emb_bytes = 0;
+    memset(&rd, 0, sizeof rd);
+    if ((rc = files_open(&files, &p)) || (rc = reader_start(&rd, &p, &files, prefetch))) goto done;
+    reader_request(&rd, 0); /* layer 0 loads while the embeddings are gathered */
+    if ((rc = act_alloc(&a, &p.cfg, n, &block)) || (rc = embed_rows(&files, &p, ids, n, out, &emb_bytes)))
+        goto done;
+    rope_table(&a, p.cfg.rope_theta);
+    if ((rc = h3_progress_check(progress, user, "text_encoder", 0, L))) goto done;
+    for (int l = 0; l < L; l++) {
+        const uint8_t *buf = NULL;
+        if ((rc = reader_get(&rd, l, &buf))) break;
+        if (l + 1 < L) reader_request(&rd, l + 1);
+        if ((rc = layer_forward(pool, &a, &p.cfg, &p.layers[l], buf, out))) break;
+        if ((rc = h3_progress_check(progress, user, "text_encoder", l + 1, L))) break;
+    }
+done:
+    reader_stop(&rd);
+    if (run) run->bytes_read = emb_bytes + rd.bytes;
+    h3_free_aligned(block);
+    files_close(&files);
+    plan_free(&p);
+    return rc;
+}
+
+int h3_text_memory(h3_model *m, int n, int prefetch, h3_text_mem *out)
+{
+    memset(out, 0, sizeof *out);
+    te_plan p;
+    int rc = plan_build(m, &p);
+    if (rc) return rc;
+    if (prefetch < 0) prefetch = prefetch_default();
+    out->layer_bytes = p.slot_bytes;
+    out->layer_slots = prefetch && p.cfg.cond_layer > 1 ? 2 : 1;
+    out->weights = out->layer_bytes * out->layer_slots;
+    /* working buffers + the [n, hidden] f32 output the stream accumulates in */
+    out->activations = (act_floats(&p.cfg, (uint64_t)(n > 0 ? n : 1)) + (uint64_t)(n > 0 ? n : 1) * p.cfg.hidden) *
+                       sizeof(float);
+    out->total = out->weights + out->activations;
+    plan_free(&p);
+    return 0;
+}
+
+/* ---- public entry points ------------------------------------------------------------------ */
+
+H3_API int h3_text_hidden_size(h3_ctx *ctx)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    h3_text_cfg c;
+    int rc = h3_text_cfg_load(&ctx->model, &c);
+    return rc ? rc : c.hidden;
+}
+
+H3_API int h3_text_encode(h3_ctx *ctx, const int32_t *ids, int n, float *out)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    return h3_text_encode_ctx(ctx, ids, n, out);
+}

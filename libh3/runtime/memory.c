@@ -1,0 +1,175 @@
+/*
+ * Peak-memory estimate per phase, from configs and safetensors headers only. Weights are counted
+ * at their stored size (libh3 computes from the mapped bytes, it does not widen them in memory);
+ * activations follow the buffers each stage allocates for the given render shape.
+ */
+#include "models/audio_vae.h"
+#include "models/dit.h"
+#include "models/text_encoder.h"
+#include "models/video_vae.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t bytes_where(const h3_store *s, const char *prefix, const char *contains, bool exclude)
+{
+    uint64_t n = 0;
+    size_t pl = prefix ? strlen(prefix) : 0;
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const char *name = h3_tensor_name(s, &s->tensors[i]);
+        if (prefix && strncmp(name, prefix, pl) != 0) continue;
+        bool has = contains && strstr(name, contains);
+        if (contains && has == exclude) continue;
+        n += s->tensors[i].end - s->tensors[i].begin;
+    }
+    return n;
+}
+
+typedef struct {
+    int frames, lat_t, lat_h, lat_w, audio_lat;
+    int64_t video_tokens, seq;
+} shape_plan;
+
+H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, int frames,
+                                           int prompt_tokens)
+{
+    if (!ctx) {
+        h3_err(H3_E_INVALID, "NULL context");
+        return NULL;
+    }
+    if (width <= 0 || height <= 0 || frames <= 0 || prompt_tokens <= 0 || width > 16384 ||
+        height > 16384 || frames > 100000 || prompt_tokens > 1000000) {
+        h3_err(H3_E_INVALID, "impossible render shape %dx%d, %d frames, %d prompt tokens", width, height,
+               frames, prompt_tokens);
+        return NULL;
+    }
+    h3_model *m = &ctx->model;
+    h3_err_clear();
+    /* Geometry defaults are the release's; a present VAE config overrides them. */
+    int spatial = 16, temporal = 4, clip = 17, hop_rate = 40;
+    h3_vvae_cfg vv;
+    bool have_vv = m->comp[H3_COMP_VIDEO_VAE].present && h3_vvae_cfg_load(m, &vv) == 0;
+    if (have_vv) {
+        spatial = vv.spatial;
+        temporal = vv.temporal;
+        clip = vv.clip_length;
+    }
+    h3_avae_cfg av;
+    bool have_av = m->comp[H3_COMP_AUDIO_VAE].present && h3_avae_cfg_load(m, &av) == 0;
+    if (have_av) {
+        int hop = 1;
+        for (int i = 0; i < av.n_up; i++) hop *= av.rates[i];
+        hop_rate = av.sample_rate / hop;
+    }
+    h3_err_clear();
+    int chunk = (clip + temporal - 1) / temporal;
+    shape_plan sp;
+    sp.frames = frames;
+    while (sp.frames % clip != chunk) sp.frames++;
+    sp.lat_t = (sp.frames - chunk) / clip * chunk + 2;
+    sp.lat_h = height / spatial;
+    sp.lat_w = width / spatial;
+    sp.audio_lat = (int)lround(sp.frames / 24.0 * hop_rate);
+    h3_dit_cfg dc;
+    bool have_dit = m->comp[H3_COMP_TRANSFORMER].present && h3_dit_cfg_load(m, &dc) == 0;
+    int ph = have_dit ? dc.patch[1] : 2, pw = have_dit ? dc.patch[2] : 2;
+    sp.video_tokens = (int64_t)sp.lat_t * (sp.lat_h / ph) * (sp.lat_w / pw);
+    sp.seq = prompt_tokens + 2LL * sp.audio_lat + sp.video_tokens;
+    h3_err_clear();
+
+    h3_buf b = {0};
+    h3_buf_printf(&b, "{\"frames\": %d, \"latent_frames\": %d, \"latent_height\": %d, \"latent_width\": %d, "
+                  "\"audio_latents\": %d, \"video_tokens\": %lld, \"sequence\": %lld, \"phases\": {",
+                  sp.frames, sp.lat_t, sp.lat_h, sp.lat_w, sp.audio_lat, (long long)sp.video_tokens,
+                  (long long)sp.seq);
+    bool first = true;
+    int rc = 0;
+
+    h3_text_mem tm;
+    if (m->comp[H3_COMP_TEXT_ENCODER].present && (rc = h3_text_memory(m, prompt_tokens, -1, &tm)) == 0) {
+        /* Layer streaming (text_encoder.c): the layer in use plus the one being prefetched, and the
+           f32 working set of the prompt; embedding rows are read straight into the output. */
+        h3_buf_printf(&b, "\"text_encoding\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu, "
+                      "\"layer_bytes\": %llu, \"layer_buffers\": %llu}",
+                      (unsigned long long)tm.weights, (unsigned long long)tm.activations,
+                      (unsigned long long)tm.total, (unsigned long long)tm.layer_bytes,
+                      (unsigned long long)tm.layer_slots);
+        first = false;
+    }
+    if (!rc && have_dit && (rc = h3_model_headers(m, H3_COMP_TRANSFORMER)) == 0) {
+        const h3_store *s = &m->comp[H3_COMP_TRANSFORMER].store;
+        uint64_t all = s->bytes, adaln = bytes_where(s, NULL, "adaln_proj", false);
+        uint64_t A = (uint64_t)dc.heads * dc.head_dim, F = (uint64_t)dc.ffn, H = (uint64_t)dc.hidden;
+        /* dit.c's buffers per packed row: residual, normed input and output (3H), the QKV or gate/up
+           projection, the attention output or the gated product, and the attention context; plus
+           at most 64 MiB of packed keys/values inside attention. */
+        uint64_t qkv_ff = 3 * A > 2 * F ? 3 * A : 2 * F, attn_ff = 3 * A > F ? 3 * A : F;
+        uint64_t act = (uint64_t)sp.seq * (3 * H + qkv_ff + attn_ff + A) * 4;
+        uint64_t kv = (uint64_t)sp.seq * 2 * A * 4;
+        act += kv < (64ull << 20) ? kv : (64ull << 20);
+        /* Per evaluation: (video t, video), (video t, text), (audio t, audio) rows of 6 slots per
+           block, plus two final-layer rows of 2 slots, in f32. The default 20 grid points give 19
+           evaluations (fewer if the shift collapses points). */
+        float sig[20];
+        int evals = h3_sched_sigmas(20, dc.shift_video, sig) - 1;
+        if (evals < 1) evals = 19;
+        int steps = evals;
+        uint64_t tables = (uint64_t)steps * (3ull * 6 * H * dc.layers + 2ull * 2 * H) * 4;
+        h3_buf_printf(&b,
+                      "%s\"denoise_precomputed_adaln\": {\"weights\": %llu, \"adaln_tables\": %llu, "
+                      "\"activations\": %llu, \"total\": %llu, \"evaluations\": %d}, "
+                      "\"denoise_without_precompute\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu}, "
+                      "\"adaln_weights_released\": %llu",
+                      first ? "" : ", ", (unsigned long long)(all - adaln), (unsigned long long)tables,
+                      (unsigned long long)act, (unsigned long long)(all - adaln + tables + act), steps,
+                      (unsigned long long)all, (unsigned long long)act, (unsigned long long)(all + act),
+                      (unsigned long long)adaln);
+        first = false;
+    }
+    if (!rc && have_vv && (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE)) == 0) {
+        const h3_store *s = &m->comp[H3_COMP_VIDEO_VAE].store;
+        uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "post_quant_conv.", NULL, false);
+        /* Exactly what the streaming decoder allocates (video_vae.c): one tile's activations and
+           pixels, the overlap strips and the frames the temporal cross-fade keeps. */
+        h3_vvae_plan plan;
+        uint64_t act = 0;
+        if (h3_vvae_plan_make(&vv, sp.lat_t, sp.lat_h > 0 ? sp.lat_h : 1, sp.lat_w > 0 ? sp.lat_w : 1, 0, 0, 0,
+                              &plan) == 0) {
+            act = plan.workspace_bytes;
+            h3_vvae_plan_free(&plan);
+        }
+        h3_err_clear();
+        uint64_t frames_out = (uint64_t)width * height * sp.frames * 3;
+        h3_buf_printf(&b, "%s\"video_decode\": {\"weights\": %llu, \"activations\": %llu, \"frames\": %llu, "
+                      "\"total\": %llu}",
+                      first ? "" : ", ", (unsigned long long)w, (unsigned long long)act,
+                      (unsigned long long)frames_out, (unsigned long long)(w + act + frames_out));
+        first = false;
+    }
+    if (!rc && have_av && (rc = h3_model_headers(m, H3_COMP_AUDIO_VAE)) == 0) {
+        const h3_store *s = &m->comp[H3_COMP_AUDIO_VAE].store;
+        uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "dec_in_proj.", NULL, false);
+        /* Folded weight copies (the mapping is dropped while folding) plus the decoder's own
+           buffer plan; the two stereo sides are decoded one after the other. */
+        int64_t work = h3_avae_work_bytes(&av, sp.audio_lat > 0 ? sp.audio_lat : 1, ctx->threads);
+        uint64_t act = work > 0 ? (uint64_t)work : 0;
+        int64_t samples = h3_avae_samples(&av, sp.audio_lat > 0 ? sp.audio_lat : 1);
+        uint64_t pcm = samples > 0 ? 2ull * (uint64_t)samples * 4 : 0;
+        h3_err_clear();
+        h3_buf_printf(&b, "%s\"audio_decode\": {\"weights\": %llu, \"activations\": %llu, \"pcm\": %llu, "
+                      "\"total\": %llu}",
+                      first ? "" : ", ", (unsigned long long)w, (unsigned long long)act,
+                      (unsigned long long)pcm, (unsigned long long)(w + act + pcm));
+    }
+    h3_buf_printf(&b, "}}");
+    if (rc || b.oom) {
+        if (!rc) h3_err(H3_E_NOMEM, "out of memory");
+        h3_buf_free(&b);
+        return NULL;
+    }
+    free(ctx->mem_json);
+    ctx->mem_json = b.p;
+    return ctx->mem_json;
+}

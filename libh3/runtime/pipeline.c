@@ -1,0 +1,453 @@
+/*
+ * Text to video + stereo audio, as a context API: prepare (prompt -> tokens -> conditioning ->
+ * packed layout, schedule, AdaLN tables, noise) -> step (one Euler transition) -> decode (audio
+ * then video into caller buffers). Each phase loads what it needs and lets go of it afterwards,
+ * so the text encoder, the transformer and the two decoders are never all resident at once.
+ *
+ * What is computed follows diffusers' MiniMaxH3ModularPipeline for t2va: the prompt verbatim
+ * (no chat template, no special tokens), hidden_states[K] of the Qwen3-VL conditioner, the
+ * [text | audio | video] layout, MiniMaxH3Scheduler at the model's two shifts with `steps` sigma
+ * grid points (steps - 1 model evaluations unless the shift collapses points), then the decode
+ * steps' de-normalisation. The initial noise is libh3's own counter-based generator (schedule.c)
+ * unless the caller injects noise tensors.
+ */
+#include "models/audio_vae.h"
+#include "models/dit.h"
+#include "models/text_encoder.h"
+#include "models/video_vae.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The release's canvas and length limits; a model may override them in model_index.json under
+   "h3ctl": {"max_pixels": N, "max_frames": N}. */
+#define H3_DEFAULT_MAX_PIXELS (768 * 1344)
+#define H3_DEFAULT_MAX_FRAMES 362
+#define H3_FPS 24
+
+struct h3_render {
+    int32_t *ids;
+    int n_ids;
+    float *text;          /* [n_ids, text hidden] */
+    h3_dit_layout layout;
+    float *vrows, *arows; /* packed latents, stepped in place */
+    int64_t vrow_floats, arow_floats;
+    int steps, evals, done;
+    /* geometry */
+    int width, height, frames, T, lh, lw, Ta, C, AC;
+    int64_t samples;
+    int sample_rate;
+    uint64_t seed;
+    int vae_tile; /* 0 = config */
+};
+
+static void render_free(struct h3_render *r)
+{
+    if (!r) return;
+    free(r->ids);
+    free(r->text);
+    h3_dit_layout_free(&r->layout);
+    h3_free_aligned(r->vrows);
+    h3_free_aligned(r->arows);
+    free(r);
+}
+
+void h3_render_state_free(h3_ctx *ctx)
+{
+    render_free(ctx->render);
+    ctx->render = NULL;
+}
+
+H3_API void h3_request_default(h3_request *r)
+{
+    if (!r) return;
+    memset(r, 0, sizeof *r);
+    r->struct_size = sizeof *r;
+    r->width = 128;
+    r->height = 128;
+    r->frames = 22;
+    r->steps = 20;
+    r->seed = 42;
+}
+
+static int model_limit(h3_model *m, const char *key, int64_t dflt, int64_t *out)
+{
+    *out = dflt;
+    if (!m->index_loaded) return 0;
+    const h3j *h = h3j_get(&m->index, h3j_root(&m->index), "h3ctl");
+    int64_t v;
+    if (h && h3_cfg_int(&m->index, h, &v, key, (const char *)NULL) == 0) {
+        if (v <= 0) return h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be positive", m->partition_dir, key);
+        *out = v;
+    }
+    return 0;
+}
+
+/* Frame count aligned up to the VAE's clip_length * n + tokens_chunk_size (17n + 5 for H3). */
+static int align_frames(int frames, int clip, int chunk)
+{
+    while (frames % clip != chunk) frames++;
+    return frames;
+}
+
+static int check_shape(h3_ctx *ctx, const h3_request *q, const h3_dit_cfg *dc, const h3_vvae_cfg *vc,
+                       struct h3_render *r)
+{
+    h3_model *m = &ctx->model;
+    int multiple = vc->spatial * (dc->patch[1] > dc->patch[2] ? dc->patch[1] : dc->patch[2]);
+    if (q->width < multiple || q->height < multiple || q->width % multiple || q->height % multiple)
+        return h3_err(H3_E_INVALID, "width and height must be multiples of %d and at least %d, got %dx%d", multiple,
+                      multiple, q->width, q->height);
+    int64_t max_pixels, max_frames;
+    int rc;
+    if ((rc = model_limit(m, "max_pixels", H3_DEFAULT_MAX_PIXELS, &max_pixels)) ||
+        (rc = model_limit(m, "max_frames", H3_DEFAULT_MAX_FRAMES, &max_frames)))
+        return rc;
+    if ((int64_t)q->width * q->height > max_pixels)
+        return h3_err(H3_E_INVALID, "%dx%d is %lld pixels, more than this model's limit of %lld", q->width,
+                      q->height, (long long)q->width * q->height, (long long)max_pixels);
+    if (q->frames < 1 || q->frames > 100000)
+        return h3_err(H3_E_INVALID, "frames must be at least 1, got %d", q->frames);
+    int chunk = (vc->clip_length + vc->temporal - 1) / vc->temporal;
+    int frames = align_frames(q->frames, vc->clip_length, chunk);
+    if (frames > max_frames)
+        return h3_err(H3_E_INVALID, "%d frames (aligned up to %d) exceed this model's limit of %lld", q->frames,
+                      frames, (long long)max_frames);
+    if (q->steps < 2 || q->steps > 1000)
+        return h3_err(H3_E_INVALID, "steps must be between 2 and 1000, got %d", q->steps);
+    r->width = q->width;
+    r->height = q->height;
+    r->frames = frames;
+    r->T = (frames - chunk) / vc->clip_length * chunk + 2;
+    r->lh = q->height / vc->spatial;
+    r->lw = q->width / vc->spatial;
+    r->C = vc->latent_ch;
+    r->AC = dc->audio_ch;
+    r->steps = q->steps;
+    r->seed = q->seed;
+    return 0;
+}
+
+static int progress(h3_ctx *ctx, const char *phase, int done, int total)
+{
+    return h3_progress_check(ctx->progress, ctx->progress_user, phase, done, total);
+}
+
+static int tokenize(h3_ctx *ctx, const char *prompt, struct h3_render *r)
+{
+    h3_model *m = &ctx->model;
+    int rc = h3_model_require(m, H3_COMP_TOKENIZER, "tokenizing the prompt");
+    if (rc) return rc;
+    if (!ctx->tokenizer && !(ctx->tokenizer = h3_tokenizer_load(m->comp[H3_COMP_TOKENIZER].config_path)))
+        return -H3_E_FORMAT;
+    size_t len = strlen(prompt);
+    int64_t cap = (int64_t)len + 16;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *ids = h3_malloc(sizeof *ids * (size_t)cap);
+        if (!ids) return -H3_E_NOMEM;
+        int64_t n = h3_tokenize(ctx->tokenizer, prompt, len, ids, cap);
+        if (n < 0) {
+            free(ids);
+            h3_err_prefix("prompt");
+            return (int)n;
+        }
+        if (n <= cap) {
+            if (n == 0) {
+                free(ids);
+                return h3_err(H3_E_INVALID, "the prompt is empty");
+            }
+            if (n > 1000000) {
+                free(ids);
+                return h3_err(H3_E_INVALID, "the prompt has %lld tokens", (long long)n);
+            }
+            r->ids = ids;
+            r->n_ids = (int)n;
+            return 0;
+        }
+        free(ids);
+        cap = n;
+    }
+    return h3_err(H3_E_INVALID, "prompt: token count changed between calls");
+}
+
+typedef struct {
+    h3_dit_cfg dc;
+    h3_vvae_cfg vc;
+    h3_avae_cfg ac;
+    h3_text_cfg tc;
+} cfgs;
+
+/* Configs of every component a render needs, checked to fit together, and the request's shape. */
+/* The caller's request widened to this library's struct: fields an older caller did not know keep
+   their defaults, and nothing past its struct_size is read. */
+static int widen_request(const h3_request *q, h3_request *out)
+{
+    if (!q) return h3_err(H3_E_INVALID, "NULL request");
+    if (q->struct_size < offsetof(h3_request, audio_noise) + sizeof q->audio_noise || q->struct_size > sizeof *q)
+        return h3_err(H3_E_INVALID, "h3_request.struct_size %u is not a size this library knows", q->struct_size);
+    h3_request_default(out);
+    memcpy(out, q, q->struct_size);
+    return 0;
+}
+
+static int plan(h3_ctx *ctx, const h3_request *q, cfgs *k, struct h3_render *r)
+{
+    if (!ctx || !q) return h3_err(H3_E_INVALID, "NULL argument");
+    if (q->vae_tile_px < 0 || q->vae_tile_px > 65536)
+        return h3_err(H3_E_INVALID, "VAE tile size must be 0 (the model's) or a positive number of pixels, got %d",
+                      q->vae_tile_px);
+    h3_model *m = &ctx->model;
+    int rc;
+    if ((rc = h3_model_require(m, H3_COMP_TRANSFORMER, "denoising")) ||
+        (rc = h3_model_require(m, H3_COMP_TEXT_ENCODER, "encoding the prompt")) ||
+        (rc = h3_model_require(m, H3_COMP_TOKENIZER, "tokenizing the prompt")) ||
+        (rc = h3_model_require(m, H3_COMP_VIDEO_VAE, "decoding video")) ||
+        (rc = h3_model_require(m, H3_COMP_AUDIO_VAE, "decoding audio")))
+        return rc;
+    if ((rc = h3_dit_cfg_load(m, &k->dc)) || (rc = h3_vvae_cfg_load(m, &k->vc)) || (rc = h3_avae_cfg_load(m, &k->ac)) ||
+        (rc = h3_text_cfg_load(m, &k->tc)))
+        return rc;
+    if (k->dc.video_ch != k->vc.latent_ch || k->dc.audio_ch != k->ac.latent_ch || k->dc.text_dim != k->tc.hidden)
+        return h3_err(H3_E_FORMAT,
+                      "%s: components do not fit together (transformer latents %d/%d, text %d; video VAE %d, "
+                      "audio VAE %d, text encoder %d)",
+                      m->partition_dir, k->dc.video_ch, k->dc.audio_ch, k->dc.text_dim, k->vc.latent_ch,
+                      k->ac.latent_ch, k->tc.hidden);
+    if ((rc = check_shape(ctx, q, &k->dc, &k->vc, r))) return rc;
+    if (q->vae_tile_px && (q->vae_tile_px % k->vc.spatial || q->vae_tile_px <= k->vc.tile_overlap))
+        return h3_err(H3_E_INVALID, "VAE tile size %d must be a multiple of %d and larger than the %d-pixel overlap",
+                      q->vae_tile_px, k->vc.spatial, k->vc.tile_overlap);
+    r->vae_tile = q->vae_tile_px;
+    int hop = 1;
+    for (int i = 0; i < k->ac.n_up; i++) hop *= k->ac.rates[i];
+    /* diffusers' audio_latent_num_frames: round(frames / fps * latent rate). */
+    r->Ta = (int)lround((double)r->frames / H3_FPS * ((double)k->ac.sample_rate / hop));
+    r->sample_rate = k->ac.sample_rate;
+    r->samples = h3_avae_samples(&k->ac, r->Ta);
+    if (r->samples < 0) return (int)r->samples;
+    return 0;
+}
+
+static void fill_info(const struct h3_render *r, h3_render_info *out)
+{
+    out->width = r->width;
+    out->height = r->height;
+    out->frames = r->frames;
+    out->fps = H3_FPS;
+    out->audio_samples = r->samples;
+    out->sample_rate = r->sample_rate;
+    out->latent_frames = r->T;
+    out->latent_height = r->lh;
+    out->latent_width = r->lw;
+    out->latent_channels = r->C;
+    out->audio_latents = r->Ta;
+    out->audio_latent_channels = r->AC;
+    out->prompt_tokens = r->n_ids;
+    out->steps = r->evals;
+    out->steps_done = r->done;
+    out->sequence = r->layout.seq;
+}
+
+H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out)
+{
+    if (!out) return h3_err(H3_E_INVALID, "NULL argument");
+    if (out->struct_size != sizeof *out)
+        return h3_err(H3_E_INVALID, "h3_render_info.struct_size %u, expected %zu", out->struct_size, sizeof *out);
+    h3_request wide, *q = &wide;
+    int rc = widen_request(request, &wide);
+    if (rc) return rc;
+    struct h3_render r;
+    memset(&r, 0, sizeof r);
+    cfgs k;
+    rc = plan(ctx, q, &k, &r);
+    if (rc) return rc;
+    fill_info(&r, out);
+    return 0;
+}
+
+H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request)
+{
+    if (!ctx || !request) return h3_err(H3_E_INVALID, "NULL argument");
+    h3_request wide, *q = &wide;
+    int rc = widen_request(request, &wide);
+    if (rc) return rc;
+    if (!q->prompt) return h3_err(H3_E_INVALID, "no prompt");
+    h3_render_state_free(ctx);
+    struct h3_render *r = h3_calloc(1, sizeof *r);
+    if (!r) return -H3_E_NOMEM;
+    cfgs k;
+    if ((rc = plan(ctx, q, &k, r))) goto fail;
+    h3_dit_cfg dc = k.dc;
+    h3_text_cfg tc = k.tc;
+
+    /* 1. prompt -> ids -> conditioning (the text encoder streams its layers and caches). */
+    if ((rc = progress(ctx, "tokenize", 0, 1)) || (rc = tokenize(ctx, q->prompt, r)) ||
+        (rc = progress(ctx, "tokenize", 1, 1)))
+        goto fail;
+    r->text = h3_malloc(sizeof(float) * (size_t)r->n_ids * (size_t)tc.hidden);
+    if (!r->text) {
+        rc = -H3_E_NOMEM;
+        goto fail;
+    }
+    if ((rc = h3_text_encode(ctx, r->ids, r->n_ids, r->text))) goto fail;
+
+    /* 2. transformer: layout, refined text, schedule with AdaLN tables. */
+    if ((rc = progress(ctx, "prepare", 0, 2))) goto fail;
+    h3_dit *d;
+    if ((rc = h3_ctx_dit(ctx, &d))) goto fail;
+    if ((rc = h3_dit_layout_t2va(&dc, r->n_ids, NULL, r->T, r->lh, r->lw, r->Ta, NULL, 0, &r->layout))) goto fail;
+    if ((rc = h3_dit_set_layout(d, &r->layout)) || (rc = h3_dit_set_text(d, r->text, r->n_ids))) goto fail;
+    if ((rc = progress(ctx, "prepare", 1, 2))) goto fail;
+    const char *keep = getenv("H3_DIT_KEEP_ADALN");
+    bool release = !(keep && keep[0] && strcmp(keep, "0") != 0);
+    rc = h3_dit_prepare_schedule(d, r->steps, dc.shift_video, dc.shift_audio, release);
+    if (rc < 0) goto fail;
+    r->evals = rc;
+    rc = 0;
+
+    /* 3. initial noise: injected, or drawn from (seed, stream) in latent order. */
+    int64_t vlat = (int64_t)r->C * r->T * r->lh * r->lw, alat = 2LL * r->AC * r->Ta;
+    int64_t pd = (int64_t)dc.video_ch * dc.patch[1] * dc.patch[2];
+    r->vrow_floats = r->layout.n_video * pd;
+    r->arow_floats = r->layout.n_audio * dc.audio_ch;
+    float *vlatents = h3_alloc_aligned(sizeof(float) * (size_t)vlat);
+    float *alatents = h3_alloc_aligned(sizeof(float) * (size_t)alat);
+    r->vrows = h3_alloc_aligned(sizeof(float) * (size_t)r->vrow_floats);
+    r->arows = h3_alloc_aligned(sizeof(float) * (size_t)r->arow_floats);
+    if (!vlatents || !alatents || !r->vrows || !r->arows) {
+        h3_free_aligned(vlatents);
+        h3_free_aligned(alatents);
+        rc = -H3_E_NOMEM;
+        goto fail;
+    }
+    if (q->video_noise)
+        memcpy(vlatents, q->video_noise, sizeof(float) * (size_t)vlat);
+    else
+        h3_noise(q->seed, 0, 0, vlatents, vlat);
+    if (q->audio_noise)
+        memcpy(alatents, q->audio_noise, sizeof(float) * (size_t)alat);
+    else
+        h3_noise(q->seed, 1, 0, alatents, alat);
+    h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, r->vrows);
+    h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, r->arows);
+    h3_free_aligned(vlatents);
+    h3_free_aligned(alatents);
+    if ((rc = progress(ctx, "prepare", 2, 2))) goto fail;
+    ctx->render = r;
+    return 0;
+fail:
+    render_free(r);
+    return rc;
+}
+
+H3_API int h3_step(h3_ctx *ctx)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    struct h3_render *r = ctx->render;
+    if (!r) return h3_err(H3_E_INVALID, "step: no prepared request (call h3_prepare first)");
+    if (r->done >= r->evals) return 0;
+    if (!ctx->dit) return h3_err(H3_E_INVALID, "step: the transformer was released; prepare the request again");
+    int rc = r->done == 0 ? progress(ctx, "denoise", 0, r->evals) : 0;
+    if (rc) return rc;
+    rc = h3_dit_step(ctx->dit, r->done, r->vrows, r->arows);
+    if (rc < 0) return rc;
+    r->done++;
+    if ((rc = progress(ctx, "denoise", r->done, r->evals))) return rc;
+    return r->evals - r->done;
+}
+
+H3_API int h3_render_info_get(h3_ctx *ctx, h3_render_info *out)
+{
+    if (!ctx || !out) return h3_err(H3_E_INVALID, "NULL argument");
+    if (out->struct_size != sizeof *out)
+        return h3_err(H3_E_INVALID, "h3_render_info.struct_size %u, expected %zu", out->struct_size, sizeof *out);
+    struct h3_render *r = ctx->render;
+    if (!r) return h3_err(H3_E_INVALID, "no prepared request");
+    fill_info(r, out);
+    return 0;
+}
+
+H3_API int h3_get_latents(h3_ctx *ctx, float *video, float *audio)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    struct h3_render *r = ctx->render;
+    if (!r) return h3_err(H3_E_INVALID, "no prepared request");
+    h3_dit_cfg dc;
+    int rc = h3_dit_cfg_load(&ctx->model, &dc);
+    if (rc) return rc;
+    if (video) h3_dit_unpatchify_video(&dc, r->vrows, r->T, r->lh, r->lw, video);
+    if (audio) h3_dit_unpack_audio(r->AC, r->Ta, r->arows, audio);
+    return 0;
+}
+
+H3_API int h3_prompt_tokens(h3_ctx *ctx, int32_t *ids, int cap)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    struct h3_render *r = ctx->render;
+    if (!r) return h3_err(H3_E_INVALID, "no prepared request");
+    if (ids) memcpy(ids, r->ids, sizeof *ids * (size_t)(cap < r->n_ids ? cap : r->n_ids));
+    return r->n_ids;
+}
+
+/* The transformer is done once the loop has run: let its pages go before the decoders map theirs. */
+static void release_transformer(h3_ctx *ctx)
+{
+    h3_dit_close(ctx->dit);
+    ctx->dit = NULL;
+    h3_store_release(&ctx->model.comp[H3_COMP_TRANSFORMER].store);
+}
+
+static int decode(h3_ctx *ctx, uint8_t *rgb, float *pixels, float *pcm)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    struct h3_render *r = ctx->render;
+    if (!r) return h3_err(H3_E_INVALID, "decode: no prepared request");
+    if (r->done < r->evals)
+        return h3_err(H3_E_INVALID, "decode: %d of %d denoising steps are still to run", r->evals - r->done, r->evals);
+    if (!rgb && !pixels && !pcm) return h3_err(H3_E_INVALID, "decode: no output buffer");
+    h3_pool *pool = h3_ctx_pool(ctx);
+    if (!pool) return -H3_E_NOMEM;
+    release_transformer(ctx);
+    h3_dit_cfg dc;
+    int rc = h3_dit_cfg_load(&ctx->model, &dc);
+    if (rc) return rc;
+    if (pcm) {
+        float *alat = h3_alloc_aligned(sizeof(float) * 2 * (size_t)r->AC * (size_t)r->Ta);
+        if (!alat) return -H3_E_NOMEM;
+        h3_dit_unpack_audio(r->AC, r->Ta, r->arows, alat);
+        rc = h3_avae_decode(&ctx->model, pool, alat, r->AC, r->Ta, pcm, 2 * r->samples, ctx->progress,
+                            ctx->progress_user);
+        h3_free_aligned(alat);
+        if (rc) return rc;
+    }
+    if (rgb || pixels) {
+        float *vlat = h3_alloc_aligned(sizeof(float) * (size_t)r->C * r->T * r->lh * r->lw);
+        if (!vlat) return -H3_E_NOMEM;
+        h3_dit_unpatchify_video(&dc, r->vrows, r->T, r->lh, r->lw, vlat);
+        h3_vvae_request vq = {0};
+        vq.latents = vlat;
+        vq.C = r->C;
+        vq.T = r->T;
+        vq.h = r->lh;
+        vq.w = r->lw;
+        vq.rgb = rgb;
+        vq.pixels = pixels;
+        vq.progress = ctx->progress;
+        vq.user = ctx->progress_user;
+        vq.tile_px = r->vae_tile; /* smaller tiles bound memory tighter; the blend is diffusers' */
+        rc = h3_vvae_decode(&ctx->model, pool, &vq);
+        h3_free_aligned(vlat);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm) { return decode(ctx, rgb, NULL, pcm); }
+
+H3_API int h3_decode_video_f32(h3_ctx *ctx, float *pixels)
+{
+    if (!pixels) return h3_err(H3_E_INVALID, "decode: NULL pixel buffer");
+    return decode(ctx, NULL, pixels, NULL);
+}

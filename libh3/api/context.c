@@ -1,7 +1,9 @@
-/* The context object: open a model directory, describe it, estimate memory per phase. */
+/* The context object: open a model directory, choose the device, describe the model and the
+   backends, estimate memory per phase. */
+#include "api/api.h"
 #include "backend/cpu/ops.h"
-#include "models/text_encoder.h"
 #include "models/dit.h"
+#include "models/text_encoder.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +33,48 @@ H3_API void h3_options_default(h3_options *o)
     if (!o) return;
     memset(o, 0, sizeof *o);
     o->struct_size = sizeof *o;
+    o->device = H3_DEVICE_AUTO;
+}
+
+/* The environment's overrides of the exact-path flags, read here and nowhere else: a variable
+   set to a value other than 0 turns its switch on, set to 0 turns it off. */
+static unsigned env_flags(unsigned flags)
+{
+    static const struct {
+        const char *name;
+        unsigned flag;
+        bool inverted; /* the variable names the fast path (H3_DIT_PRECOMPUTE=0 -> per-step) */
+    } vars[] = {{"H3_DIT_PRECOMPUTE", H3_OPT_DIT_PER_STEP, true},
+                {"H3_DIT_KEEP_ADALN", H3_OPT_KEEP_ADALN, false},
+                {"H3_TEXT_PREFETCH", H3_OPT_NO_TEXT_PREFETCH, true},
+                {"H3_DROP_PAGE_CACHE", H3_OPT_DROP_PAGE_CACHE, false}};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i].name);
+        if (!v || !v[0]) continue;
+        bool on = strcmp(v, "0") != 0;
+        if (vars[i].inverted) on = !on;
+        flags = on ? (flags | vars[i].flag) : (flags & ~vars[i].flag);
+    }
+    return flags;
+}
+
+/* Resolve the device: CUDA opens its backend now, so a missing GPU is reported by h3_init. */
+static int open_device(h3_ctx *ctx, int device, int index)
+{
+    if (device == H3_DEVICE_CPU || (device == H3_DEVICE_AUTO && !h3_backend_cuda_built())) {
+        ctx->device = H3_DEVICE_CPU;
+        return 0;
+    }
+    int rc = h3_backend_cuda_open(index, &ctx->rt.gpu);
+    if (rc && device == H3_DEVICE_AUTO) {
+        h3_err_clear(); /* auto falls back to the CPU; h3_backends_json says why */
+        ctx->device = H3_DEVICE_CPU;
+        return 0;
+    }
+    if (rc) return rc;
+    ctx->device = H3_DEVICE_CUDA;
+    snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s", ctx->rt.gpu->desc);
+    return 0;
 }
 
 static int online_cpus(void)
@@ -44,6 +88,7 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     h3_options o;
     h3_options_default(&o);
     if (options) {
+        /* Callers built against the first h3_options (no device fields) keep working. */
         if (options->struct_size < offsetof(h3_options, flags) + sizeof o.flags ||
             options->struct_size > sizeof o) {
             h3_err(H3_E_INVALID, "h3_options.struct_size %u is not a size this library knows",
@@ -56,11 +101,29 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
         h3_err(H3_E_INVALID, "threads must be between 0 (all cores) and 1024, got %d", o.threads);
         return NULL;
     }
+    if (o.device < H3_DEVICE_AUTO || o.device > H3_DEVICE_CUDA) {
+        h3_err(H3_E_INVALID, "device must be %d (auto), %d (cpu) or %d (cuda), got %d", H3_DEVICE_AUTO,
+               H3_DEVICE_CPU, H3_DEVICE_CUDA, o.device);
+        return NULL;
+    }
+    if (o.device_index < 0) {
+        h3_err(H3_E_INVALID, "device index must be 0 or more, got %d", o.device_index);
+        return NULL;
+    }
     h3_ctx *ctx = h3_calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->threads = o.threads ? o.threads : online_cpus();
-    ctx->flags = o.flags;
-    if (h3_model_open(&ctx->model, model_dir, o.flags) != 0) {
+    ctx->flags = env_flags(o.flags);
+    ctx->device_index = o.device_index;
+    if (h3_model_open(&ctx->model, model_dir, ctx->flags) != 0) {
+        free(ctx);
+        return NULL;
+    }
+    ctx->rt.model = &ctx->model;
+    ctx->rt.threads = ctx->threads;
+    ctx->rt.flags = ctx->flags;
+    if (open_device(ctx, o.device, o.device_index) != 0) {
+        h3_model_close(&ctx->model);
         free(ctx);
         return NULL;
     }
@@ -71,12 +134,8 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
 H3_API void h3_free(h3_ctx *ctx)
 {
     if (!ctx) return;
-    h3_render_state_free(ctx);
-    h3_tokenizer_free(ctx->tokenizer);
-    h3_text_cache_free(ctx->text_cache);
-    h3_dit_close(ctx->dit); /* before the model: its weights are mapped from the model's store */
+    h3_rt_free(&ctx->rt); /* before the model: the transformer's weights are views of its shards */
     h3_model_close(&ctx->model);
-    h3_pool_destroy(ctx->pool);
     free(ctx->dit_json);
     free(ctx->info_json);
     free(ctx->mem_json);
@@ -85,24 +144,78 @@ H3_API void h3_free(h3_ctx *ctx)
 
 H3_API int h3_threads(const h3_ctx *ctx) { return ctx ? ctx->threads : 0; }
 
-h3_pool *h3_ctx_pool(h3_ctx *ctx)
-{
-    if (!ctx->pool) ctx->pool = h3_pool_create(ctx->threads);
-    return ctx->pool;
-}
-
 H3_API void h3_set_progress(h3_ctx *ctx, h3_progress_fn fn, void *user)
 {
     if (!ctx) return;
-    ctx->progress = fn;
-    ctx->progress_user = fn ? user : NULL;
+    ctx->rt.progress = fn;
+    ctx->rt.progress_user = fn ? user : NULL;
 }
 
-int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total)
+H3_API const char *h3_device_name(h3_ctx *ctx)
 {
-    if (!fn || fn(user, phase, done, total) == 0) return 0;
-    return h3_err(H3_E_CANCELLED, "%s: cancelled by the progress callback after %d of %d steps", phase, done,
-                  total);
+    if (!ctx) {
+        h3_err(H3_E_INVALID, "NULL context");
+        return NULL;
+    }
+    return ctx->device == H3_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+H3_API const char *h3_device_description(h3_ctx *ctx)
+{
+    if (!ctx) {
+        h3_err(H3_E_INVALID, "NULL context");
+        return NULL;
+    }
+    if (ctx->device != H3_DEVICE_CUDA)
+        snprintf(ctx->device_desc, sizeof ctx->device_desc, "cpu (%s kernels, %d threads)", h3_kernels_variant(),
+                 ctx->threads);
+    return ctx->device_desc;
+}
+
+H3_API const char *h3_backends_json(void)
+{
+    static char buf[1024];
+    h3_buf b = {0};
+    h3_buf_printf(&b, "{\"cpu\": {\"available\": true, \"kernels\": \"%s\", \"features\": ", h3_kernels_variant());
+    h3_buf_json_str(&b, h3_cpu_features());
+    h3_buf_printf(&b, "}, \"cuda\": {\"built\": %s", h3_backend_cuda_built() ? "true" : "false");
+    h3_backend *be = NULL;
+    int rc = h3_backend_cuda_open(0, &be);
+    if (rc == 0) {
+        uint64_t fr = 0, tot = 0;
+        be->ops->mem_info(be, &fr, &tot);
+        h3_buf_printf(&b, ", \"available\": true, \"device\": ");
+        h3_buf_json_str(&b, be->desc);
+        h3_buf_printf(&b, ", \"memory_bytes\": %llu, \"free_bytes\": %llu", (unsigned long long)tot,
+                      (unsigned long long)fr);
+        h3_backend_destroy(be);
+    } else {
+        h3_buf_printf(&b, ", \"available\": false, \"reason\": ");
+        h3_buf_json_str(&b, h3_last_error());
+        h3_err_clear();
+    }
+    h3_buf_printf(&b, "}}");
+    if (b.oom || b.n >= sizeof buf) {
+        h3_buf_free(&b);
+        h3_err(H3_E_NOMEM, "backends: description too long");
+        return NULL;
+    }
+    memcpy(buf, b.p, b.n + 1);
+    h3_buf_free(&b);
+    return buf;
+}
+
+H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, int frames, int prompt_tokens)
+{
+    if (!ctx) {
+        h3_err(H3_E_INVALID, "NULL context");
+        return NULL;
+    }
+    char *js = h3_rt_memory_estimate(&ctx->model, ctx->threads, ctx->flags, width, height, frames, prompt_tokens);
+    if (!js) return NULL;
+    free(ctx->mem_json);
+    ctx->mem_json = js;
+    return js;
 }
 
 /* ---- info ------------------------------------------------------------------------------ */

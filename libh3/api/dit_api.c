@@ -1,21 +1,16 @@
 /* Public transformer / sampler entry points (h3.h "Transformer"): thin checks around dit.h. */
+#include "api/api.h"
+#include "backend/cpu/ops.h"
 #include "models/dit.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-int h3_ctx_dit(h3_ctx *ctx, h3_dit **out)
+static int ctx_dit(h3_ctx *ctx, h3_dit **out)
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    if (!ctx->dit) {
-        h3_pool *pool = h3_ctx_pool(ctx);
-        if (!pool) return -H3_E_NOMEM;
-        int rc = h3_dit_open(&ctx->model, pool, &ctx->dit);
-        if (rc) return rc;
-    }
-    *out = ctx->dit;
-    return 0;
+    return h3_rt_dit(&ctx->rt, out);
 }
 
 H3_API int h3_sigma_schedule(int steps, double shift, float *sigmas, float *timesteps)
@@ -70,7 +65,7 @@ H3_API int h3_dit_forward(h3_ctx *ctx, const float *hidden_states, int64_t num_v
                           float *audio_sample)
 {
     h3_dit *d;
-    int rc = h3_ctx_dit(ctx, &d);
+    int rc = ctx_dit(ctx, &d);
     if (rc) return rc;
     if (!encoder_hidden_states || !timestep || !timestep_indices || !token_tags || !position_ids ||
         !text_indices || (num_video_rows && (!hidden_states || !video_indices || !sample)) ||
@@ -105,7 +100,7 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
                           float *latents, float *audio_latents_io)
 {
     h3_dit *d;
-    int rc = h3_ctx_dit(ctx, &d);
+    int rc = ctx_dit(ctx, &d);
     if (rc) return rc;
     if (!prompt_embeds || !latents || !audio_latents_io) return h3_err(H3_E_INVALID, "denoise: NULL buffer");
     const h3_dit_cfg *c = h3_dit_config(d);
@@ -113,27 +108,34 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
     rc = h3_dit_layout_t2va(c, n_text, text_tags, latent_frames, latent_height, latent_width, audio_latents, NULL, 0,
                             &l);
     if (rc) return rc;
-    float *vrows = h3_alloc_aligned(sizeof(float) * (size_t)(l.n_video * c->video_ch * c->patch[1] * c->patch[2]));
-    float *arows = h3_alloc_aligned(sizeof(float) * (size_t)(l.n_audio * c->audio_ch));
-    if (!vrows || !arows) rc = -H3_E_NOMEM;
+    h3_backend *be = h3_dit_backend(d);
+    const size_t vbytes = sizeof(float) * (size_t)(l.n_video * c->video_ch * c->patch[1] * c->patch[2]);
+    const size_t abytes = sizeof(float) * (size_t)(l.n_audio * c->audio_ch);
+    float *vrows = h3_alloc_aligned(vbytes + 4), *arows = h3_alloc_aligned(abytes + 4);
+    /* The latents stay on the transformer's backend for the whole loop. */
+    float *dv = be->ops->alloc(be, vbytes + 4), *da = be->ops->alloc(be, abytes + 4);
+    if (!vrows || !arows || !dv || !da) rc = -H3_E_NOMEM;
     if (!rc) rc = h3_dit_set_layout(d, &l);
     if (!rc) rc = h3_dit_set_text(d, prompt_embeds, n_text);
-    /* H3_DIT_KEEP_ADALN=1 keeps the adaln_proj pages resident (the exact same numbers either way). */
-    const char *keep = getenv("H3_DIT_KEEP_ADALN");
-    bool release = !(keep && keep[0] && strcmp(keep, "0") != 0);
+    /* H3_OPT_KEEP_ADALN keeps the adaln_proj pages resident (the exact same numbers either way). */
+    const bool release = !(ctx->flags & H3_OPT_KEEP_ADALN);
     int evals = 0;
     if (!rc) rc = evals = h3_dit_prepare_schedule(d, steps, c->shift_video, c->shift_audio, release);
     if (rc >= 0) {
         rc = 0;
         h3_dit_patchify_video(c, latents, latent_frames, latent_height, latent_width, vrows);
         h3_dit_pack_audio(c->audio_ch, audio_latents, audio_latents_io, arows);
+        if (!(rc = be->ops->upload(be, dv, vrows, vbytes))) rc = be->ops->upload(be, da, arows, abytes);
         for (int i = 0; !rc && i < evals; i++)
-            if ((rc = h3_dit_step(d, i, vrows, arows)) > 0) rc = 0;
+            if ((rc = h3_dit_step(d, i, dv, da)) > 0) rc = 0;
+        if (!rc && !(rc = be->ops->download(be, vrows, dv, vbytes))) rc = be->ops->download(be, arows, da, abytes);
     }
     if (!rc) {
         h3_dit_unpatchify_video(c, vrows, latent_frames, latent_height, latent_width, latents);
         h3_dit_unpack_audio(c->audio_ch, audio_latents, arows, audio_latents_io);
     }
+    be->ops->release(be, dv);
+    be->ops->release(be, da);
     h3_free_aligned(vrows);
     h3_free_aligned(arows);
     h3_dit_layout_free(&l);
@@ -143,7 +145,7 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
 H3_API const char *h3_dit_profile_json(h3_ctx *ctx)
 {
     h3_dit *d;
-    if (h3_ctx_dit(ctx, &d)) return NULL;
+    if (ctx_dit(ctx, &d)) return NULL;
     uint64_t wb, tb;
     bool released;
     h3_dit_adaln_bytes(d, &wb, &tb, &released);
@@ -152,11 +154,11 @@ H3_API const char *h3_dit_profile_json(h3_ctx *ctx)
     h3_buf b = {0};
     h3_buf_printf(&b,
                   "{\"adaln_weight_bytes\": %llu, \"adaln_table_bytes\": %llu, \"adaln_released\": %s, "
-                  "\"steps\": %d, \"kernels\": \"%s\", \"threads\": %d, \"open_ms\": %.3f, \"refine_ms\": %.3f, "
+                  "\"steps\": %d, \"device\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"open_ms\": %.3f, \"refine_ms\": %.3f, "
                   "\"prepare_ms\": %.3f, \"forwards\": %d, \"forward_ms_last\": %.3f, \"forward_ms_min\": %.3f, "
                   "\"forward_ms_mean\": %.3f, \"forward_parts_ms\": {",
                   (unsigned long long)wb, (unsigned long long)tb, released ? "true" : "false", h3_dit_num_steps(d),
-                  h3_kernels_variant(), ctx->threads, s.open_ms, s.refine_ms, s.prepare_ms, s.forwards,
+                  h3_device_name(ctx), h3_kernels_variant(), ctx->threads, s.open_ms, s.refine_ms, s.prepare_ms, s.forwards,
                   s.forward_ms_last, s.forward_ms_min, s.forwards ? s.forward_ms_total / s.forwards : 0.0);
     /* Per forward, averaged: where the time goes (the rest is input/output projections). */
     for (int i = 0; i < H3_DIT_PARTS; i++)
@@ -188,7 +190,7 @@ H3_API double h3_bench_fma_peak(h3_ctx *ctx, int reps)
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
     if (reps < 1) return h3_err(H3_E_INVALID, "bench: repeats %d < 1", reps);
-    h3_pool *pool = h3_ctx_pool(ctx);
+    h3_pool *pool = h3_rt_pool(&ctx->rt);
     if (!pool) return -H3_E_NOMEM;
     const int nt = h3_pool_threads(pool);
     /* 2e7 rounds x 192 flops: ~0.1-0.2 s per thread on a current core, long enough to reach the
@@ -213,7 +215,7 @@ H3_API double h3_bench_gemm(h3_ctx *ctx, int64_t m, int64_t n, int64_t k, int re
     if (m < 1 || n < 1 || k < 1 || m * k > (1LL << 28) || n * k > (1LL << 28) || m * n > (1LL << 28) || reps < 1)
         return h3_err(H3_E_INVALID, "bench: bad GEMM size %lldx%lldx%lld or repeats %d", (long long)m, (long long)n,
                       (long long)k, reps);
-    h3_pool *pool = h3_ctx_pool(ctx);
+    h3_pool *pool = h3_rt_pool(&ctx->rt);
     if (!pool) return -H3_E_NOMEM;
     float *x = h3_alloc_aligned(sizeof(float) * (size_t)(m * k)), *w = h3_alloc_aligned(sizeof(float) * (size_t)(n * k));
     float *y = h3_alloc_aligned(sizeof(float) * (size_t)(m * n));

@@ -158,6 +158,7 @@ typedef struct h3_store {
     size_t hash_cap;
     uint64_t bytes;     /* sum of tensor spans */
     void **copies;      /* aligned copies of tensors whose file offset is misaligned */
+    bool drop_page_cache; /* h3_store_release also drops the page cache (H3_OPT_DROP_PAGE_CACHE) */
 } h3_store;
 
 /* Parse and validate one file's header into the store (header only; nothing is mapped). */
@@ -224,6 +225,7 @@ typedef struct h3_model {
     h3_json index;      /* partition model_index.json (may be empty) */
     bool index_loaded;
     double shift_video, shift_audio;
+    unsigned flags;     /* H3_OPT_* given to h3_model_open */
     h3_comp comp[H3_COMP_COUNT];
 } h3_model;
 
@@ -281,36 +283,9 @@ H3_INTERNAL int h3_model_validate(h3_model *m, h3_component c);
 /* Load the safetensors headers of a component (once). */
 H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 
-/* ---- the context ----------------------------------------------------------------------- */
-
-struct h3_pool;
-struct h3_render;
-struct h3_text_cache;
-struct h3_dit;
-
-struct h3_ctx {
-    h3_model model;
-    int threads;
-    unsigned flags;
-    char *info_json;
-    char *mem_json;
-    struct h3_pool *pool; /* created on first compute, see h3_ctx_pool */
-    struct h3_render *render;      /* the prepared request (pipeline.c) */
-    struct h3_tokenizer *tokenizer; /* loaded on first prepare */
-    h3_progress_fn progress; /* h3_set_progress */
-    void *progress_user;
-    struct h3_text_cache *text_cache; /* prompt embeddings (text_cache.c), created on first use */
-    struct h3_dit *dit;   /* the transformer, opened on first use (dit_api.c) */
-    char *dit_json;       /* h3_dit_profile_json answer */
-};
+/* ---- progress ------------------------------------------------------------------------ */
 
 /* Ask a progress hook (may be NULL); returns -H3_E_CANCELLED (with a message) when it says stop. */
 H3_INTERNAL int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total);
-
-/* Drop the prepared request (pipeline.c). */
-H3_INTERNAL void h3_render_state_free(h3_ctx *ctx);
-
-/* The context's worker pool (created on first use). NULL with an error on failure. */
-H3_INTERNAL struct h3_pool *h3_ctx_pool(h3_ctx *ctx);
 
 #endif /* H3_INTERNAL_H */

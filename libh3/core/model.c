@@ -176,6 +176,7 @@ static bool looks_like_diffusers(const char *dir)
 int h3_model_open(h3_model *m, const char *dir, unsigned flags)
 {
     memset(m, 0, sizeof *m);
+    m->flags = flags;
     m->shift_video = 12.0;
     m->shift_audio = 3.0;
     if (!dir || !dir[0]) return h3_err(H3_E_INVALID, "no model directory given");
@@ -300,5 +301,6 @@ int h3_model_headers(h3_model *m, h3_component c)
         rc = h3_store_open_dir(&k->store, k->weights_dir);
     }
     if (!rc) k->headers_loaded = true;
+    k->store.drop_page_cache = (m->flags & H3_OPT_DROP_PAGE_CACHE) != 0;
     return rc;
 }

@@ -737,9 +737,8 @@ void h3_store_release(h3_store *s)
 #if defined(POSIX_FADV_DONTNEED)
             /* The page cache is clean and the kernel reclaims it under pressure, so it is kept by
                default: the next render maps the same weights without touching the disk.
-               H3_DROP_PAGE_CACHE=1 drops it (for memory-tight machines that page in huge models). */
-            const char *drop = getenv("H3_DROP_PAGE_CACHE");
-            if (drop && drop[0] && strcmp(drop, "0") != 0) posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED);
+               H3_OPT_DROP_PAGE_CACHE drops it (for memory-tight machines that page in huge models). */
+            if (s->drop_page_cache) posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED);
 #endif
             close(f->fd);
             f->fd = -1;

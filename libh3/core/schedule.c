@@ -14,7 +14,7 @@
  *    are Python doubles rounded to f32 once), so no contraction is allowed here: GCC in ISO C
  *    mode does not contract, and clang is told so below.
  */
-#include "models/dit.h"
+#include "core/schedule.h"
 
 #include <math.h>
 

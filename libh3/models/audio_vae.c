@@ -101,7 +101,7 @@ static void tconv_margins(const h3_avae_cfg *cf, int i, int64_t lin, int64_t *le
     }
 }
 
-static int check_geometry(const h3_avae_cfg *c, const char *path)
+int h3_avae_check_geometry(const h3_avae_cfg *c, const char *path)
 {
     if (c->n_up < 1 || c->n_up > 16 || c->n_res < 1 || c->n_dil < 1)
         return h3_err(H3_E_FORMAT, "%s: the decoder needs at least one stage, resblock and dilation", path);
@@ -342,7 +342,7 @@ static int dec_load(h3_model *m, decoder **out)
     if (!d) return -H3_E_NOMEM;
     int rc = h3_avae_cfg_load(m, &d->cfg);
     const h3_avae_cfg *c = &d->cfg;
-    if (!rc) rc = check_geometry(c, m->comp[H3_COMP_AUDIO_VAE].config_path);
+    if (!rc) rc = h3_avae_check_geometry(c, m->comp[H3_COMP_AUDIO_VAE].config_path);
     if (!rc) rc = h3_model_headers(m, H3_COMP_AUDIO_VAE);
     if (rc) {
         dec_free(d);
@@ -769,7 +769,7 @@ int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channel
     h3_avae_cfg cfg;
     int rc = h3_avae_cfg_load(m, &cfg);
     if (rc) return rc;
-    if ((rc = check_geometry(&cfg, m->comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
+    if ((rc = h3_avae_check_geometry(&cfg, m->comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
     if (channels != cfg.latent_ch)
         return h3_err(H3_E_INVALID, "audio decode: latents have %d channels, the audio VAE (%s) expects %d",
                       channels, m->comp[H3_COMP_AUDIO_VAE].config_path, cfg.latent_ch);
@@ -787,37 +787,4 @@ int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channel
     for (int i = 0; i < SL_COUNT; i++) free(sl.p[i]);
     dec_free(d);
     return rc;
-}
-
-H3_API int h3_audio_info(h3_ctx *ctx, int *latent_channels, int *sample_rate, int *hop)
-{
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    h3_avae_cfg c;
-    int rc = h3_avae_cfg_load(&ctx->model, &c);
-    if (rc) return rc;
-    int64_t u = 1;
-    for (int i = 0; i < c.n_up; i++) u *= c.rates[i];
-    if (latent_channels) *latent_channels = c.latent_ch;
-    if (sample_rate) *sample_rate = c.sample_rate;
-    if (hop) *hop = (int)u;
-    return 0;
-}
-
-H3_API int64_t h3_audio_samples(h3_ctx *ctx, int latent_frames)
-{
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    h3_avae_cfg c;
-    int rc = h3_avae_cfg_load(&ctx->model, &c);
-    if (rc) return rc;
-    if ((rc = check_geometry(&c, ctx->model.comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
-    return h3_avae_samples(&c, latent_frames);
-}
-
-H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int latent_frames, float *pcm,
-                           int64_t pcm_capacity, h3_progress_fn progress, void *user)
-{
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    h3_pool *pool = h3_ctx_pool(ctx);
-    if (!pool) return -H3_E_NOMEM;
-    return h3_avae_decode(&ctx->model, pool, latents, channels, latent_frames, pcm, pcm_capacity, progress, user);
 }

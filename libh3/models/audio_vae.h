@@ -113,4 +113,7 @@ H3_INTERNAL int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents,
                                int64_t frames, float *pcm, int64_t pcm_cap, h3_progress_fn progress,
                                void *user);
 
+/* Refuse a decoder geometry this engine cannot run (one line naming the config). */
+H3_INTERNAL int h3_avae_check_geometry(const h3_avae_cfg *c, const char *path);
+
 #endif /* H3_AUDIO_VAE_H */

@@ -1,6 +1,8 @@
 /*
- * The MiniMax-H3 transformer on CPU: diffusers' MiniMaxH3Transformer3DModel forward in f32, the
- * per-prompt token refiner, the AdaLN precompute of a whole schedule and the denoise step.
+ * The MiniMax-H3 transformer: diffusers' MiniMaxH3Transformer3DModel forward, the per-prompt
+ * token refiner, the AdaLN precompute of a whole schedule and the denoise step. Model logic only:
+ * every tensor op goes through the backend table (backend/backend.h), so the same code runs on
+ * the CPU (f32, the exact path) and on a GPU (bf16 GEMMs and attention, f32 residual stream).
  *
  * Data flow of one forward over the packed sequence of L rows (H = hidden, A = heads * head_dim):
  *   x[L,H]  <- text rows (refined once per prompt) | video_patch_proj(video rows) | audio_patch_proj
@@ -10,6 +12,11 @@
  *              n = RMSNorm(x)*w2*(1+scale_mlp)+shift_mlp
  *              x += gate_mlp * ((SiLU(gate) * up) W2^T),  [gate | up] = n W1^T
  *   out = (RMSNorm(x)*wf*(1+scale)+shift) Whead^T + b     for video and audio rows only
+ *
+ * What lives where: GEMM weights, norm vectors, biases, the RoPE tables, the layout's index
+ * arrays, the modulation tables and every activation are backend memory. The timestep embedding
+ * (a few rows) and the plans are computed on the host; the adaln_proj weights are brought to the
+ * backend one block at a time for the precompute and dropped right after.
  */
 #include "models/dit.h"
 
@@ -19,14 +26,14 @@
 #include <string.h>
 #include <time.h>
 
-/* The per-head q/k staging in qkv_task lives on the stack. */
+/* The backends stage one head's q/k rows on the stack or in registers. */
 #define DIT_MAX_HEAD_DIM 1024
 
 typedef struct {
-    float *norm1, *norm2, *qn, *kn; /* widened to f32 at open */
-    h3_mat qkv, out, fc1, fc2;      /* mapped, read in place */
-    h3_mat ada;                     /* blocks only: adaln_proj.linear [18H, temb_dim] */
-    float *ada_b;
+    float *norm1, *norm2, *qn, *kn; /* backend f32 vectors */
+    h3_bw qkv, out, fc1, fc2;       /* backend weights */
+    h3_mat ada;                     /* blocks only: adaln_proj.linear [18H, temb_dim], host mapping */
+    float *ada_b;                   /* host f32 */
 } dit_block;
 
 /* Which (timestep slot, modality) pairs of one forward get modulation rows, and per row which. */
@@ -36,18 +43,24 @@ typedef struct {
     int32_t *fin_of;   /* [n_t] -> final-layer row or -1 */
     int32_t *combo_t, *combo_m, *fin_t;
     int32_t *row_combo, *row_fin; /* [L]; row_fin is -1 on text rows */
+    int32_t *d_row_combo, *d_row_fin; /* the same on the backend */
 } dit_plan;
 
 struct h3_dit {
     h3_model *m;
     h3_store *st;
-    h3_pool *pool;
+    h3_pool *pool;   /* host work: the timestep embedding */
+    h3_backend *be;  /* everything else */
+    unsigned flags;  /* H3_OPT_* */
     h3_dit_cfg c;
     int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
+    size_t esz;   /* bytes per activation element on the backend */
+    bool time_parts; /* per-part timings need a synchronous backend (the CPU) */
 
-    h3_mat cond, te_in, te_out, fin_ada, vout, aout, vproj, aproj;
-    float *cond_b, *te_in_b, *te_out_b, *fin_ada_b, *fin_norm, *vout_b, *aout_b, *vproj_b, *aproj_b;
-    float *ref_final, *inv_freq;
+    h3_bw cond, vout, aout, vproj, aproj;
+    h3_mat te_in, te_out, fin_ada;                        /* host mappings */
+    float *te_in_b, *te_out_b, *fin_ada_b, *inv_freq;     /* host f32 */
+    float *cond_b, *fin_norm, *vout_b, *aout_b, *vproj_b, *aproj_b, *ref_final; /* backend f32 */
     dit_block *ref, *blk;
     bool adaln_released;
     uint64_t adaln_weight_bytes;
@@ -55,20 +68,22 @@ struct h3_dit {
     /* request */
     h3_dit_layout lay;
     bool has_layout;
-    float *rcos, *rsin; /* [L][3F] */
-    float *text;        /* refined text rows [n_text][H] */
+    uint64_t generation;  /* bumped by every set_layout: callers detect a replaced request */
+    int64_t *d_text_idx, *d_video_idx, *d_audio_idx; /* backend copies of the layout's indices */
+    float *rcos, *rsin; /* [L][3F] backend */
+    float *text;        /* refined text rows [n_text][H], backend f32 */
     bool has_text;
-    float *x, *nb, *tmp, *big, *qkv3, *ob, *vo, *ao; /* forward buffers */
+    void *x, *nb, *tmp, *big, *qkv3, *ob, *vo, *ao; /* forward buffers (backend) */
     int64_t buf_rows;
 
     /* prepared schedule */
     int n_steps;
-    float *sig[2], *ts[2]; /* [0] video, [1] audio */
+    float *sig[2], *ts[2]; /* [0] video, [1] audio (host) */
     dit_plan plan;
     bool has_plan;
-    float *tab_blk, *tab_fin;
-    float *tvals;   /* [steps][H3_ROLES] timestep of every role at every step */
-    bool per_step;  /* H3_DIT_PRECOMPUTE=0: modulation computed at each step (the slow path) */
+    float *tab_blk, *tab_fin; /* backend */
+    float *tvals;   /* [steps][H3_ROLES] timestep of every role at every step (host) */
+    bool per_step;  /* H3_OPT_DIT_PER_STEP: modulation computed at each step (the slow path) */
     uint64_t table_bytes;
     h3_dit_stats stats;
 };
@@ -86,24 +101,33 @@ const char *h3_dit_part_name(int part)
     return part >= 0 && part < H3_DIT_PARTS ? names[part] : "?";
 }
 
-/* Charge the time since *t to a part of the forward's breakdown and restart the clock. */
+/* Charge the time since *t to a part of the forward's breakdown and restart the clock. Only on a
+   synchronous backend: a GPU's ops return before they run. */
 static void charge(h3_dit *d, int part, double *t)
 {
+    if (!d->time_parts) return;
     double n = now_ms();
     d->stats.part_ms[part] += n - *t;
     *t = n;
 }
 
+/* Element `i` of a backend buffer of activations. */
+static void *act_at(const h3_dit *d, void *base, int64_t i) { return (char *)base + (size_t)i * d->esz; }
+
+static h3_bt act(const h3_dit *d, void *p, int64_t rows, int64_t cols, int64_t ld)
+{
+    return h3_bt_make(p, d->be->act_dtype, rows, cols, ld);
+}
+
+static h3_bt f32(void *p, int64_t rows, int64_t cols, int64_t ld)
+{
+    return h3_bt_make(p, H3_DT_F32, rows, cols, ld);
+}
+
 /* ---- weights --------------------------------------------------------------------------- */
 
-static int get_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char *fmt, ...) H3_PRINTF(5, 6);
-static int get_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char *fmt, ...)
+static int host_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char *name)
 {
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
     int64_t shape[2] = {rows, cols};
     h3_dtype dt;
     const void *p = h3_store_get_float(d->st, name, 2, shape, &dt);
@@ -115,36 +139,82 @@ static int get_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char 
     return 0;
 }
 
-/* A vector (norm weight, bias, frequencies) widened to an owned f32 copy. */
-static int get_vec(h3_dit *d, float **out, int64_t n, const char *fmt, ...) H3_PRINTF(4, 5);
-static int get_vec(h3_dit *d, float **out, int64_t n, const char *fmt, ...)
+static int get_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char *fmt, ...) H3_PRINTF(5, 6);
+static int get_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char *fmt, ...)
 {
     char name[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    return host_mat(d, m, rows, cols, name);
+}
+
+/* A GEMM weight on the backend (a view of the mapping on the CPU, a device copy on a GPU). */
+static int get_w(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *fmt, ...) H3_PRINTF(5, 6);
+static int get_w(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *fmt, ...)
+{
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    h3_mat m;
+    int rc = host_mat(d, &m, rows, cols, name);
+    if (!rc) rc = d->be->ops->weight_load(d->be, m.data, m.dtype, rows, cols, w);
+    if (rc) h3_err_prefix("%s", name);
+    return rc;
+}
+
+static float *host_vec_v(h3_dit *d, int64_t n, const char *fmt, va_list ap)
+{
+    char name[256];
+    vsnprintf(name, sizeof name, fmt, ap);
     h3_dtype dt;
     const void *p = h3_store_get_float(d->st, name, 1, &n, &dt);
-    if (!p) return -H3_E_SCHEMA;
-    *out = h3_alloc_aligned(sizeof(float) * (size_t)n);
-    if (!*out) return -H3_E_NOMEM;
-    h3_to_f32(p, dt, *out, n);
-    return 0;
+    if (!p) return NULL;
+    float *out = h3_alloc_aligned(sizeof(float) * (size_t)n);
+    if (out) h3_to_f32(p, dt, out, n);
+    return out;
+}
+
+/* A vector (norm weight, bias, frequencies) widened to an owned host f32 copy. */
+static int get_vec(h3_dit *d, float **out, int64_t n, const char *fmt, ...) H3_PRINTF(4, 5);
+static int get_vec(h3_dit *d, float **out, int64_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    *out = host_vec_v(d, n, fmt, ap);
+    va_end(ap);
+    return *out ? 0 : -H3_E_SCHEMA;
+}
+
+/* The same vector widened to f32 on the backend. */
+static int get_bvec(h3_dit *d, float **out, int64_t n, const char *fmt, ...) H3_PRINTF(4, 5);
+static int get_bvec(h3_dit *d, float **out, int64_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    float *host = host_vec_v(d, n, fmt, ap);
+    va_end(ap);
+    if (!host) return -H3_E_SCHEMA;
+    *out = h3_backend_dup(d->be, host, sizeof(float) * (size_t)n);
+    h3_free_aligned(host);
+    return *out ? 0 : -H3_E_NOMEM;
 }
 
 static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modulated)
 {
     const h3_dit_cfg *c = &d->c;
     int rc;
-    if ((rc = get_vec(d, &b->norm1, c->hidden, "%s.%d.norm1.weight", pfx, i)) ||
-        (rc = get_vec(d, &b->norm2, c->hidden, "%s.%d.norm2.weight", pfx, i)) ||
-        (rc = get_mat(d, &b->qkv, 3LL * d->A, c->hidden, "%s.%d.attn.qkv_proj.weight", pfx, i)) ||
-        (rc = get_vec(d, &b->qn, c->head_dim, "%s.%d.attn.q_norm.weight", pfx, i)) ||
-        (rc = get_vec(d, &b->kn, c->head_dim, "%s.%d.attn.k_norm.weight", pfx, i)) ||
-        (rc = get_mat(d, &b->out, c->hidden, d->A, "%s.%d.attn.out_proj.weight", pfx, i)) ||
-        (rc = get_mat(d, &b->fc1, 2LL * c->ffn, c->hidden, "%s.%d.mlp.fc1.weight", pfx, i)) ||
-        (rc = get_mat(d, &b->fc2, c->hidden, c->ffn, "%s.%d.mlp.fc2.weight", pfx, i)))
+    if ((rc = get_bvec(d, &b->norm1, c->hidden, "%s.%d.norm1.weight", pfx, i)) ||
+        (rc = get_bvec(d, &b->norm2, c->hidden, "%s.%d.norm2.weight", pfx, i)) ||
+        (rc = get_w(d, &b->qkv, 3LL * d->A, c->hidden, "%s.%d.attn.qkv_proj.weight", pfx, i)) ||
+        (rc = get_bvec(d, &b->qn, c->head_dim, "%s.%d.attn.q_norm.weight", pfx, i)) ||
+        (rc = get_bvec(d, &b->kn, c->head_dim, "%s.%d.attn.k_norm.weight", pfx, i)) ||
+        (rc = get_w(d, &b->out, c->hidden, d->A, "%s.%d.attn.out_proj.weight", pfx, i)) ||
+        (rc = get_w(d, &b->fc1, 2LL * c->ffn, c->hidden, "%s.%d.mlp.fc1.weight", pfx, i)) ||
+        (rc = get_w(d, &b->fc2, c->hidden, c->ffn, "%s.%d.mlp.fc2.weight", pfx, i)))
         return rc;
     if (modulated &&
         ((rc = get_mat(d, &b->ada, 18LL * c->hidden, c->temb_dim, "%s.%d.adaln_proj.linear.weight", pfx, i)) ||
@@ -153,12 +223,23 @@ static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modu
     return 0;
 }
 
-static void free_block(dit_block *b)
+static void bfree(h3_dit *d, void *p) { d->be->ops->release(d->be, p); }
+
+static void wfree(h3_dit *d, h3_bw *w)
 {
-    h3_free_aligned(b->norm1);
-    h3_free_aligned(b->norm2);
-    h3_free_aligned(b->qn);
-    h3_free_aligned(b->kn);
+    if (w->data || w->priv) d->be->ops->weight_free(d->be, w);
+}
+
+static void free_block(h3_dit *d, dit_block *b)
+{
+    bfree(d, b->norm1);
+    bfree(d, b->norm2);
+    bfree(d, b->qn);
+    bfree(d, b->kn);
+    wfree(d, &b->qkv);
+    wfree(d, &b->out);
+    wfree(d, &b->fc1);
+    wfree(d, &b->fc2);
     h3_free_aligned(b->ada_b);
 }
 
@@ -169,15 +250,22 @@ static uint64_t tensor_bytes(const h3_store *s, const char *name)
 }
 
 const h3_dit_cfg *h3_dit_config(const h3_dit *d) { return &d->c; }
+h3_backend *h3_dit_backend(const h3_dit *d) { return d->be; }
+uint64_t h3_dit_generation(const h3_dit *d) { return d->generation; }
 
-int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out)
+int h3_dit_open(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, h3_dit **out)
 {
     double t0 = now_ms();
     *out = NULL;
+    if (!pool || !be) return h3_err(H3_E_INVALID, "transformer: no worker pool or backend");
     h3_dit *d = h3_calloc(1, sizeof *d);
     if (!d) return -H3_E_NOMEM;
     d->m = m;
     d->pool = pool;
+    d->be = be;
+    d->flags = flags;
+    d->esz = h3_dtype_size(be->act_dtype);
+    d->time_parts = strcmp(be->ops->name, "cpu") == 0;
     int rc = h3_dit_cfg_load(m, &d->c);
     if (!rc) rc = h3_model_headers(m, H3_COMP_TRANSFORMER);
     if (rc) {
@@ -199,24 +287,24 @@ int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out)
     d->blk = h3_calloc((size_t)(c->layers ? c->layers : 1), sizeof *d->blk);
     if (!d->ref || !d->blk) rc = -H3_E_NOMEM;
     const int64_t H = c->hidden;
-    if (!rc) rc = get_mat(d, &d->cond, H, c->text_dim, "condition_proj.weight");
-    if (!rc) rc = get_vec(d, &d->cond_b, H, "condition_proj.bias");
-    if (!rc) rc = get_vec(d, &d->ref_final, H, "token_refiner.final_norm.weight");
+    if (!rc) rc = get_w(d, &d->cond, H, c->text_dim, "condition_proj.weight");
+    if (!rc) rc = get_bvec(d, &d->cond_b, H, "condition_proj.bias");
+    if (!rc) rc = get_bvec(d, &d->ref_final, H, "token_refiner.final_norm.weight");
     if (!rc) rc = get_mat(d, &d->te_in, c->temb_hidden, c->freq_dim, "time_embedder.proj_in.weight");
     if (!rc) rc = get_vec(d, &d->te_in_b, c->temb_hidden, "time_embedder.proj_in.bias");
     if (!rc) rc = get_mat(d, &d->te_out, c->temb_dim, c->temb_hidden, "time_embedder.proj_out.weight");
     if (!rc) rc = get_vec(d, &d->te_out_b, c->temb_dim, "time_embedder.proj_out.bias");
     if (!rc) rc = get_mat(d, &d->fin_ada, 2 * H, c->temb_dim, "final_layer.adaln_proj.linear.weight");
     if (!rc) rc = get_vec(d, &d->fin_ada_b, 2 * H, "final_layer.adaln_proj.linear.bias");
-    if (!rc) rc = get_vec(d, &d->fin_norm, H, "final_layer.norm.weight");
-    if (!rc) rc = get_mat(d, &d->vout, d->P, H, "final_layer.video_out.weight");
-    if (!rc) rc = get_vec(d, &d->vout_b, d->P, "final_layer.video_out.bias");
-    if (!rc) rc = get_mat(d, &d->aout, c->audio_ch, H, "final_layer.audio_out.weight");
-    if (!rc) rc = get_vec(d, &d->aout_b, c->audio_ch, "final_layer.audio_out.bias");
-    if (!rc) rc = get_mat(d, &d->vproj, H, d->P, "video_patch_proj.weight");
-    if (!rc) rc = get_vec(d, &d->vproj_b, H, "video_patch_proj.bias");
-    if (!rc) rc = get_mat(d, &d->aproj, H, c->audio_ch, "audio_patch_proj.weight");
-    if (!rc) rc = get_vec(d, &d->aproj_b, H, "audio_patch_proj.bias");
+    if (!rc) rc = get_bvec(d, &d->fin_norm, H, "final_layer.norm.weight");
+    if (!rc) rc = get_w(d, &d->vout, d->P, H, "final_layer.video_out.weight");
+    if (!rc) rc = get_bvec(d, &d->vout_b, d->P, "final_layer.video_out.bias");
+    if (!rc) rc = get_w(d, &d->aout, c->audio_ch, H, "final_layer.audio_out.weight");
+    if (!rc) rc = get_bvec(d, &d->aout_b, c->audio_ch, "final_layer.audio_out.bias");
+    if (!rc) rc = get_w(d, &d->vproj, H, d->P, "video_patch_proj.weight");
+    if (!rc) rc = get_bvec(d, &d->vproj_b, H, "video_patch_proj.bias");
+    if (!rc) rc = get_w(d, &d->aproj, H, c->audio_ch, "audio_patch_proj.weight");
+    if (!rc) rc = get_bvec(d, &d->aproj_b, H, "audio_patch_proj.bias");
     if (!rc && c->rope_freq > 0) rc = get_vec(d, &d->inv_freq, c->rope_freq, "rope.inv_freq");
     for (int i = 0; !rc && i < c->refiner_layers; i++) rc = load_block(d, &d->ref[i], "token_refiner.blocks", i, false);
     for (int i = 0; !rc && i < c->layers; i++) rc = load_block(d, &d->blk[i], "blocks", i, true);
@@ -238,7 +326,7 @@ int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out)
     return 0;
 }
 
-static void plan_free(dit_plan *p)
+static void plan_free_host(dit_plan *p)
 {
     free(p->combo_of);
     free(p->fin_of);
@@ -250,12 +338,30 @@ static void plan_free(dit_plan *p)
     memset(p, 0, sizeof *p);
 }
 
+static void plan_free(h3_dit *d, dit_plan *p)
+{
+    bfree(d, p->d_row_combo);
+    bfree(d, p->d_row_fin);
+    p->d_row_combo = p->d_row_fin = NULL;
+    plan_free_host(p);
+}
+
 static void free_buffers(h3_dit *d)
 {
-    float **bufs[] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob, &d->vo, &d->ao, &d->rcos, &d->rsin, &d->text};
+    void **bufs[] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob, &d->vo, &d->ao};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
-        h3_free_aligned(*bufs[i]);
+        bfree(d, *bufs[i]);
         *bufs[i] = NULL;
+    }
+    float **fb[] = {&d->rcos, &d->rsin, &d->text};
+    for (size_t i = 0; i < sizeof fb / sizeof *fb; i++) {
+        bfree(d, *fb[i]);
+        *fb[i] = NULL;
+    }
+    int64_t **ib[] = {&d->d_text_idx, &d->d_video_idx, &d->d_audio_idx};
+    for (size_t i = 0; i < sizeof ib / sizeof *ib; i++) {
+        bfree(d, *ib[i]);
+        *ib[i] = NULL;
     }
     d->buf_rows = 0;
     d->has_text = false;
@@ -268,9 +374,9 @@ static void drop_schedule(h3_dit *d)
         free(d->ts[k]);
         d->sig[k] = d->ts[k] = NULL;
     }
-    plan_free(&d->plan);
-    h3_free_aligned(d->tab_blk);
-    h3_free_aligned(d->tab_fin);
+    plan_free(d, &d->plan);
+    bfree(d, d->tab_blk);
+    bfree(d, d->tab_fin);
     free(d->tvals);
     d->tab_blk = d->tab_fin = d->tvals = NULL;
     d->table_bytes = 0;
@@ -285,119 +391,18 @@ void h3_dit_close(h3_dit *d)
     free_buffers(d);
     h3_dit_layout_free(&d->lay);
     if (d->ref)
-        for (int i = 0; i < d->c.refiner_layers; i++) free_block(&d->ref[i]);
+        for (int i = 0; i < d->c.refiner_layers; i++) free_block(d, &d->ref[i]);
     if (d->blk)
-        for (int i = 0; i < d->c.layers; i++) free_block(&d->blk[i]);
+        for (int i = 0; i < d->c.layers; i++) free_block(d, &d->blk[i]);
     free(d->ref);
     free(d->blk);
-    float *vecs[] = {d->cond_b, d->te_in_b, d->te_out_b, d->fin_ada_b, d->fin_norm, d->vout_b,
-                     d->aout_b, d->vproj_b, d->aproj_b, d->ref_final, d->inv_freq};
-    for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) h3_free_aligned(vecs[i]);
+    h3_bw *ws[] = {&d->cond, &d->vout, &d->aout, &d->vproj, &d->aproj};
+    for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) wfree(d, ws[i]);
+    float *bv[] = {d->cond_b, d->fin_norm, d->vout_b, d->aout_b, d->vproj_b, d->aproj_b, d->ref_final};
+    for (size_t i = 0; i < sizeof bv / sizeof *bv; i++) bfree(d, bv[i]);
+    float *hv[] = {d->te_in_b, d->te_out_b, d->fin_ada_b, d->inv_freq};
+    for (size_t i = 0; i < sizeof hv / sizeof *hv; i++) h3_free_aligned(hv[i]);
     free(d);
-}
-
-/* ---- row-wise kernels ------------------------------------------------------------------ */
-
-typedef struct {
-    h3_dit *d;
-    const float *x;
-    float *y;
-    const float *w;
-    const float *tab;      /* modulation table of this block / final layer */
-    const int32_t *row_mod;/* per row: table entry, or NULL for a plain norm */
-    const int64_t *rows;   /* gather: output row k reads input row rows[k] (NULL = identity) */
-    int64_t n, ldx, ldy;
-    int slot, stride;      /* shift at tab[(entry*stride + slot)*n], 1+scale at slot+1 */
-    float eps;
-} norm_job;
-
-/* y = RMSNorm(x) * w [* (1 + scale) + shift]. The mean square is accumulated in double; the
-   products follow torch's order: (x * rsqrt(ms + eps)) * w, then * (1 + scale) + shift. */
-static void norm_task(void *a, int64_t b, int64_t e, int thread)
-{
-    norm_job *j = a;
-    (void)thread;
-    const int64_t n = j->n;
-    for (int64_t k = b; k < e; k++) {
-        int64_t r = j->rows ? j->rows[k] : k;
-        const float *x = j->x + r * j->ldx;
-        float *y = j->y + k * j->ldy;
-        const float inv = (float)(1.0 / sqrt(h3_sumsq(x, n) / (double)n + j->eps));
-        if (j->row_mod) {
-            const int32_t m = j->row_mod[r];
-            const float *shift = j->tab + ((int64_t)m * j->stride + j->slot) * n, *scale = shift + n;
-            h3_scale_mod(x, n, inv, j->w, scale, shift, y);
-        } else {
-            h3_scale_mod(x, n, inv, j->w, NULL, NULL, y);
-        }
-    }
-}
-
-static void run_norm(h3_dit *d, norm_job *j, int64_t rows)
-{
-    j->d = d;
-    h3_parallel_for(d->pool, rows, 8, norm_task, j);
-}
-
-typedef struct {
-    h3_dit *d;
-    const float *qkv;
-    float *q, *k, *v;
-    const float *qn, *kn, *cos, *sin; /* cos/sin NULL: no RoPE (token refiner) */
-} qkv_job;
-
-/* Per row and head: split the interleaved [q | k | v], RMS-normalise q and k with their weights,
-   rotate the first 6F dims (rotate-half over 2 x 3F, torch's order of operations) and scatter
-   into head-major Q, K, V rows for the attention kernel. */
-static void qkv_task(void *a, int64_t b, int64_t e, int thread)
-{
-    qkv_job *j = a;
-    (void)thread;
-    const h3_dit *d = j->d;
-    const int D = d->c.head_dim, heads = d->c.heads, half = d->F3, A = d->A;
-    const float eps = (float)d->c.qk_eps;
-    float tmp[2][DIT_MAX_HEAD_DIM];
-    for (int64_t r = b; r < e; r++) {
-        const float *cs = j->cos ? j->cos + r * half : NULL, *sn = j->sin ? j->sin + r * half : NULL;
-        for (int h = 0; h < heads; h++) {
-            const float *src = j->qkv + r * 3 * (int64_t)A + (int64_t)h * 3 * D;
-            float *dst[2] = {j->q + r * A + (int64_t)h * D, j->k + r * A + (int64_t)h * D};
-            const float *w[2] = {j->qn, j->kn};
-            for (int s = 0; s < 2; s++) {
-                const float *x = src + s * D;
-                const float inv = (float)(1.0 / sqrt(h3_sumsq(x, D) / (double)D + eps));
-                float *t = cs ? tmp[s] : dst[s];
-                h3_scale_mod(x, D, inv, w[s], NULL, NULL, t);
-                if (cs) {
-                    float *o = dst[s];
-                    h3_rope_half(t, cs, sn, half, o);
-                    memcpy(o + 2 * half, t + 2 * half, sizeof(float) * (size_t)(D - 2 * half));
-                }
-            }
-            memcpy(j->v + r * A + (int64_t)h * D, src + 2 * D, sizeof(float) * (size_t)D);
-        }
-    }
-}
-
-typedef struct {
-    float *x;
-    const float *y, *tab;
-    const int32_t *row_mod;
-    int64_t n;
-    int slot;
-} gate_job;
-
-/* x += gate * y (gate = modulation slot of the row's entry; NULL table: plain residual). */
-static void gate_task(void *a, int64_t b, int64_t e, int thread)
-{
-    gate_job *j = a;
-    (void)thread;
-    for (int64_t r = b; r < e; r++) {
-        float *x = j->x + r * j->n;
-        const float *y = j->y + r * j->n;
-        const float *g = j->tab ? j->tab + ((int64_t)j->row_mod[r] * 6 + j->slot) * j->n : NULL;
-        h3_gated_add(x, g, y, j->n);
-    }
 }
 
 /* ---- buffers, layout, RoPE ------------------------------------------------------------- */
@@ -408,18 +413,22 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
     const h3_dit_cfg *c = &d->c;
     const int64_t H = c->hidden, A = d->A, F = c->ffn;
     const int64_t big = 3 * A > 2 * F ? 3 * A : 2 * F, q3 = 3 * A > F ? 3 * A : F;
-    float *nx[6] = {0};
-    const int64_t w[6] = {H, H, H, big, q3, A};
+    /* x and tmp hold the f32 residual stream and the GEMM outputs added to it; the others feed
+       GEMMs or attention and use the backend's activation dtype. */
+    void *nx[6] = {0};
+    const size_t bytes[6] = {sizeof(float) * (size_t)(H * rows), d->esz * (size_t)(H * rows),
+                             sizeof(float) * (size_t)(H * rows), d->esz * (size_t)(big * rows),
+                             d->esz * (size_t)(q3 * rows),       d->esz * (size_t)(A * rows)};
     for (int i = 0; i < 6; i++) {
-        nx[i] = h3_alloc_aligned(sizeof(float) * (size_t)(w[i] * rows));
+        nx[i] = d->be->ops->alloc(d->be, bytes[i]);
         if (!nx[i]) {
-            for (int k = 0; k < i; k++) h3_free_aligned(nx[k]);
+            for (int k = 0; k < i; k++) bfree(d, nx[k]);
             return -H3_E_NOMEM;
         }
     }
-    float **dst[6] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob};
+    void **dst[6] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob};
     for (int i = 0; i < 6; i++) {
-        h3_free_aligned(*dst[i]);
+        bfree(d, *dst[i]);
         *dst[i] = nx[i];
     }
     d->buf_rows = rows;
@@ -429,6 +438,8 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
 int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
 {
     const h3_dit_cfg *c = &d->c;
+    h3_backend *be = d->be;
+    d->generation++;
     bool keep_text = d->has_text && d->has_layout && d->lay.n_text == l->n_text;
     float *text = keep_text ? d->text : NULL;
     if (keep_text) d->text = NULL;
@@ -439,29 +450,39 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
     int rc = h3_dit_layout_copy(&d->lay, l);
     if (!rc) rc = ensure_buffers(d, l->seq);
     if (!rc) {
-        d->vo = h3_alloc_aligned(sizeof(float) * (size_t)(l->n_video * d->P + 1));
-        d->ao = h3_alloc_aligned(sizeof(float) * (size_t)(l->n_audio * c->audio_ch + 1));
-        if (!d->vo || !d->ao) rc = -H3_E_NOMEM;
+        d->vo = be->ops->alloc(be, sizeof(float) * (size_t)(l->n_video * d->P + 1));
+        d->ao = be->ops->alloc(be, sizeof(float) * (size_t)(l->n_audio * c->audio_ch + 1));
+        d->d_text_idx = h3_backend_dup(be, l->text_idx, sizeof(int64_t) * (size_t)l->n_text);
+        d->d_video_idx = h3_backend_dup(be, l->video_idx, sizeof(int64_t) * (size_t)l->n_video);
+        d->d_audio_idx = h3_backend_dup(be, l->audio_idx, sizeof(int64_t) * (size_t)l->n_audio);
+        if (!d->vo || !d->ao || !d->d_text_idx || !d->d_video_idx || !d->d_audio_idx) rc = -H3_E_NOMEM;
     }
     if (!rc && d->F3 > 0) {
         /* diffusers MiniMaxH3RotaryPosEmbed: fp64 positions cast to f32, times inv_freq in f32,
            laid out [t | h | w] x F; cos/sin in f32. The table holds 3F columns: the second
-           half of torch's cat((freqs, freqs)) repeats them. */
-        d->rcos = h3_alloc_aligned(sizeof(float) * (size_t)(l->seq * d->F3));
-        d->rsin = h3_alloc_aligned(sizeof(float) * (size_t)(l->seq * d->F3));
-        if (!d->rcos || !d->rsin) rc = -H3_E_NOMEM;
+           half of torch's cat((freqs, freqs)) repeats them. Built on the host, then uploaded. */
+        const size_t n = (size_t)(l->seq * d->F3);
+        float *hc = h3_alloc_aligned(sizeof(float) * n), *hs = h3_alloc_aligned(sizeof(float) * n);
+        if (!hc || !hs) rc = -H3_E_NOMEM;
         for (int64_t r = 0; !rc && r < l->seq; r++)
             for (int a = 0; a < 3; a++) {
                 const float p = (float)l->pos[r * 3 + a];
                 for (int f = 0; f < c->rope_freq; f++) {
                     const float ang = p * d->inv_freq[f];
-                    d->rcos[r * d->F3 + a * c->rope_freq + f] = cosf(ang);
-                    d->rsin[r * d->F3 + a * c->rope_freq + f] = sinf(ang);
+                    hc[r * d->F3 + a * c->rope_freq + f] = cosf(ang);
+                    hs[r * d->F3 + a * c->rope_freq + f] = sinf(ang);
                 }
             }
+        if (!rc) {
+            d->rcos = h3_backend_dup(be, hc, sizeof(float) * n);
+            d->rsin = h3_backend_dup(be, hs, sizeof(float) * n);
+            if (!d->rcos || !d->rsin) rc = -H3_E_NOMEM;
+        }
+        h3_free_aligned(hc);
+        h3_free_aligned(hs);
     }
     if (rc) {
-        h3_free_aligned(text);
+        bfree(d, text);
         free_buffers(d);
         h3_dit_layout_free(&d->lay);
         return rc;
@@ -482,41 +503,49 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
                      const float *cos, const float *sin)
 {
     const h3_dit_cfg *c = &d->c;
+    const h3_backend_ops *o = d->be->ops;
+    h3_backend *be = d->be;
     const int64_t H = c->hidden, A = d->A, F = c->ffn;
     int rc;
     double t = now_ms();
-    norm_job nj = {.x = d->x, .y = d->nb, .w = b->norm1, .tab = tab, .row_mod = row_mod, .n = H, .ldx = H,
-                   .ldy = H, .slot = 0, .stride = 6, .eps = (float)c->norm_eps};
-    run_norm(d, &nj, rows);
+    const h3_bt x = f32(d->x, rows, H, H), tmp = f32(d->tmp, rows, H, H), nb = act(d, d->nb, rows, H, H);
+    h3_bmod mod = {tab, row_mod, 6, 0};
+    if ((rc = o->norm_mod(be, &x, NULL, b->norm1, &mod, (float)c->norm_eps, &nb))) return rc;
     charge(d, H3_DIT_PART_NORM, &t);
-    if ((rc = h3_linear(d->pool, d->nb, rows, H, &b->qkv, NULL, d->big, 3 * A))) return rc;
+    const h3_bt qkv = act(d, d->big, rows, 3 * A, 3 * A);
+    if ((rc = o->linear(be, &nb, &b->qkv, NULL, &qkv))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
-    float *Q = d->qkv3, *K = Q + rows * A, *V = K + rows * A;
-    qkv_job qj = {d, d->big, Q, K, V, b->qn, b->kn, cos, sin};
-    h3_parallel_for(d->pool, rows, 4, qkv_task, &qj);
+    const h3_bt Q = act(d, d->qkv3, rows, A, A), K = act(d, act_at(d, d->qkv3, rows * A), rows, A, A),
+                V = act(d, act_at(d, d->qkv3, 2 * rows * A), rows, A, A);
+    if ((rc = o->qk_norm_rope(be, &qkv, b->qn, b->kn, cos, sin, c->heads, c->head_dim, cos ? d->F3 : 0,
+                              (float)c->qk_eps, &Q, &K, &V)))
+        return rc;
     charge(d, H3_DIT_PART_QKV, &t);
-    if ((rc = h3_attention(d->pool, Q, A, K, A, V, A, rows, rows, c->heads, c->heads, c->head_dim,
-                           1.0f / sqrtf((float)c->head_dim), false, d->ob, A)))
+    const h3_bt ob = act(d, d->ob, rows, A, A);
+    if ((rc = o->attention(be, &Q, &K, &V, c->heads, c->heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), false,
+                           &ob)))
         return rc;
     charge(d, H3_DIT_PART_ATTENTION, &t);
-    if ((rc = h3_linear(d->pool, d->ob, rows, A, &b->out, NULL, d->tmp, H))) return rc;
+    if ((rc = o->linear(be, &ob, &b->out, NULL, &tmp))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
-    gate_job gj = {d->x, d->tmp, tab, row_mod, H, 2};
-    h3_parallel_for(d->pool, rows, 8, gate_task, &gj);
+    mod.slot = 2;
+    if ((rc = o->gated_add(be, &x, &tmp, &mod))) return rc;
     charge(d, H3_DIT_PART_ELTWISE, &t);
-    nj.w = b->norm2;
-    nj.slot = 3;
-    run_norm(d, &nj, rows);
+    mod.slot = 3;
+    if ((rc = o->norm_mod(be, &x, NULL, b->norm2, &mod, (float)c->norm_eps, &nb))) return rc;
     charge(d, H3_DIT_PART_NORM, &t);
-    if ((rc = h3_linear(d->pool, d->nb, rows, H, &b->fc1, NULL, d->big, 2 * F))) return rc;
+    const h3_bt gu = act(d, d->big, rows, 2 * F, 2 * F);
+    if ((rc = o->linear(be, &nb, &b->fc1, NULL, &gu))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
     /* fc1 rows are [gate | up] (diffusers' SwiGLU with its halves swapped). */
-    h3_swiglu(d->pool, d->big, 2 * F, d->big + F, 2 * F, d->qkv3, F, rows, F);
+    const h3_bt gate = act(d, d->big, rows, F, 2 * F), up = act(d, act_at(d, d->big, F), rows, F, 2 * F),
+                hid = act(d, d->qkv3, rows, F, F);
+    if ((rc = o->swiglu(be, &gate, &up, &hid))) return rc;
     charge(d, H3_DIT_PART_ELTWISE, &t);
-    if ((rc = h3_linear(d->pool, d->qkv3, rows, F, &b->fc2, NULL, d->tmp, H))) return rc;
+    if ((rc = o->linear(be, &hid, &b->fc2, NULL, &tmp))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
-    gj.slot = 5;
-    h3_parallel_for(d->pool, rows, 8, gate_task, &gj);
+    mod.slot = 5;
+    if ((rc = o->gated_add(be, &x, &tmp, &mod))) return rc;
     charge(d, H3_DIT_PART_ELTWISE, &t);
     return 0;
 }
@@ -529,22 +558,27 @@ int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
                       (long long)d->lay.n_text);
     double t0 = now_ms();
     const h3_dit_cfg *c = &d->c;
+    h3_backend *be = d->be;
     const int64_t H = c->hidden;
     int rc;
     if (!d->text) {
-        d->text = h3_alloc_aligned(sizeof(float) * (size_t)(n * H));
+        d->text = be->ops->alloc(be, sizeof(float) * (size_t)(n * H + 1));
         if (!d->text) return -H3_E_NOMEM;
     }
     d->has_text = false;
+    float *in = h3_backend_dup(be, text_states, sizeof(float) * (size_t)(n * c->text_dim));
+    if (!in) return -H3_E_NOMEM;
     /* The refiner's time is not part of any forward's breakdown. */
     double saved[H3_DIT_PARTS];
     memcpy(saved, d->stats.part_ms, sizeof saved);
-    if ((rc = h3_linear(d->pool, text_states, n, c->text_dim, &d->cond, d->cond_b, d->x, H))) return rc;
-    for (int i = 0; i < c->refiner_layers; i++)
-        if ((rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL))) return rc;
-    norm_job nj = {.x = d->x, .y = d->text, .w = d->ref_final, .n = H, .ldx = H, .ldy = H, .eps = (float)c->final_eps};
-    run_norm(d, &nj, n);
+    const h3_bt X = f32(in, n, c->text_dim, c->text_dim), x = f32(d->x, n, H, H), txt = f32(d->text, n, H, H);
+    rc = be->ops->linear(be, &X, &d->cond, d->cond_b, &x);
+    for (int i = 0; !rc && i < c->refiner_layers; i++) rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL);
+    if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->ref_final, NULL, (float)c->final_eps, &txt);
+    if (!rc) rc = be->ops->sync(be);
+    bfree(d, in);
     memcpy(d->stats.part_ms, saved, sizeof saved);
+    if (rc) return rc;
     d->has_text = true;
     d->stats.refine_ms = now_ms() - t0;
     return 0;
@@ -564,7 +598,7 @@ static int plan_build(dit_plan *p, const h3_dit_layout *l, const int32_t *row_t,
     p->row_combo = h3_malloc(sizeof(int32_t) * (size_t)l->seq);
     p->row_fin = h3_malloc(sizeof(int32_t) * (size_t)l->seq);
     if (!p->combo_of || !p->fin_of || !p->combo_t || !p->combo_m || !p->fin_t || !p->row_combo || !p->row_fin) {
-        plan_free(p);
+        plan_free_host(p);
         return -H3_E_NOMEM;
     }
     for (int i = 0; i < n_t * H3_TAGS; i++) p->combo_of[i] = -1;
@@ -572,7 +606,7 @@ static int plan_build(dit_plan *p, const h3_dit_layout *l, const int32_t *row_t,
     for (int64_t r = 0; r < l->seq; r++) {
         int32_t t = row_t[r];
         if (t < 0 || t >= n_t) {
-            plan_free(p);
+            plan_free_host(p);
             return h3_err(H3_E_INVALID, "forward: timestep_indices[%lld] = %d, but there are %d timesteps",
                           (long long)r, t, n_t);
         }
@@ -641,10 +675,20 @@ static int time_embed(h3_dit *d, const float *t, int64_t M, float *out)
  * (one GEMM per block and modality with M = sets x combos), so the precompute streams the
  * weights exactly once.
  */
+/*
+ * Modulation tables for n_sets forwards (the steps of a schedule) sharing one plan:
+ * t_values[s * n_t + t]. blk: [set][layer][combo][6][H] with slots 1 and 4 holding 1 + scale;
+ * fin: [set][fin][2][H] = shift, 1 + scale (both backend memory). Each adaln_proj weight is
+ * brought to the backend once for all sets (one GEMM per block and modality with M = sets x
+ * combos) and let go right after, so the precompute streams the weights exactly once and a GPU
+ * never holds more than one block's adaln_proj.
+ */
 static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, int n_sets, float *blk, float *fin,
                           bool release)
 {
     const h3_dit_cfg *c = &d->c;
+    h3_backend *be = d->be;
+    const h3_backend_ops *o = be->ops;
     const int64_t H = c->hidden, E = c->temb_dim, L = c->layers, nc = p->n_combo, nf = p->n_fin;
     const int64_t M = (int64_t)n_sets * p->n_t;
     float *tv = h3_malloc(sizeof(float) * (size_t)M);
@@ -652,7 +696,10 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
     int64_t maxrows = (int64_t)n_sets * (nc > nf ? nc : nf);
     float *X = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * E));
     float *Y = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * 6 * H));
-    int rc = (!tv || !emb || !X || !Y) ? -H3_E_NOMEM : 0;
+    float *Xd = o->alloc(be, sizeof(float) * (size_t)(maxrows * E + 1));
+    float *Yd = o->alloc(be, sizeof(float) * (size_t)(maxrows * 6 * H + 1));
+    float *bd = o->alloc(be, sizeof(float) * (size_t)(6 * H));
+    int rc = (!tv || !emb || !X || !Y || !Xd || !Yd || !bd) ? -H3_E_NOMEM : 0;
     if (!rc) {
         memcpy(tv, t_values, sizeof(float) * (size_t)M);
         rc = time_embed(d, tv, M, emb);
@@ -666,18 +713,27 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
                 for (int64_t k = 0; k < nc; k++)
                     if (p->combo_m[k] == m) memcpy(X + (rows++) * E, emb + ((int64_t)s * p->n_t + p->combo_t[k]) * E, sizeof(float) * (size_t)E);
             if (!rows) continue;
-            h3_mat W = {(const char *)bk->ada.data + (size_t)m * 6 * H * E * wsz, bk->ada.dtype, 6 * H, E};
-            if ((rc = h3_linear(d->pool, X, rows, E, &W, bk->ada_b + m * 6 * H, Y, 6 * H))) break;
+            h3_bw W = {0};
+            const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, 6 * H, 6 * H);
+            rc = o->weight_load(be, (const char *)bk->ada.data + (size_t)m * 6 * H * E * wsz, bk->ada.dtype, 6 * H, E,
+                                &W);
+            if (!rc) rc = o->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
+            if (!rc) rc = o->upload(be, bd, bk->ada_b + m * 6 * H, sizeof(float) * (size_t)(6 * H));
+            if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
+            if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 6 * H));
+            wfree(d, &W);
+            if (rc) break;
             rows = 0;
-            for (int s = 0; s < n_sets; s++)
-                for (int64_t k = 0; k < nc; k++) {
+            for (int s = 0; s < n_sets && !rc; s++)
+                for (int64_t k = 0; k < nc && !rc; k++) {
                     if (p->combo_m[k] != m) continue;
-                    float *dst = blk + (((int64_t)s * L + b) * nc + k) * 6 * H;
-                    const float *src = Y + (rows++) * 6 * H;
+                    float *src = Y + (rows++) * 6 * H;
                     for (int64_t i = 0; i < 6 * H; i++) {
                         int slot = (int)(i / H);
-                        dst[i] = (slot == 1 || slot == 4) ? 1.0f + src[i] : src[i];
+                        if (slot == 1 || slot == 4) src[i] = 1.0f + src[i];
                     }
+                    rc = o->upload(be, blk + (((int64_t)s * L + b) * nc + k) * 6 * H, src,
+                                   sizeof(float) * (size_t)(6 * H));
                 }
         }
         if (!rc && release) {
@@ -693,24 +749,30 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
         for (int s = 0; s < n_sets; s++)
             for (int64_t k = 0; k < nf; k++)
                 memcpy(X + (rows++) * E, emb + ((int64_t)s * p->n_t + p->fin_t[k]) * E, sizeof(float) * (size_t)E);
-        rc = h3_linear(d->pool, X, rows, E, &d->fin_ada, d->fin_ada_b, Y, 2 * H);
-        for (int64_t r = 0; !rc && r < rows; r++) {
-            float *dst = fin + r * 2 * H;
-            const float *src = Y + r * 2 * H;
-            for (int64_t i = 0; i < H; i++) {
-                dst[i] = src[i];
-                dst[H + i] = 1.0f + src[H + i];
-            }
-        }
+        h3_bw W = {0};
+        const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, 2 * H, 2 * H);
+        rc = o->weight_load(be, d->fin_ada.data, d->fin_ada.dtype, 2 * H, E, &W);
+        if (!rc) rc = o->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
+        if (!rc) rc = o->upload(be, bd, d->fin_ada_b, sizeof(float) * (size_t)(2 * H));
+        if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
+        if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 2 * H));
+        wfree(d, &W);
+        for (int64_t r = 0; !rc && r < rows; r++)
+            for (int64_t i = 0; i < H; i++) Y[r * 2 * H + H + i] = 1.0f + Y[r * 2 * H + H + i];
+        if (!rc) rc = o->upload(be, fin, Y, sizeof(float) * (size_t)(rows * 2 * H));
         if (!rc && release) {
             h3_store_release_tensor(d->st, "final_layer.adaln_proj.linear.weight");
             h3_store_release_tensor(d->st, "final_layer.adaln_proj.linear.bias");
         }
     }
+    if (!rc) rc = o->sync(be);
     free(tv);
     h3_free_aligned(emb);
     h3_free_aligned(X);
     h3_free_aligned(Y);
+    bfree(d, Xd);
+    bfree(d, Yd);
+    bfree(d, bd);
     return rc;
 }
 
@@ -736,61 +798,64 @@ static void release_ada_bias(h3_dit *d)
     d->fin_ada_b = NULL;
 }
 
-/* ---- the forward ----------------------------------------------------------------------- */
-
-typedef struct {
-    float *x;
-    const float *src;
-    const int64_t *idx;
-    int64_t n;
-} scatter_job;
-
-static void scatter_task(void *a, int64_t b, int64_t e, int thread)
+/* The plan's per-row entries on the backend, for the norm and gate kernels. */
+static int plan_upload(h3_dit *d, dit_plan *p)
 {
-    scatter_job *j = a;
-    (void)thread;
-    for (int64_t i = b; i < e; i++) memcpy(j->x + j->idx[i] * j->n, j->src + i * j->n, sizeof(float) * (size_t)j->n);
+    const size_t n = sizeof(int32_t) * (size_t)d->lay.seq;
+    p->d_row_combo = h3_backend_dup(d->be, p->row_combo, n);
+    p->d_row_fin = h3_backend_dup(d->be, p->row_fin, n);
+    return p->d_row_combo && p->d_row_fin ? 0 : -H3_E_NOMEM;
 }
 
+/* ---- the forward ----------------------------------------------------------------------- */
+
+/* One forward; inputs and outputs are backend memory. */
 static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const float *tab_fin, const float *video_rows,
                    const float *audio_rows, float *video_out, float *audio_out)
 {
     const double t0 = now_ms();
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
+    h3_backend *be = d->be;
+    const h3_backend_ops *o = be->ops;
     const int64_t H = c->hidden, L = l->seq;
-    int rc;
+    int rc = 0;
+    const h3_bt x = f32(d->x, L, H, H);
     /* Rows no index names stay zero (diffusers scatters into a zero buffer). */
-    if (l->n_text + l->n_video + l->n_audio < L) memset(d->x, 0, sizeof(float) * (size_t)(L * H));
-    scatter_job sj = {d->x, d->text, l->text_idx, H};
-    h3_parallel_for(d->pool, l->n_text, 16, scatter_task, &sj);
+    if (l->n_text + l->n_video + l->n_audio < L && (rc = o->zero(be, d->x, sizeof(float) * (size_t)(L * H))))
+        return rc;
+    const h3_bt text = f32(d->text, l->n_text, H, H);
+    if (l->n_text && (rc = o->scatter_rows(be, &text, d->d_text_idx, &x))) return rc;
     if (l->n_video) {
-        if ((rc = h3_linear(d->pool, video_rows, l->n_video, d->P, &d->vproj, d->vproj_b, d->tmp, H))) return rc;
-        sj = (scatter_job){d->x, d->tmp, l->video_idx, H};
-        h3_parallel_for(d->pool, l->n_video, 16, scatter_task, &sj);
+        const h3_bt in = f32((void *)video_rows, l->n_video, d->P, d->P), tmp = f32(d->tmp, l->n_video, H, H);
+        if ((rc = o->linear(be, &in, &d->vproj, d->vproj_b, &tmp)) || (rc = o->scatter_rows(be, &tmp, d->d_video_idx, &x)))
+            return rc;
     }
     if (l->n_audio) {
-        if ((rc = h3_linear(d->pool, audio_rows, l->n_audio, c->audio_ch, &d->aproj, d->aproj_b, d->tmp, H))) return rc;
-        sj = (scatter_job){d->x, d->tmp, l->audio_idx, H};
-        h3_parallel_for(d->pool, l->n_audio, 16, scatter_task, &sj);
+        const h3_bt in = f32((void *)audio_rows, l->n_audio, c->audio_ch, c->audio_ch), tmp = f32(d->tmp, l->n_audio, H, H);
+        if ((rc = o->linear(be, &in, &d->aproj, d->aproj_b, &tmp)) || (rc = o->scatter_rows(be, &tmp, d->d_audio_idx, &x)))
+            return rc;
     }
     const int64_t blk_stride = (int64_t)p->n_combo * 6 * H;
     for (int b = 0; b < c->layers; b++)
-        if ((rc = run_block(d, &d->blk[b], L, tab_blk + b * blk_stride, p->row_combo, d->rcos, d->rsin))) return rc;
+        if ((rc = run_block(d, &d->blk[b], L, tab_blk + b * blk_stride, p->d_row_combo, d->rcos, d->rsin))) return rc;
     /* Final norm + heads on the output rows only (diffusers runs both heads over every row and
        selects afterwards; the selected values are the same). */
-    norm_job nj = {.x = d->x, .y = d->nb, .w = d->fin_norm, .tab = tab_fin, .row_mod = p->row_fin, .n = H, .ldx = H,
-                   .ldy = H, .slot = 0, .stride = 2, .eps = (float)c->final_eps};
+    const h3_bmod fm = {tab_fin, p->d_row_fin, 2, 0};
     if (l->n_video) {
-        nj.rows = l->video_idx;
-        run_norm(d, &nj, l->n_video);
-        if ((rc = h3_linear(d->pool, d->nb, l->n_video, H, &d->vout, d->vout_b, video_out, d->P))) return rc;
+        const h3_bt nb = act(d, d->nb, l->n_video, H, H), out = f32(video_out, l->n_video, d->P, d->P);
+        if ((rc = o->norm_mod(be, &x, d->d_video_idx, d->fin_norm, &fm, (float)c->final_eps, &nb)) ||
+            (rc = o->linear(be, &nb, &d->vout, d->vout_b, &out)))
+            return rc;
     }
     if (l->n_audio) {
-        nj.rows = l->audio_idx;
-        run_norm(d, &nj, l->n_audio);
-        if ((rc = h3_linear(d->pool, d->nb, l->n_audio, H, &d->aout, d->aout_b, audio_out, c->audio_ch))) return rc;
+        const h3_bt nb = act(d, d->nb, l->n_audio, H, H), out = f32(audio_out, l->n_audio, c->audio_ch, c->audio_ch);
+        if ((rc = o->norm_mod(be, &x, d->d_audio_idx, d->fin_norm, &fm, (float)c->final_eps, &nb)) ||
+            (rc = o->linear(be, &nb, &d->aout, d->aout_b, &out)))
+            return rc;
     }
+    /* One wait per forward: the timings below are the device's, and a fault surfaces here. */
+    if ((rc = o->sync(be))) return rc;
     const double ms = now_ms() - t0;
     h3_dit_stats *s = &d->stats;
     s->forward_ms_last = ms;
@@ -812,15 +877,25 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
     dit_plan p;
     int rc = plan_build(&p, &d->lay, row_t, n_t);
     if (rc) return rc;
-    const int64_t H = d->c.hidden;
-    float *blk = h3_alloc_aligned(sizeof(float) * (size_t)((int64_t)d->c.layers * p.n_combo * 6 * H + 1));
-    float *fin = h3_alloc_aligned(sizeof(float) * (size_t)((int64_t)p.n_fin * 2 * H + 1));
-    rc = (!blk || !fin) ? -H3_E_NOMEM : ensure_ada_bias(d);
+    h3_backend *be = d->be;
+    const h3_dit_layout *l = &d->lay;
+    const int64_t H = d->c.hidden, Ca = d->c.audio_ch;
+    const size_t vbytes = sizeof(float) * (size_t)(l->n_video * d->P), abytes = sizeof(float) * (size_t)(l->n_audio * Ca);
+    float *blk = be->ops->alloc(be, sizeof(float) * (size_t)((int64_t)d->c.layers * p.n_combo * 6 * H + 1));
+    float *fin = be->ops->alloc(be, sizeof(float) * (size_t)((int64_t)p.n_fin * 2 * H + 1));
+    float *vin = l->n_video ? h3_backend_dup(be, video_rows, vbytes) : NULL;
+    float *ain = l->n_audio ? h3_backend_dup(be, audio_rows, abytes) : NULL;
+    rc = (!blk || !fin || (l->n_video && !vin) || (l->n_audio && !ain)) ? -H3_E_NOMEM : plan_upload(d, &p);
+    if (!rc) rc = ensure_ada_bias(d);
     if (!rc) rc = compute_tables(d, &p, t_values, 1, blk, fin, false);
-    if (!rc) rc = forward(d, &p, blk, fin, video_rows, audio_rows, video_out, audio_out);
-    h3_free_aligned(blk);
-    h3_free_aligned(fin);
-    plan_free(&p);
+    if (!rc) rc = forward(d, &p, blk, fin, vin, ain, d->vo, d->ao);
+    if (!rc && l->n_video) rc = be->ops->download(be, video_out, d->vo, vbytes);
+    if (!rc && l->n_audio) rc = be->ops->download(be, audio_out, d->ao, abytes);
+    bfree(d, blk);
+    bfree(d, fin);
+    bfree(d, vin);
+    bfree(d, ain);
+    plan_free(d, &p);
     return rc;
 }
 
@@ -858,18 +933,18 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     for (int64_t r = 0; !rc && r < l->seq; r++) row_t[r] = l->role[r];
     if (!rc) rc = plan_build(&d->plan, l, row_t, H3_ROLES);
     free(row_t);
+    if (!rc) rc = plan_upload(d, &d->plan);
     const int evals = n[0] - 1;
-    /* H3_DIT_PRECOMPUTE=0 keeps diffusers' structure: the modulation of a step is computed from
+    /* H3_OPT_DIT_PER_STEP keeps diffusers' structure: the modulation of a step is computed from
        the adaln_proj weights when the step runs, and nothing is released. */
-    const char *pre = getenv("H3_DIT_PRECOMPUTE");
-    d->per_step = pre && strcmp(pre, "0") == 0;
+    d->per_step = (d->flags & H3_OPT_DIT_PER_STEP) != 0;
     const int sets = d->per_step ? 1 : evals;
     if (!rc) {
         const int64_t H = c->hidden;
         uint64_t blk_n = (uint64_t)sets * c->layers * d->plan.n_combo * 6 * H;
         uint64_t fin_n = (uint64_t)sets * d->plan.n_fin * 2 * H;
-        d->tab_blk = h3_alloc_aligned(sizeof(float) * (size_t)(blk_n + 1));
-        d->tab_fin = h3_alloc_aligned(sizeof(float) * (size_t)(fin_n + 1));
+        d->tab_blk = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(blk_n + 1));
+        d->tab_fin = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(fin_n + 1));
         d->tvals = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES);
         if (!d->tab_blk || !d->tab_fin || !d->tvals) rc = -H3_E_NOMEM;
         d->table_bytes = (blk_n + fin_n) * sizeof(float);
@@ -912,6 +987,7 @@ int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
         return h3_err(H3_E_INVALID, "transformer: step %d is outside the schedule of %d steps", i, d->n_steps);
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
+    h3_backend *be = d->be;
     const int64_t H = c->hidden;
     const int set = d->per_step ? 0 : i;
     const float *blk = d->tab_blk + (int64_t)set * c->layers * d->plan.n_combo * 6 * H;
@@ -925,10 +1001,12 @@ int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
     if (rc) return rc;
     /* Euler on the generated rows only; conditioning rows ride through unchanged. */
     const int64_t P = d->P, Ca = c->audio_ch;
-    h3_sched_euler(video_rows + l->n_cond_video * P, d->vo + l->n_cond_video * P, (l->n_video - l->n_cond_video) * P,
-                   d->ts[0][i], d->sig[0][i], d->sig[0][i + 1]);
-    h3_sched_euler(audio_rows + l->n_cond_audio * Ca, d->ao + l->n_cond_audio * Ca,
-                   (l->n_audio - l->n_cond_audio) * Ca, d->ts[1][i], d->sig[1][i], d->sig[1][i + 1]);
+    const float *vo = d->vo, *ao = d->ao;
+    if ((rc = be->ops->euler(be, video_rows + l->n_cond_video * P, vo + l->n_cond_video * P,
+                             (l->n_video - l->n_cond_video) * P, d->ts[0][i], d->sig[0][i], d->sig[0][i + 1])) ||
+        (rc = be->ops->euler(be, audio_rows + l->n_cond_audio * Ca, ao + l->n_cond_audio * Ca,
+                             (l->n_audio - l->n_cond_audio) * Ca, d->ts[1][i], d->sig[1][i], d->sig[1][i + 1])))
+        return rc;
     return d->n_steps - i - 1;
 }
 

@@ -20,7 +20,9 @@
 #ifndef H3_DIT_H
 #define H3_DIT_H
 
+#include "backend/backend.h"
 #include "backend/cpu/ops.h"
+#include "core/schedule.h"
 
 /* Modality tags of packed rows (diffusers MINIMAX_H3_*_TAG). They select the AdaLN modality. */
 enum { H3_TAG_VIDEO = 0, H3_TAG_TEXT = 1, H3_TAG_AUDIO = 2, H3_TAGS = 3 };
@@ -91,29 +93,21 @@ H3_INTERNAL void h3_dit_unpatchify_video(const h3_dit_cfg *c, const float *rows,
 H3_INTERNAL void h3_dit_pack_audio(int C, int Ta, const float *lat, float *rows);
 H3_INTERNAL void h3_dit_unpack_audio(int C, int Ta, const float *rows, float *lat);
 
-/* ---- schedule, noise, Euler (schedule.c) ------------------------------------------------- */
-
-/*
- * MiniMaxH3Scheduler.set_timesteps(steps) with the given shift, bit for bit: `steps` grid points
- * of torch.linspace(1, 0, steps) in f32, shifted in f32, consecutive duplicates collapsed.
- * Writes up to `steps` sigmas and returns their count (>= 2), or a negative error.
- */
-H3_INTERNAL int h3_sched_sigmas(int steps, double shift, float *sigmas);
-/* timesteps[i] = 1 - sigmas[i] (f32), i < n - 1. */
-H3_INTERNAL void h3_sched_timesteps(const float *sigmas, int n, float *timesteps);
-/* MiniMaxH3Scheduler.step on n values in place: x <- r*x + (1-r)*(x + (1-t)*v), r = s1/s0. */
-H3_INTERNAL void h3_sched_euler(float *x, const float *v, int64_t n, float t, float sigma, float sigma_next);
-/* Standard normal noise, element `offset + i` of stream (seed, stream) for i < n (see schedule.c). */
-H3_INTERNAL void h3_noise(uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n);
-
 /* ---- the model ------------------------------------------------------------------------- */
 
-/* Map the transformer weights (shape-checked against config.json) and widen the small vectors. */
-H3_INTERNAL int h3_dit_open(h3_model *m, h3_pool *pool, h3_dit **out);
+/*
+ * Open the transformer on a backend: weights shape-checked against config.json and made
+ * backend-resident (views of the mapping on the CPU, bf16 device copies on a GPU), small vectors
+ * widened to f32. `pool` runs the host-side work (timestep embedding); `flags` are H3_OPT_*.
+ * The backend must outlive the transformer.
+ */
+H3_INTERNAL int h3_dit_open(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, h3_dit **out);
 H3_INTERNAL void h3_dit_close(h3_dit *d);
-/* The context's transformer, opened on first use and kept until h3_free or a decode. */
-H3_INTERNAL int h3_ctx_dit(h3_ctx *ctx, h3_dit **out);
 H3_INTERNAL const h3_dit_cfg *h3_dit_config(const h3_dit *d);
+H3_INTERNAL h3_backend *h3_dit_backend(const h3_dit *d);
+/* Incremented by every h3_dit_set_layout: a caller that prepared a request remembers it and can
+   tell when another caller has replaced the transformer's request state since. */
+H3_INTERNAL uint64_t h3_dit_generation(const h3_dit *d);
 
 /* Use this layout for the following forwards (copied; builds the RoPE tables). Drops the text
    refined for a previous layout only if its text row count differs. */
@@ -136,14 +130,16 @@ H3_INTERNAL const float *h3_dit_sigmas(const h3_dit *d, int modality_audio);
 /*
  * Step i (0-based) of the prepared schedule: one forward on all rows and the Euler update of the
  * generated rows, in place. video_rows [n_video, patch_dim] (conditioning rows first), audio_rows
- * [n_audio, audio_ch]. Returns the number of steps left (0 after the last), or a negative error.
+ * [n_audio, audio_ch], both in the backend's memory (h3_dit_backend). Returns the number of steps
+ * left (0 after the last), or a negative error.
  */
 H3_INTERNAL int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows);
 
 /*
  * One forward with explicit timesteps: t_values[n_t] and row_t[L] (index into t_values per row),
  * i.e. diffusers' (timestep, timestep_indices). Needs the adaln_proj weights (computes the
- * modulation of the pairs present). Outputs every video/audio row in index order.
+ * modulation of the pairs present). Outputs every video/audio row in index order. Inputs and
+ * outputs are host memory (copied to and from the backend).
  */
 H3_INTERNAL int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *row_t,
                                  const float *video_rows, const float *audio_rows, float *video_out,

@@ -352,11 +352,8 @@ static void reader_stop(te_reader *r)
     r->slot[0] = r->slot[1] = NULL;
 }
 
-static bool prefetch_default(void)
-{
-    const char *e = getenv("H3_TEXT_PREFETCH");
-    return !(e && strcmp(e, "0") == 0);
-}
+/* Prefetch is on unless the caller says otherwise (H3_OPT_NO_TEXT_PREFETCH, read by the API). */
+static bool prefetch_default(void) { return true; }
 
 /* ---- compute ------------------------------------------------------------------------------ */
 
@@ -617,20 +614,4 @@ int h3_text_memory(h3_model *m, int n, int prefetch, h3_text_mem *out)
     out->total = out->weights + out->activations;
     plan_free(&p);
     return 0;
-}
-
-/* ---- public entry points ------------------------------------------------------------------ */
-
-H3_API int h3_text_hidden_size(h3_ctx *ctx)
-{
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    h3_text_cfg c;
-    int rc = h3_text_cfg_load(&ctx->model, &c);
-    return rc ? rc : c.hidden;
-}
-
-H3_API int h3_text_encode(h3_ctx *ctx, const int32_t *ids, int n, float *out)
-{
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    return h3_text_encode_ctx(ctx, ids, n, out);
 }

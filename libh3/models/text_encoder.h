@@ -3,9 +3,8 @@
  * hidden state MiniMax-H3 conditions on (hidden_states[cond_layer], before any final norm).
  *
  * Two entry points:
- *  - h3_text_forward: the raw computation from a model and a pool (no cache). The render pipeline
- *    calls it, or the cached h3_text_encode_ctx below.
- *  - h3_text_encode_ctx: what h3_text_encode (public) does: prompt cache first, then the forward.
+ *  - h3_text_forward: the raw computation from a model and a pool (no cache).
+ *  - the prompt cache (runtime/text_cache.c) wraps it: cache first, then the forward.
  */
 #ifndef H3_TEXT_ENCODER_H
 #define H3_TEXT_ENCODER_H
@@ -34,9 +33,6 @@ H3_INTERNAL int h3_text_forward(h3_model *m, h3_pool *pool, const int32_t *ids, 
 
 /* 0 when 1 <= n <= H3_TEXT_MAX_TOKENS, else the error (an empty prompt is refused). */
 H3_INTERNAL int h3_text_check_count(int n);
-
-/* Cached encode for a context (the body of the public h3_text_encode). */
-H3_INTERNAL int h3_text_encode_ctx(h3_ctx *ctx, const int32_t *ids, int n, float *out);
 
 /*
  * Peak memory of h3_text_forward for an n-token prompt, from the config and headers: weights =

@@ -7,6 +7,8 @@
 #include "models/dit.h"
 #include "models/text_encoder.h"
 #include "models/video_vae.h"
+#include "core/geometry.h"
+#include "runtime/runtime.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -27,57 +29,29 @@ static uint64_t bytes_where(const h3_store *s, const char *prefix, const char *c
     return n;
 }
 
-typedef struct {
-    int frames, lat_t, lat_h, lat_w, audio_lat;
-    int64_t video_tokens, seq;
-} shape_plan;
-
-H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, int frames,
-                                           int prompt_tokens)
+char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags, int width, int height, int frames,
+                            int prompt_tokens)
 {
-    if (!ctx) {
-        h3_err(H3_E_INVALID, "NULL context");
-        return NULL;
-    }
+    const int prefetch = (flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1;
     if (width <= 0 || height <= 0 || frames <= 0 || prompt_tokens <= 0 || width > 16384 ||
         height > 16384 || frames > 100000 || prompt_tokens > 1000000) {
         h3_err(H3_E_INVALID, "impossible render shape %dx%d, %d frames, %d prompt tokens", width, height,
                frames, prompt_tokens);
         return NULL;
     }
-    h3_model *m = &ctx->model;
     h3_err_clear();
-    /* Geometry defaults are the release's; a present VAE config overrides them. */
-    int spatial = 16, temporal = 4, clip = 17, hop_rate = 40;
+    h3_geom_cfg g;
+    h3_geom_cfg_of_model(m, &g);
+    h3_geom sp;
+    h3_geom_plan(&g, width, height, frames, prompt_tokens, &sp);
+    bool have_dit = false;
+    h3_dit_cfg dc;
+    if (m->comp[H3_COMP_TRANSFORMER].present) have_dit = h3_dit_cfg_load(m, &dc) == 0;
     h3_vvae_cfg vv;
     bool have_vv = m->comp[H3_COMP_VIDEO_VAE].present && h3_vvae_cfg_load(m, &vv) == 0;
-    if (have_vv) {
-        spatial = vv.spatial;
-        temporal = vv.temporal;
-        clip = vv.clip_length;
-    }
     h3_avae_cfg av;
     bool have_av = m->comp[H3_COMP_AUDIO_VAE].present && h3_avae_cfg_load(m, &av) == 0;
-    if (have_av) {
-        int hop = 1;
-        for (int i = 0; i < av.n_up; i++) hop *= av.rates[i];
-        hop_rate = av.sample_rate / hop;
-    }
-    h3_err_clear();
-    int chunk = (clip + temporal - 1) / temporal;
-    shape_plan sp;
-    sp.frames = frames;
-    while (sp.frames % clip != chunk) sp.frames++;
-    sp.lat_t = (sp.frames - chunk) / clip * chunk + 2;
-    sp.lat_h = height / spatial;
-    sp.lat_w = width / spatial;
-    sp.audio_lat = (int)lround(sp.frames / 24.0 * hop_rate);
-    h3_dit_cfg dc;
-    bool have_dit = m->comp[H3_COMP_TRANSFORMER].present && h3_dit_cfg_load(m, &dc) == 0;
-    int ph = have_dit ? dc.patch[1] : 2, pw = have_dit ? dc.patch[2] : 2;
-    sp.video_tokens = (int64_t)sp.lat_t * (sp.lat_h / ph) * (sp.lat_w / pw);
-    sp.seq = prompt_tokens + 2LL * sp.audio_lat + sp.video_tokens;
-    h3_err_clear();
+    h3_err_clear(); /* a broken config is reported by the stage that reads it */
 
     h3_buf b = {0};
     h3_buf_printf(&b, "{\"frames\": %d, \"latent_frames\": %d, \"latent_height\": %d, \"latent_width\": %d, "
@@ -88,7 +62,7 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
     int rc = 0;
 
     h3_text_mem tm;
-    if (m->comp[H3_COMP_TEXT_ENCODER].present && (rc = h3_text_memory(m, prompt_tokens, -1, &tm)) == 0) {
+    if (m->comp[H3_COMP_TEXT_ENCODER].present && (rc = h3_text_memory(m, prompt_tokens, prefetch, &tm)) == 0) {
         /* Layer streaming (text_encoder.c): the layer in use plus the one being prefetched, and the
            f32 working set of the prompt; embedding rows are read straight into the output. */
         h3_buf_printf(&b, "\"text_encoding\": {\"weights\": %llu, \"activations\": %llu, \"total\": %llu, "
@@ -153,7 +127,7 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
         uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "dec_in_proj.", NULL, false);
         /* Folded weight copies (the mapping is dropped while folding) plus the decoder's own
            buffer plan; the two stereo sides are decoded one after the other. */
-        int64_t work = h3_avae_work_bytes(&av, sp.audio_lat > 0 ? sp.audio_lat : 1, ctx->threads);
+        int64_t work = h3_avae_work_bytes(&av, sp.audio_lat > 0 ? sp.audio_lat : 1, threads);
         uint64_t act = work > 0 ? (uint64_t)work : 0;
         int64_t samples = h3_avae_samples(&av, sp.audio_lat > 0 ? sp.audio_lat : 1);
         uint64_t pcm = samples > 0 ? 2ull * (uint64_t)samples * 4 : 0;
@@ -169,7 +143,5 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
         h3_buf_free(&b);
         return NULL;
     }
-    free(ctx->mem_json);
-    ctx->mem_json = b.p;
-    return ctx->mem_json;
+    return b.p;
 }

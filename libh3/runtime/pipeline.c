@@ -15,6 +15,9 @@
 #include "models/dit.h"
 #include "models/text_encoder.h"
 #include "models/video_vae.h"
+#include "core/geometry.h"
+#include "core/tokenizer.h"
+#include "runtime/runtime.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -25,14 +28,15 @@
    "h3ctl": {"max_pixels": N, "max_frames": N}. */
 #define H3_DEFAULT_MAX_PIXELS (768 * 1344)
 #define H3_DEFAULT_MAX_FRAMES 362
-#define H3_FPS 24
 
 struct h3_render {
     int32_t *ids;
     int n_ids;
     float *text;          /* [n_ids, text hidden] */
     h3_dit_layout layout;
-    float *vrows, *arows; /* packed latents, stepped in place */
+    float *vrows, *arows; /* packed latents on the transformer's backend, stepped in place */
+    h3_backend *be;       /* where vrows/arows live (outlives the transformer: owned by the runtime) */
+    uint64_t dit_gen;     /* the transformer's request generation this render set up */
     int64_t vrow_floats, arow_floats;
     int steps, evals, done;
     /* geometry */
@@ -49,15 +53,17 @@ static void render_free(struct h3_render *r)
     free(r->ids);
     free(r->text);
     h3_dit_layout_free(&r->layout);
-    h3_free_aligned(r->vrows);
-    h3_free_aligned(r->arows);
+    if (r->be) {
+        r->be->ops->release(r->be, r->vrows);
+        r->be->ops->release(r->be, r->arows);
+    }
     free(r);
 }
 
-void h3_render_state_free(h3_ctx *ctx)
+void h3_rt_render_free(h3_runtime *rt)
 {
-    render_free(ctx->render);
-    ctx->render = NULL;
+    render_free(rt->render);
+    rt->render = NULL;
 }
 
 H3_API void h3_request_default(h3_request *r)
@@ -85,17 +91,10 @@ static int model_limit(h3_model *m, const char *key, int64_t dflt, int64_t *out)
     return 0;
 }
 
-/* Frame count aligned up to the VAE's clip_length * n + tokens_chunk_size (17n + 5 for H3). */
-static int align_frames(int frames, int clip, int chunk)
-{
-    while (frames % clip != chunk) frames++;
-    return frames;
-}
-
-static int check_shape(h3_ctx *ctx, const h3_request *q, const h3_dit_cfg *dc, const h3_vvae_cfg *vc,
+static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc, const h3_vvae_cfg *vc,
                        struct h3_render *r)
 {
-    h3_model *m = &ctx->model;
+    h3_model *m = rt->model;
     int multiple = vc->spatial * (dc->patch[1] > dc->patch[2] ? dc->patch[1] : dc->patch[2]);
     if (q->width < multiple || q->height < multiple || q->width % multiple || q->height % multiple)
         return h3_err(H3_E_INVALID, "width and height must be multiples of %d and at least %d, got %dx%d", multiple,
@@ -110,8 +109,11 @@ static int check_shape(h3_ctx *ctx, const h3_request *q, const h3_dit_cfg *dc, c
                       q->height, (long long)q->width * q->height, (long long)max_pixels);
     if (q->frames < 1 || q->frames > 100000)
         return h3_err(H3_E_INVALID, "frames must be at least 1, got %d", q->frames);
-    int chunk = (vc->clip_length + vc->temporal - 1) / vc->temporal;
-    int frames = align_frames(q->frames, vc->clip_length, chunk);
+    h3_geom_cfg gc;
+    h3_geom_cfg_of_model(m, &gc);
+    h3_geom g;
+    h3_geom_plan(&gc, q->width, q->height, q->frames, 0, &g);
+    const int frames = g.frames;
     if (frames > max_frames)
         return h3_err(H3_E_INVALID, "%d frames (aligned up to %d) exceed this model's limit of %lld", q->frames,
                       frames, (long long)max_frames);
@@ -120,9 +122,10 @@ static int check_shape(h3_ctx *ctx, const h3_request *q, const h3_dit_cfg *dc, c
     r->width = q->width;
     r->height = q->height;
     r->frames = frames;
-    r->T = (frames - chunk) / vc->clip_length * chunk + 2;
-    r->lh = q->height / vc->spatial;
-    r->lw = q->width / vc->spatial;
+    r->T = g.lat_t;
+    r->lh = g.lat_h;
+    r->lw = g.lat_w;
+    r->Ta = g.audio_lat;
     r->C = vc->latent_ch;
     r->AC = dc->audio_ch;
     r->steps = q->steps;
@@ -130,24 +133,24 @@ static int check_shape(h3_ctx *ctx, const h3_request *q, const h3_dit_cfg *dc, c
     return 0;
 }
 
-static int progress(h3_ctx *ctx, const char *phase, int done, int total)
+static int progress(h3_runtime *rt, const char *phase, int done, int total)
 {
-    return h3_progress_check(ctx->progress, ctx->progress_user, phase, done, total);
+    return h3_rt_progress(rt, phase, done, total);
 }
 
-static int tokenize(h3_ctx *ctx, const char *prompt, struct h3_render *r)
+static int tokenize(h3_runtime *rt, const char *prompt, struct h3_render *r)
 {
-    h3_model *m = &ctx->model;
+    h3_model *m = rt->model;
     int rc = h3_model_require(m, H3_COMP_TOKENIZER, "tokenizing the prompt");
     if (rc) return rc;
-    if (!ctx->tokenizer && !(ctx->tokenizer = h3_tokenizer_load(m->comp[H3_COMP_TOKENIZER].config_path)))
+    if (!rt->tokenizer && !(rt->tokenizer = h3_tokenizer_load(m->comp[H3_COMP_TOKENIZER].config_path)))
         return -H3_E_FORMAT;
     size_t len = strlen(prompt);
     int64_t cap = (int64_t)len + 16;
     for (int attempt = 0; attempt < 2; attempt++) {
         int32_t *ids = h3_malloc(sizeof *ids * (size_t)cap);
         if (!ids) return -H3_E_NOMEM;
-        int64_t n = h3_tokenize(ctx->tokenizer, prompt, len, ids, cap);
+        int64_t n = h3_tokenize(rt->tokenizer, prompt, len, ids, cap);
         if (n < 0) {
             free(ids);
             h3_err_prefix("prompt");
@@ -192,13 +195,13 @@ static int widen_request(const h3_request *q, h3_request *out)
     return 0;
 }
 
-static int plan(h3_ctx *ctx, const h3_request *q, cfgs *k, struct h3_render *r)
+static int plan(h3_runtime *rt, const h3_request *q, cfgs *k, struct h3_render *r)
 {
-    if (!ctx || !q) return h3_err(H3_E_INVALID, "NULL argument");
+    if (!q) return h3_err(H3_E_INVALID, "NULL argument");
     if (q->vae_tile_px < 0 || q->vae_tile_px > 65536)
         return h3_err(H3_E_INVALID, "VAE tile size must be 0 (the model's) or a positive number of pixels, got %d",
                       q->vae_tile_px);
-    h3_model *m = &ctx->model;
+    h3_model *m = rt->model;
     int rc;
     if ((rc = h3_model_require(m, H3_COMP_TRANSFORMER, "denoising")) ||
         (rc = h3_model_require(m, H3_COMP_TEXT_ENCODER, "encoding the prompt")) ||
@@ -215,15 +218,11 @@ static int plan(h3_ctx *ctx, const h3_request *q, cfgs *k, struct h3_render *r)
                       "audio VAE %d, text encoder %d)",
                       m->partition_dir, k->dc.video_ch, k->dc.audio_ch, k->dc.text_dim, k->vc.latent_ch,
                       k->ac.latent_ch, k->tc.hidden);
-    if ((rc = check_shape(ctx, q, &k->dc, &k->vc, r))) return rc;
+    if ((rc = check_shape(rt, q, &k->dc, &k->vc, r))) return rc;
     if (q->vae_tile_px && (q->vae_tile_px % k->vc.spatial || q->vae_tile_px <= k->vc.tile_overlap))
         return h3_err(H3_E_INVALID, "VAE tile size %d must be a multiple of %d and larger than the %d-pixel overlap",
                       q->vae_tile_px, k->vc.spatial, k->vc.tile_overlap);
     r->vae_tile = q->vae_tile_px;
-    int hop = 1;
-    for (int i = 0; i < k->ac.n_up; i++) hop *= k->ac.rates[i];
-    /* diffusers' audio_latent_num_frames: round(frames / fps * latent rate). */
-    r->Ta = (int)lround((double)r->frames / H3_FPS * ((double)k->ac.sample_rate / hop));
     r->sample_rate = k->ac.sample_rate;
     r->samples = h3_avae_samples(&k->ac, r->Ta);
     if (r->samples < 0) return (int)r->samples;
@@ -250,7 +249,7 @@ static void fill_info(const struct h3_render *r, h3_render_info *out)
     out->sequence = r->layout.seq;
 }
 
-H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out)
+int h3_rt_plan(h3_runtime *rt, const h3_request *request, h3_render_info *out)
 {
     if (!out) return h3_err(H3_E_INVALID, "NULL argument");
     if (out->struct_size != sizeof *out)
@@ -261,47 +260,46 @@ H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out)
     struct h3_render r;
     memset(&r, 0, sizeof r);
     cfgs k;
-    rc = plan(ctx, q, &k, &r);
+    rc = plan(rt, q, &k, &r);
     if (rc) return rc;
     fill_info(&r, out);
     return 0;
 }
 
-H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request)
+int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
 {
-    if (!ctx || !request) return h3_err(H3_E_INVALID, "NULL argument");
+    if (!request) return h3_err(H3_E_INVALID, "NULL request");
     h3_request wide, *q = &wide;
     int rc = widen_request(request, &wide);
     if (rc) return rc;
     if (!q->prompt) return h3_err(H3_E_INVALID, "no prompt");
-    h3_render_state_free(ctx);
+    h3_rt_render_free(rt);
     struct h3_render *r = h3_calloc(1, sizeof *r);
     if (!r) return -H3_E_NOMEM;
     cfgs k;
-    if ((rc = plan(ctx, q, &k, r))) goto fail;
+    if ((rc = plan(rt, q, &k, r))) goto fail;
     h3_dit_cfg dc = k.dc;
     h3_text_cfg tc = k.tc;
 
     /* 1. prompt -> ids -> conditioning (the text encoder streams its layers and caches). */
-    if ((rc = progress(ctx, "tokenize", 0, 1)) || (rc = tokenize(ctx, q->prompt, r)) ||
-        (rc = progress(ctx, "tokenize", 1, 1)))
+    if ((rc = progress(rt, "tokenize", 0, 1)) || (rc = tokenize(rt, q->prompt, r)) ||
+        (rc = progress(rt, "tokenize", 1, 1)))
         goto fail;
     r->text = h3_malloc(sizeof(float) * (size_t)r->n_ids * (size_t)tc.hidden);
     if (!r->text) {
         rc = -H3_E_NOMEM;
         goto fail;
     }
-    if ((rc = h3_text_encode(ctx, r->ids, r->n_ids, r->text))) goto fail;
+    if ((rc = h3_rt_text_encode(rt, r->ids, r->n_ids, r->text))) goto fail;
 
     /* 2. transformer: layout, refined text, schedule with AdaLN tables. */
-    if ((rc = progress(ctx, "prepare", 0, 2))) goto fail;
+    if ((rc = progress(rt, "prepare", 0, 2))) goto fail;
     h3_dit *d;
-    if ((rc = h3_ctx_dit(ctx, &d))) goto fail;
+    if ((rc = h3_rt_dit(rt, &d))) goto fail;
     if ((rc = h3_dit_layout_t2va(&dc, r->n_ids, NULL, r->T, r->lh, r->lw, r->Ta, NULL, 0, &r->layout))) goto fail;
     if ((rc = h3_dit_set_layout(d, &r->layout)) || (rc = h3_dit_set_text(d, r->text, r->n_ids))) goto fail;
-    if ((rc = progress(ctx, "prepare", 1, 2))) goto fail;
-    const char *keep = getenv("H3_DIT_KEEP_ADALN");
-    bool release = !(keep && keep[0] && strcmp(keep, "0") != 0);
+    if ((rc = progress(rt, "prepare", 1, 2))) goto fail;
+    const bool release = !(rt->flags & H3_OPT_KEEP_ADALN);
     rc = h3_dit_prepare_schedule(d, r->steps, dc.shift_video, dc.shift_audio, release);
     if (rc < 0) goto fail;
     r->evals = rc;
@@ -314,11 +312,17 @@ H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request)
     r->arow_floats = r->layout.n_audio * dc.audio_ch;
     float *vlatents = h3_alloc_aligned(sizeof(float) * (size_t)vlat);
     float *alatents = h3_alloc_aligned(sizeof(float) * (size_t)alat);
-    r->vrows = h3_alloc_aligned(sizeof(float) * (size_t)r->vrow_floats);
-    r->arows = h3_alloc_aligned(sizeof(float) * (size_t)r->arow_floats);
-    if (!vlatents || !alatents || !r->vrows || !r->arows) {
+    float *vrows = h3_alloc_aligned(sizeof(float) * (size_t)r->vrow_floats);
+    float *arows = h3_alloc_aligned(sizeof(float) * (size_t)r->arow_floats);
+    /* The latents live where the transformer runs, for the whole denoise loop. */
+    r->be = h3_dit_backend(d);
+    r->vrows = r->be->ops->alloc(r->be, sizeof(float) * (size_t)(r->vrow_floats + 1));
+    r->arows = r->be->ops->alloc(r->be, sizeof(float) * (size_t)(r->arow_floats + 1));
+    if (!vlatents || !alatents || !vrows || !arows || !r->vrows || !r->arows) {
         h3_free_aligned(vlatents);
         h3_free_aligned(alatents);
+        h3_free_aligned(vrows);
+        h3_free_aligned(arows);
         rc = -H3_E_NOMEM;
         goto fail;
     }
@@ -330,102 +334,124 @@ H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request)
         memcpy(alatents, q->audio_noise, sizeof(float) * (size_t)alat);
     else
         h3_noise(q->seed, 1, 0, alatents, alat);
-    h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, r->vrows);
-    h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, r->arows);
+    h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, vrows);
+    h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, arows);
+    rc = r->be->ops->upload(r->be, r->vrows, vrows, sizeof(float) * (size_t)r->vrow_floats);
+    if (!rc) rc = r->be->ops->upload(r->be, r->arows, arows, sizeof(float) * (size_t)r->arow_floats);
+    if (!rc) rc = r->be->ops->sync(r->be);
     h3_free_aligned(vlatents);
     h3_free_aligned(alatents);
-    if ((rc = progress(ctx, "prepare", 2, 2))) goto fail;
-    ctx->render = r;
+    h3_free_aligned(vrows);
+    h3_free_aligned(arows);
+    if (rc || (rc = progress(rt, "prepare", 2, 2))) goto fail;
+    r->dit_gen = h3_dit_generation(d);
+    rt->render = r;
     return 0;
 fail:
     render_free(r);
     return rc;
 }
 
-H3_API int h3_step(h3_ctx *ctx)
+int h3_rt_step(h3_runtime *rt)
 {
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    struct h3_render *r = ctx->render;
+    struct h3_render *r = rt->render;
     if (!r) return h3_err(H3_E_INVALID, "step: no prepared request (call h3_prepare first)");
     if (r->done >= r->evals) return 0;
-    if (!ctx->dit) return h3_err(H3_E_INVALID, "step: the transformer was released; prepare the request again");
-    int rc = r->done == 0 ? progress(ctx, "denoise", 0, r->evals) : 0;
+    if (!rt->dit) return h3_err(H3_E_INVALID, "step: the transformer was released; prepare the request again");
+    /* The public transformer calls (h3_dit_forward, h3_dit_denoise) share the transformer: once
+       they have laid out another request, this one's tables and buffers are gone. */
+    if (h3_dit_generation(rt->dit) != r->dit_gen)
+        return h3_err(H3_E_INVALID, "step: the transformer was used by another call since h3_prepare (h3_dit_forward "
+                                    "or h3_dit_denoise); prepare the request again");
+    int rc = r->done == 0 ? progress(rt, "denoise", 0, r->evals) : 0;
     if (rc) return rc;
-    rc = h3_dit_step(ctx->dit, r->done, r->vrows, r->arows);
+    rc = h3_dit_step(rt->dit, r->done, r->vrows, r->arows);
     if (rc < 0) return rc;
     r->done++;
-    if ((rc = progress(ctx, "denoise", r->done, r->evals))) return rc;
+    if ((rc = progress(rt, "denoise", r->done, r->evals))) return rc;
     return r->evals - r->done;
 }
 
-H3_API int h3_render_info_get(h3_ctx *ctx, h3_render_info *out)
+int h3_rt_render_info(h3_runtime *rt, h3_render_info *out)
 {
-    if (!ctx || !out) return h3_err(H3_E_INVALID, "NULL argument");
+    if (!out) return h3_err(H3_E_INVALID, "NULL argument");
     if (out->struct_size != sizeof *out)
         return h3_err(H3_E_INVALID, "h3_render_info.struct_size %u, expected %zu", out->struct_size, sizeof *out);
-    struct h3_render *r = ctx->render;
+    struct h3_render *r = rt->render;
     if (!r) return h3_err(H3_E_INVALID, "no prepared request");
     fill_info(r, out);
     return 0;
 }
 
-H3_API int h3_get_latents(h3_ctx *ctx, float *video, float *audio)
+/* A host copy of packed rows that live on the transformer's backend (freed by the caller). */
+static int download_rows(const struct h3_render *r, const float *rows, int64_t n, float **out)
 {
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    struct h3_render *r = ctx->render;
-    if (!r) return h3_err(H3_E_INVALID, "no prepared request");
-    h3_dit_cfg dc;
-    int rc = h3_dit_cfg_load(&ctx->model, &dc);
-    if (rc) return rc;
-    if (video) h3_dit_unpatchify_video(&dc, r->vrows, r->T, r->lh, r->lw, video);
-    if (audio) h3_dit_unpack_audio(r->AC, r->Ta, r->arows, audio);
-    return 0;
+    *out = h3_alloc_aligned(sizeof(float) * (size_t)(n + 1));
+    if (!*out) return -H3_E_NOMEM;
+    return r->be->ops->download(r->be, *out, rows, sizeof(float) * (size_t)n);
 }
 
-H3_API int h3_prompt_tokens(h3_ctx *ctx, int32_t *ids, int cap)
+int h3_rt_get_latents(h3_runtime *rt, float *video, float *audio)
 {
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    struct h3_render *r = ctx->render;
+    struct h3_render *r = rt->render;
+    if (!r) return h3_err(H3_E_INVALID, "no prepared request");
+    h3_dit_cfg dc;
+    int rc = h3_dit_cfg_load(rt->model, &dc);
+    float *rows = NULL;
+    if (!rc && video) rc = download_rows(r, r->vrows, r->vrow_floats, &rows);
+    if (!rc && video) h3_dit_unpatchify_video(&dc, rows, r->T, r->lh, r->lw, video);
+    h3_free_aligned(rows);
+    rows = NULL;
+    if (!rc && audio) rc = download_rows(r, r->arows, r->arow_floats, &rows);
+    if (!rc && audio) h3_dit_unpack_audio(r->AC, r->Ta, rows, audio);
+    h3_free_aligned(rows);
+    return rc;
+}
+
+int h3_rt_prompt_tokens(h3_runtime *rt, int32_t *ids, int cap)
+{
+    struct h3_render *r = rt->render;
     if (!r) return h3_err(H3_E_INVALID, "no prepared request");
     if (ids) memcpy(ids, r->ids, sizeof *ids * (size_t)(cap < r->n_ids ? cap : r->n_ids));
     return r->n_ids;
 }
 
-/* The transformer is done once the loop has run: let its pages go before the decoders map theirs. */
-static void release_transformer(h3_ctx *ctx)
+int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
 {
-    h3_dit_close(ctx->dit);
-    ctx->dit = NULL;
-    h3_store_release(&ctx->model.comp[H3_COMP_TRANSFORMER].store);
-}
-
-static int decode(h3_ctx *ctx, uint8_t *rgb, float *pixels, float *pcm)
-{
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    struct h3_render *r = ctx->render;
+    struct h3_render *r = rt->render;
     if (!r) return h3_err(H3_E_INVALID, "decode: no prepared request");
     if (r->done < r->evals)
         return h3_err(H3_E_INVALID, "decode: %d of %d denoising steps are still to run", r->evals - r->done, r->evals);
     if (!rgb && !pixels && !pcm) return h3_err(H3_E_INVALID, "decode: no output buffer");
-    h3_pool *pool = h3_ctx_pool(ctx);
+    h3_pool *pool = h3_rt_pool(rt);
     if (!pool) return -H3_E_NOMEM;
-    release_transformer(ctx);
+    /* The transformer is done once the loop has run: let its pages go before the decoders map
+       theirs. */
+    h3_rt_release_dit(rt);
     h3_dit_cfg dc;
-    int rc = h3_dit_cfg_load(&ctx->model, &dc);
+    int rc = h3_dit_cfg_load(rt->model, &dc);
     if (rc) return rc;
     if (pcm) {
-        float *alat = h3_alloc_aligned(sizeof(float) * 2 * (size_t)r->AC * (size_t)r->Ta);
-        if (!alat) return -H3_E_NOMEM;
-        h3_dit_unpack_audio(r->AC, r->Ta, r->arows, alat);
-        rc = h3_avae_decode(&ctx->model, pool, alat, r->AC, r->Ta, pcm, 2 * r->samples, ctx->progress,
-                            ctx->progress_user);
+        float *alat = h3_alloc_aligned(sizeof(float) * 2 * (size_t)r->AC * (size_t)r->Ta), *rows = NULL;
+        rc = alat ? download_rows(r, r->arows, r->arow_floats, &rows) : -H3_E_NOMEM;
+        if (!rc) {
+            h3_dit_unpack_audio(r->AC, r->Ta, rows, alat);
+            rc = h3_avae_decode(rt->model, pool, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
+                                rt->progress_user);
+        }
+        h3_free_aligned(rows);
         h3_free_aligned(alat);
         if (rc) return rc;
     }
     if (rgb || pixels) {
-        float *vlat = h3_alloc_aligned(sizeof(float) * (size_t)r->C * r->T * r->lh * r->lw);
-        if (!vlat) return -H3_E_NOMEM;
-        h3_dit_unpatchify_video(&dc, r->vrows, r->T, r->lh, r->lw, vlat);
+        float *vlat = h3_alloc_aligned(sizeof(float) * (size_t)r->C * r->T * r->lh * r->lw), *rows = NULL;
+        rc = vlat ? download_rows(r, r->vrows, r->vrow_floats, &rows) : -H3_E_NOMEM;
+        if (rc) {
+            h3_free_aligned(vlat);
+            return rc;
+        }
+        h3_dit_unpatchify_video(&dc, rows, r->T, r->lh, r->lw, vlat);
+        h3_free_aligned(rows);
         h3_vvae_request vq = {0};
         vq.latents = vlat;
         vq.C = r->C;
@@ -434,20 +460,12 @@ static int decode(h3_ctx *ctx, uint8_t *rgb, float *pixels, float *pcm)
         vq.w = r->lw;
         vq.rgb = rgb;
         vq.pixels = pixels;
-        vq.progress = ctx->progress;
-        vq.user = ctx->progress_user;
+        vq.progress = rt->progress;
+        vq.user = rt->progress_user;
         vq.tile_px = r->vae_tile; /* smaller tiles bound memory tighter; the blend is diffusers' */
-        rc = h3_vvae_decode(&ctx->model, pool, &vq);
+        rc = h3_vvae_decode(rt->model, pool, &vq);
         h3_free_aligned(vlat);
         if (rc) return rc;
     }
     return 0;
-}
-
-H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm) { return decode(ctx, rgb, NULL, pcm); }
-
-H3_API int h3_decode_video_f32(h3_ctx *ctx, float *pixels)
-{
-    if (!pixels) return h3_err(H3_E_INVALID, "decode: NULL pixel buffer");
-    return decode(ctx, NULL, pixels, NULL);
 }

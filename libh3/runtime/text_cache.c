@@ -14,6 +14,7 @@
  * prompts), comparing a 64-bit hash before the ids themselves.
  */
 #include "models/text_encoder.h"
+#include "runtime/runtime.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -95,13 +96,13 @@ void h3_text_cache_free(h3_text_cache *c)
     free(c);
 }
 
-static h3_text_cache *cache_of(h3_ctx *ctx)
+static h3_text_cache *cache_of(h3_runtime *rt)
 {
-    if (!ctx->text_cache) {
-        ctx->text_cache = h3_calloc(1, sizeof *ctx->text_cache);
-        if (ctx->text_cache) ctx->text_cache->budget = TC_DEFAULT_BUDGET;
+    if (!rt->text_cache) {
+        rt->text_cache = h3_calloc(1, sizeof *rt->text_cache);
+        if (rt->text_cache) rt->text_cache->budget = TC_DEFAULT_BUDGET;
     }
-    return ctx->text_cache;
+    return rt->text_cache;
 }
 
 /* Identity of the text-encoder weights as they are on disk now. */
@@ -162,16 +163,16 @@ static void insert(h3_text_cache *c, uint64_t model_id, uint64_t hash, const int
     c->entries++;
 }
 
-int h3_text_encode_ctx(h3_ctx *ctx, const int32_t *ids, int n, float *out)
+int h3_rt_text_encode(h3_runtime *rt, const int32_t *ids, int n, float *out)
 {
     if (!ids || !out) return h3_err(H3_E_INVALID, "text encoder: NULL ids or output");
     int rc = h3_text_check_count(n);
     if (rc) return rc;
-    h3_model *m = &ctx->model;
+    h3_model *m = rt->model;
     h3_text_cfg cfg;
     uint64_t model_id = 0;
     if ((rc = h3_text_cfg_load(m, &cfg)) || (rc = model_identity(m, &cfg, &model_id))) return rc;
-    h3_text_cache *c = cache_of(ctx);
+    h3_text_cache *c = cache_of(rt);
     if (!c) return -H3_E_NOMEM;
     uint64_t hash = fnv(fnv(FNV0, &n, sizeof n), ids, (size_t)n * sizeof *ids);
     tc_entry *e = c->budget ? lookup(c, model_id, hash, ids, n, cfg.hidden) : NULL;
@@ -181,25 +182,25 @@ int h3_text_encode_ctx(h3_ctx *ctx, const int32_t *ids, int n, float *out)
         unlink_entry(c, e);
         push_front(c, e);
         memcpy(out, e->emb, (size_t)n * (size_t)cfg.hidden * sizeof(float));
-        return h3_progress_check(ctx->progress, ctx->progress_user, "text_encoder", cfg.cond_layer, cfg.cond_layer);
+        return h3_rt_progress(rt, "text_encoder", cfg.cond_layer, cfg.cond_layer);
     }
-    h3_pool *pool = h3_ctx_pool(ctx);
+    h3_pool *pool = h3_rt_pool(rt);
     if (!pool) return -H3_E_NOMEM;
     c->misses++;
-    h3_text_run run = {ctx->progress, ctx->progress_user, -1, 0};
+    h3_text_run run = {rt->progress, rt->progress_user, (rt->flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1, 0};
     rc = h3_text_forward(m, pool, ids, n, out, &run);
     c->last_bytes_read = run.bytes_read;
     if (!rc && c->budget) insert(c, model_id, hash, ids, n, cfg.hidden, out);
     return rc;
 }
 
-H3_API int h3_text_cache_stats_get(h3_ctx *ctx, h3_text_cache_stats *out)
+int h3_rt_text_cache_stats(h3_runtime *rt, h3_text_cache_stats *out)
 {
-    if (!ctx || !out) return h3_err(H3_E_INVALID, "NULL context or stats");
+    if (!out) return h3_err(H3_E_INVALID, "NULL stats");
     if (out->struct_size < offsetof(h3_text_cache_stats, misses) || out->struct_size > sizeof *out)
         return h3_err(H3_E_INVALID, "h3_text_cache_stats.struct_size %u is not a size this library knows",
                       out->struct_size);
-    h3_text_cache *c = cache_of(ctx);
+    h3_text_cache *c = cache_of(rt);
     if (!c) return -H3_E_NOMEM;
     h3_text_cache_stats s;
     memset(&s, 0, sizeof s);
@@ -215,20 +216,19 @@ H3_API int h3_text_cache_stats_get(h3_ctx *ctx, h3_text_cache_stats *out)
     return 0;
 }
 
-H3_API int h3_text_cache_set_budget(h3_ctx *ctx, uint64_t bytes)
+int h3_rt_text_cache_set_budget(h3_runtime *rt, uint64_t bytes)
 {
-    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    h3_text_cache *c = cache_of(ctx);
+    h3_text_cache *c = cache_of(rt);
     if (!c) return -H3_E_NOMEM;
     c->budget = bytes;
     evict_to(c, bytes);
     return 0;
 }
 
-H3_API void h3_text_cache_clear(h3_ctx *ctx)
+void h3_rt_text_cache_clear(h3_runtime *rt)
 {
-    if (!ctx || !ctx->text_cache) return;
-    h3_text_cache *c = ctx->text_cache;
+    if (!rt->text_cache) return;
+    h3_text_cache *c = rt->text_cache;
     uint64_t ev = c->evictions;
     evict_to(c, 0);
     c->evictions = ev; /* clearing is not eviction */

@@ -343,7 +343,9 @@ static void test_model(const char *dir)
     h3_pool *pool = h3_pool_create(2);
     CHECK(h3_model_open(&m, dir, 0) == 0);
     h3_dit *d = NULL;
-    CHECK(h3_dit_open(&m, pool, &d) == 0);
+    h3_backend *be = NULL;
+    CHECK(h3_backend_cpu_create(pool, &be) == 0);
+    CHECK(h3_dit_open(&m, pool, be, 0, &d) == 0);
     if (d) {
         h3_dit_layout l;
         int an[2] = {H3_ANCHOR_FIRST, H3_ANCHOR_LAST};
@@ -372,6 +374,7 @@ static void test_model(const char *dir)
         h3_dit_layout_free(&l);
         h3_dit_close(d);
     }
+    h3_backend_destroy(be);
     h3_model_close(&m);
     h3_pool_destroy(pool);
 

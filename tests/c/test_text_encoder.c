@@ -5,6 +5,7 @@
  * ASan+UBSan too (reader thread start/stop on every path).
  */
 #include "ctest.h"
+#include "api/api.h"
 #include "models/text_encoder.h"
 
 #include <errno.h>
@@ -318,7 +319,7 @@ static void test_parity_and_streaming(void)
         float *a = malloc(sizeof(float) * n * HID), *b = malloc(sizeof(float) * n * HID);
         float *d = malloc(sizeof(float) * n * HID);
         h3_text_run run = {NULL, NULL, 1, 0};
-        int rc = h3_text_forward(&c1->model, h3_ctx_pool(c1), ids, n, a, &run);
+        int rc = h3_text_forward(&c1->model, h3_rt_pool(&c1->rt), ids, n, a, &run);
         CHECK_MSG(rc == 0, "%s", h3_last_error());
         CHECK(run.bytes_read == expected_read(n));
         double num = 0, den = 0;
@@ -328,7 +329,7 @@ static void test_parity_and_streaming(void)
         }
         CHECK_MSG(sqrt(num / den) < 2e-6, "n=%d rel err %.3g", n, sqrt(num / den));
         run.prefetch = 0;
-        CHECK(h3_text_forward(&c3->model, h3_ctx_pool(c3), ids, n, b, &run) == 0);
+        CHECK(h3_text_forward(&c3->model, h3_rt_pool(&c3->rt), ids, n, b, &run) == 0);
         CHECK_MSG(memcmp(a, b, sizeof(float) * n * HID) == 0, "n=%d: threads/prefetch change the bits", n);
         CHECK(h3_text_encode(c3, ids, n, d) == 0);
         CHECK(memcmp(a, d, sizeof(float) * n * HID) == 0);

@@ -1,0 +1,324 @@
+/*
+ * The CPU backend: backend.h's ops over the thread pool and the kernels of backend/cpu/ (one copy
+ * of each: the GEMM micro-kernel and attention in kernels.inc, the row helpers in ops.c). All
+ * activations are f32; this is the exact path every parity test checks. Buffers are host memory,
+ * so upload/download are copies and weights are views of the mapped shards.
+ *
+ * Row ops split work over rows only, so results do not depend on the thread count.
+ */
+#include "backend/backend.h"
+#include "backend/cpu/ops.h"
+#include "core/schedule.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* qk_norm_rope stages one head's normalised q/k on the stack. */
+#define CPU_MAX_HEAD_DIM 1024
+
+typedef struct {
+    h3_backend base;
+    h3_pool *pool;
+} cpu_backend;
+
+static h3_pool *pool_of(h3_backend *be) { return ((cpu_backend *)be)->pool; }
+
+static int need_f32(const char *op, const h3_bt *t)
+{
+    if (t->dtype != H3_DT_F32)
+        return h3_err(H3_E_UNSUPPORTED, "cpu backend: %s takes f32 tensors, got %s", op, h3_dtype_name(t->dtype));
+    return 0;
+}
+
+static void cpu_destroy(h3_backend *be) { free(be); }
+
+static void *cpu_alloc(h3_backend *be, size_t bytes)
+{
+    (void)be;
+    return h3_alloc_aligned(bytes ? bytes : 1);
+}
+
+static void cpu_release(h3_backend *be, void *p)
+{
+    (void)be;
+    h3_free_aligned(p);
+}
+
+static int cpu_copy(h3_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes && dst != src) memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_zero(h3_backend *be, void *dst, size_t bytes)
+{
+    (void)be;
+    if (bytes) memset(dst, 0, bytes);
+    return 0;
+}
+
+static int cpu_sync(h3_backend *be)
+{
+    (void)be;
+    return 0;
+}
+
+static int cpu_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    (void)be;
+    if (free_bytes) *free_bytes = 0;
+    if (total_bytes) *total_bytes = 0;
+    return 0;
+}
+
+static int cpu_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t rows, int64_t cols, h3_bw *out)
+{
+    (void)be;
+    if (dt != H3_DT_F32 && dt != H3_DT_BF16 && dt != H3_DT_F16)
+        return h3_err(H3_E_SCHEMA, "cpu backend: weights must be F32, BF16 or F16, got %s", h3_dtype_name(dt));
+    out->data = host; /* the mapping itself: h3_linear widens to f32 as it packs */
+    out->dtype = dt;
+    out->rows = rows;
+    out->cols = cols;
+    out->priv = NULL;
+    return 0;
+}
+
+static void cpu_weight_free(h3_backend *be, h3_bw *w)
+{
+    (void)be;
+    memset(w, 0, sizeof *w);
+}
+
+static int cpu_linear(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
+{
+    int rc;
+    if ((rc = need_f32("linear", X)) || (rc = need_f32("linear", Y))) return rc;
+    h3_mat m = {W->data, W->dtype, W->rows, W->cols};
+    return h3_linear(pool_of(be), X->data, X->rows, X->ld, &m, bias, Y->data, Y->ld);
+}
+
+static int cpu_attention(h3_backend *be, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads,
+                         int D, float scale, bool causal, const h3_bt *O)
+{
+    int rc;
+    if ((rc = need_f32("attention", Q)) || (rc = need_f32("attention", K)) || (rc = need_f32("attention", V)) ||
+        (rc = need_f32("attention", O)))
+        return rc;
+    return h3_attention(pool_of(be), Q->data, Q->ld, K->data, K->ld, V->data, V->ld, Q->rows, K->rows, heads,
+                        kv_heads, D, scale, causal, O->data, O->ld);
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    const float *w;
+    const int64_t *rows;
+    h3_bmod mod;
+    int64_t n, ldx, ldy;
+    float eps;
+} norm_job;
+
+/* y = RMSNorm(x) * w [* (1 + scale) + shift]. The mean square is accumulated in double; the
+   products follow torch's order: (x * rsqrt(ms + eps)) * w, then * (1 + scale) + shift. */
+static void norm_task(void *a, int64_t b, int64_t e, int thread)
+{
+    norm_job *j = a;
+    (void)thread;
+    const int64_t n = j->n;
+    for (int64_t k = b; k < e; k++) {
+        const int64_t r = j->rows ? j->rows[k] : k;
+        const float *x = j->x + r * j->ldx;
+        float *y = j->y + k * j->ldy;
+        const float inv = (float)(1.0 / sqrt(h3_sumsq(x, n) / (double)n + j->eps));
+        if (j->mod.tab) {
+            const float *shift = j->mod.tab + ((int64_t)j->mod.row_entry[r] * j->mod.stride + j->mod.slot) * n;
+            h3_scale_mod(x, n, inv, j->w, shift + n, shift, y);
+        } else {
+            h3_scale_mod(x, n, inv, j->w, NULL, NULL, y);
+        }
+    }
+}
+
+static int cpu_norm_mod(h3_backend *be, const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod,
+                        float eps, const h3_bt *y)
+{
+    int rc;
+    if ((rc = need_f32("norm", x)) || (rc = need_f32("norm", y))) return rc;
+    norm_job j = {x->data, y->data, w, rows, {0}, x->cols, x->ld, y->ld, eps};
+    if (mod) j.mod = *mod;
+    h3_parallel_for(pool_of(be), y->rows, 8, norm_task, &j);
+    return 0;
+}
+
+typedef struct {
+    const float *qkv;
+    float *q, *k, *v;
+    const float *qn, *kn, *cos, *sin;
+    int heads, D, half;
+    int64_t ldqkv, ldq, ldk, ldv;
+    float eps;
+} qkv_job;
+
+/* Per row and head: split the interleaved [q | k | v], RMS-normalise q and k with their weights,
+   rotate the first 2*half dims (rotate-half, torch's order of operations) and write head-major
+   Q, K, V rows for the attention kernel. */
+static void qkv_task(void *a, int64_t b, int64_t e, int thread)
+{
+    qkv_job *j = a;
+    (void)thread;
+    const int D = j->D, half = j->half;
+    float tmp[2][CPU_MAX_HEAD_DIM];
+    for (int64_t r = b; r < e; r++) {
+        const float *cs = j->cos ? j->cos + r * half : NULL, *sn = j->sin ? j->sin + r * half : NULL;
+        for (int h = 0; h < j->heads; h++) {
+            const float *src = j->qkv + r * j->ldqkv + (int64_t)h * 3 * D;
+            float *dst[2] = {j->q + r * j->ldq + (int64_t)h * D, j->k + r * j->ldk + (int64_t)h * D};
+            const float *w[2] = {j->qn, j->kn};
+            for (int s = 0; s < 2; s++) {
+                const float *x = src + s * D;
+                const float inv = (float)(1.0 / sqrt(h3_sumsq(x, D) / (double)D + j->eps));
+                float *t = cs ? tmp[s] : dst[s];
+                h3_scale_mod(x, D, inv, w[s], NULL, NULL, t);
+                if (cs) {
+                    float *o = dst[s];
+                    h3_rope_half(t, cs, sn, half, o);
+                    memcpy(o + 2 * half, t + 2 * half, sizeof(float) * (size_t)(D - 2 * half));
+                }
+            }
+            memcpy(j->v + r * j->ldv + (int64_t)h * D, src + 2 * D, sizeof(float) * (size_t)D);
+        }
+    }
+}
+
+static int cpu_qk_norm_rope(h3_backend *be, const h3_bt *qkv, const float *qn, const float *kn, const float *cos,
+                            const float *sin, int heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k,
+                            const h3_bt *v)
+{
+    int rc;
+    if ((rc = need_f32("qk_norm_rope", qkv)) || (rc = need_f32("qk_norm_rope", q)) ||
+        (rc = need_f32("qk_norm_rope", k)) || (rc = need_f32("qk_norm_rope", v)))
+        return rc;
+    if (D > CPU_MAX_HEAD_DIM || 2 * half > D)
+        return h3_err(H3_E_UNSUPPORTED, "cpu backend: head dim %d (rope %d) is outside what qk_norm_rope supports",
+                      D, 2 * half);
+    qkv_job j = {qkv->data, q->data, k->data, v->data, qn, kn, cos, sin, heads, D, half,
+                 qkv->ld, q->ld, k->ld, v->ld, eps};
+    h3_parallel_for(pool_of(be), qkv->rows, 4, qkv_task, &j);
+    return 0;
+}
+
+typedef struct {
+    float *x;
+    const float *y;
+    h3_bmod mod;
+    int64_t n, ldx, ldy;
+} gate_job;
+
+static void gate_task(void *a, int64_t b, int64_t e, int thread)
+{
+    gate_job *j = a;
+    (void)thread;
+    for (int64_t r = b; r < e; r++) {
+        const float *g =
+            j->mod.tab ? j->mod.tab + ((int64_t)j->mod.row_entry[r] * j->mod.stride + j->mod.slot) * j->n : NULL;
+        h3_gated_add(j->x + r * j->ldx, g, j->y + r * j->ldy, j->n);
+    }
+}
+
+static int cpu_gated_add(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *mod)
+{
+    int rc;
+    if ((rc = need_f32("gated_add", x)) || (rc = need_f32("gated_add", y))) return rc;
+    gate_job j = {x->data, y->data, {0}, x->cols, x->ld, y->ld};
+    if (mod) j.mod = *mod;
+    h3_parallel_for(pool_of(be), x->rows, 8, gate_task, &j);
+    return 0;
+}
+
+static int cpu_swiglu(h3_backend *be, const h3_bt *gate, const h3_bt *up, const h3_bt *out)
+{
+    int rc;
+    if ((rc = need_f32("swiglu", gate)) || (rc = need_f32("swiglu", up)) || (rc = need_f32("swiglu", out))) return rc;
+    h3_swiglu(pool_of(be), gate->data, gate->ld, up->data, up->ld, out->data, out->ld, out->rows, out->cols);
+    return 0;
+}
+
+typedef struct {
+    float *dst;
+    const float *src;
+    const int64_t *idx;
+    int64_t n, ldd, lds;
+} scatter_job;
+
+static void scatter_task(void *a, int64_t b, int64_t e, int thread)
+{
+    scatter_job *j = a;
+    (void)thread;
+    for (int64_t i = b; i < e; i++)
+        memcpy(j->dst + j->idx[i] * j->ldd, j->src + i * j->lds, sizeof(float) * (size_t)j->n);
+}
+
+static int cpu_scatter_rows(h3_backend *be, const h3_bt *src, const int64_t *idx, const h3_bt *dst)
+{
+    int rc;
+    if ((rc = need_f32("scatter_rows", src)) || (rc = need_f32("scatter_rows", dst))) return rc;
+    scatter_job j = {dst->data, src->data, idx, src->cols, dst->ld, src->ld};
+    h3_parallel_for(pool_of(be), src->rows, 16, scatter_task, &j);
+    return 0;
+}
+
+static int cpu_euler(h3_backend *be, float *x, const float *v, int64_t n, float t, float sigma, float sigma_next)
+{
+    (void)be;
+    h3_sched_euler(x, v, n, t, sigma, sigma_next);
+    return 0;
+}
+
+static int cpu_noise(h3_backend *be, uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n)
+{
+    (void)be;
+    h3_noise(seed, stream, offset, out, n);
+    return 0;
+}
+
+static const h3_backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .mem_info = cpu_mem_info,
+    .weight_load = cpu_weight_load,
+    .weight_free = cpu_weight_free,
+    .linear = cpu_linear,
+    .attention = cpu_attention,
+    .norm_mod = cpu_norm_mod,
+    .qk_norm_rope = cpu_qk_norm_rope,
+    .gated_add = cpu_gated_add,
+    .swiglu = cpu_swiglu,
+    .scatter_rows = cpu_scatter_rows,
+    .euler = cpu_euler,
+    .noise = cpu_noise,
+};
+
+int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)
+{
+    *out = NULL;
+    if (!pool) return h3_err(H3_E_INVALID, "cpu backend: no worker pool");
+    cpu_backend *b = h3_calloc(1, sizeof *b);
+    if (!b) return -H3_E_NOMEM;
+    b->base.ops = &cpu_ops;
+    b->base.act_dtype = H3_DT_F32;
+    b->pool = pool;
+    snprintf(b->base.desc, sizeof b->base.desc, "cpu (%s kernels, %d threads)", h3_kernels_variant(),
+             h3_pool_threads(pool));
+    *out = &b->base;
+    return 0;
+}

@@ -1,0 +1,60 @@
+/* Render geometry (see geometry.h). */
+#include "core/geometry.h"
+
+#include <math.h>
+
+void h3_geom_cfg_default(h3_geom_cfg *g)
+{
+    g->spatial = 16;
+    g->temporal = 4;
+    g->clip = 17;
+    g->patch_h = g->patch_w = 2;
+    g->sample_rate = 32000;
+    g->hop = 800;
+}
+
+void h3_geom_cfg_of_model(h3_model *m, h3_geom_cfg *g)
+{
+    h3_geom_cfg_default(g);
+    h3_vvae_cfg vv;
+    if (m->comp[H3_COMP_VIDEO_VAE].present && h3_vvae_cfg_load(m, &vv) == 0) {
+        g->spatial = vv.spatial;
+        g->temporal = vv.temporal;
+        g->clip = vv.clip_length;
+    }
+    h3_avae_cfg av;
+    if (m->comp[H3_COMP_AUDIO_VAE].present && h3_avae_cfg_load(m, &av) == 0) {
+        int hop = 1;
+        for (int i = 0; i < av.n_up; i++) hop *= av.rates[i];
+        g->sample_rate = av.sample_rate;
+        g->hop = hop;
+    }
+    h3_dit_cfg dc;
+    if (m->comp[H3_COMP_TRANSFORMER].present && h3_dit_cfg_load(m, &dc) == 0) {
+        g->patch_h = dc.patch[1];
+        g->patch_w = dc.patch[2];
+    }
+    h3_err_clear();
+}
+
+static int chunk_of(const h3_geom_cfg *g) { return (g->clip + g->temporal - 1) / g->temporal; }
+
+int h3_geom_align_frames(const h3_geom_cfg *g, int frames)
+{
+    const int chunk = chunk_of(g);
+    while (frames % g->clip != chunk) frames++;
+    return frames;
+}
+
+void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int frames, int64_t prompt_tokens, h3_geom *out)
+{
+    const int chunk = chunk_of(g);
+    out->frames = h3_geom_align_frames(g, frames);
+    out->lat_t = (out->frames - chunk) / g->clip * chunk + 2;
+    out->lat_h = height / g->spatial;
+    out->lat_w = width / g->spatial;
+    /* diffusers' audio_latent_num_frames: round(frames / fps * latent rate). */
+    out->audio_lat = (int)lround((double)out->frames / H3_FPS * ((double)g->sample_rate / g->hop));
+    out->video_tokens = (int64_t)out->lat_t * (out->lat_h / g->patch_h) * (out->lat_w / g->patch_w);
+    out->seq = prompt_tokens + 2LL * out->audio_lat + out->video_tokens;
+}

@@ -1,0 +1,38 @@
+/*
+ * Render geometry, the single source of truth for how a request's pixels, frames and seconds map
+ * to latents and packed rows: frame alignment to the video VAE's clip_length * n + chunk (17n + 5
+ * for H3), the spatial ratio and patching, 24 fps, and the audio latent rate (sample rate / hop).
+ * The pipeline, the memory estimate and (through h3_plan) Python all use it.
+ */
+#ifndef H3_GEOMETRY_H
+#define H3_GEOMETRY_H
+
+#include "core/internal.h"
+
+#define H3_FPS 24
+
+typedef struct h3_geom_cfg {
+    int spatial, temporal, clip;   /* video VAE: 16, 4, 17 for the release */
+    int patch_h, patch_w;          /* transformer patch (2, 2) */
+    int sample_rate, hop;          /* audio VAE: 32000 Hz, 800 samples per latent */
+} h3_geom_cfg;
+
+typedef struct h3_geom {
+    int frames;                    /* aligned up */
+    int lat_t, lat_h, lat_w;       /* video latents */
+    int audio_lat;                 /* audio latents per stereo side */
+    int64_t video_tokens, seq;     /* generated video rows; text + audio + video rows */
+} h3_geom;
+
+/* The release's geometry (used for components a model lacks). */
+H3_INTERNAL void h3_geom_cfg_default(h3_geom_cfg *g);
+/* The model's geometry: each present, parsable component's config overrides the defaults (a
+   broken config is reported later by the stage that needs it; this never fails). */
+H3_INTERNAL void h3_geom_cfg_of_model(h3_model *m, h3_geom_cfg *g);
+/* Frames of a clip: `frames` aligned up to clip * n + ceil(clip / temporal). */
+H3_INTERNAL int h3_geom_align_frames(const h3_geom_cfg *g, int frames);
+/* Latent and row counts of a width x height, `frames`-frame render with `prompt_tokens` tokens. */
+H3_INTERNAL void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int frames, int64_t prompt_tokens,
+                              h3_geom *out);
+
+#endif /* H3_GEOMETRY_H */

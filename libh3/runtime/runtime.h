@@ -1,0 +1,67 @@
+/*
+ * The runtime: what a render needs between calls (worker pool, backends, tokenizer, prompt cache,
+ * transformer, the prepared request) and the pipeline that drives the stages. The API layer
+ * (api/) owns one h3_runtime inside each context and hands it down; nothing here knows the
+ * context, and the stages (models/) receive only the model, a pool or backend and a progress
+ * hook.
+ */
+#ifndef H3_RUNTIME_H
+#define H3_RUNTIME_H
+
+#include "backend/backend.h"
+#include "core/internal.h"
+
+struct h3_pool;
+struct h3_dit;
+struct h3_render;
+struct h3_text_cache;
+struct h3_tokenizer;
+
+typedef struct h3_runtime {
+    h3_model *model;
+    int threads;
+    unsigned flags;            /* H3_OPT_* (environment overrides already applied) */
+    h3_progress_fn progress;   /* h3_set_progress */
+    void *progress_user;
+    struct h3_pool *pool;      /* host workers, created on first use */
+    h3_backend *cpu;           /* the CPU backend over `pool`, created on first use */
+    h3_backend *gpu;           /* a GPU backend when the device asks for one (owned here) */
+    struct h3_tokenizer *tokenizer;   /* loaded on first prepare */
+    struct h3_text_cache *text_cache; /* prompt embeddings, created on first use */
+    struct h3_dit *dit;        /* the transformer, opened on first use */
+    struct h3_render *render;  /* the prepared request */
+} h3_runtime;
+
+/* The host worker pool (NULL + error when it cannot be created). */
+H3_INTERNAL struct h3_pool *h3_rt_pool(h3_runtime *rt);
+/* The backend the transformer and sampler run on: the GPU backend if one is set, else the CPU. */
+H3_INTERNAL int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out);
+/* The transformer, opened on first use on the transformer's backend. */
+H3_INTERNAL int h3_rt_dit(h3_runtime *rt, struct h3_dit **out);
+/* Close the transformer and let its pages go (a render's decode does this first). */
+H3_INTERNAL void h3_rt_release_dit(h3_runtime *rt);
+/* Everything the runtime holds (the model stays: it belongs to the caller). */
+H3_INTERNAL void h3_rt_free(h3_runtime *rt);
+H3_INTERNAL int h3_rt_progress(h3_runtime *rt, const char *phase, int done, int total);
+
+/* Prompt cache (text_cache.c): the cached text encoder and its statistics. */
+H3_INTERNAL int h3_rt_text_encode(h3_runtime *rt, const int32_t *ids, int n, float *out);
+H3_INTERNAL int h3_rt_text_cache_stats(h3_runtime *rt, h3_text_cache_stats *out);
+H3_INTERNAL int h3_rt_text_cache_set_budget(h3_runtime *rt, uint64_t bytes);
+H3_INTERNAL void h3_rt_text_cache_clear(h3_runtime *rt);
+
+/* The render pipeline (pipeline.c): the bodies of h3_plan / h3_prepare / h3_step / ... */
+H3_INTERNAL int h3_rt_plan(h3_runtime *rt, const h3_request *request, h3_render_info *out);
+H3_INTERNAL int h3_rt_prepare(h3_runtime *rt, const h3_request *request);
+H3_INTERNAL int h3_rt_step(h3_runtime *rt);
+H3_INTERNAL int h3_rt_render_info(h3_runtime *rt, h3_render_info *out);
+H3_INTERNAL int h3_rt_get_latents(h3_runtime *rt, float *video, float *audio);
+H3_INTERNAL int h3_rt_prompt_tokens(h3_runtime *rt, int32_t *ids, int cap);
+H3_INTERNAL int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm);
+H3_INTERNAL void h3_rt_render_free(h3_runtime *rt);
+
+/* Peak-memory estimate per phase as a JSON object (memory.c); the caller frees the string. */
+H3_INTERNAL char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags, int width, int height,
+                                        int frames, int prompt_tokens);
+
+#endif /* H3_RUNTIME_H */

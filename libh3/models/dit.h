@@ -3,19 +3,20 @@
  *
  * The end-to-end context API is built on this header. A request runs as
  *
- *     h3_dit_open(model, pool, &dit)                 weights mapped, small vectors widened to f32
+ *     h3_dit_open(model, pool, backend, flags, &dit)  weights made backend-resident, vectors f32
  *     h3_dit_layout_t2va(cfg, ..., &layout)           packed rows, tags, fp64 RoPE grid
  *     h3_dit_set_layout(dit, &layout)                 RoPE cos/sin tables for that layout
  *     h3_dit_set_text(dit, prompt_embeds, n)          condition_proj + token refiner, once per prompt
  *     h3_dit_prepare_schedule(dit, steps, ...)        sigmas + AdaLN tables of every step, then the
  *                                                     adaln_proj weights are released
- *     h3_noise_fill / injected noise -> h3_dit_patchify_video / h3_dit_pack_audio -> rows
+ *     h3_noise_fill / injected noise -> h3_dit_patchify_video / h3_dit_pack_audio -> rows, uploaded
  *     while (h3_dit_step(dit, i++, video_rows, audio_rows) > 0) ...   one forward + Euler per call
- *     h3_dit_unpatchify_video / h3_dit_unpack_audio -> latents for the decoders
+ *     rows downloaded -> h3_dit_unpatchify_video / h3_dit_unpack_audio -> latents for the decoders
  *
  * Everything follows diffusers 0.42.1 (MiniMaxH3Transformer3DModel, MiniMaxH3Scheduler and the
- * modular pipeline's layout/timestep plan) and computes in f32; bf16/f16 weights are widened on
- * the fly by h3_linear.
+ * modular pipeline's layout/timestep plan). On the CPU backend it computes in f32 (bf16/f16
+ * weights are widened on the fly by h3_linear); on a GPU backend GEMMs and attention take bf16
+ * operands with f32 accumulation and the residual stream stays f32 (backend/backend.h).
  */
 #ifndef H3_DIT_H
 #define H3_DIT_H

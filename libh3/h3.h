@@ -108,9 +108,11 @@ H3_API void h3_options_default(h3_options *o);
 /*
  * The backends this build of libh3 has and what they find, as a JSON object owned by the library
  * (valid until the next call of this function):
- * {"cpu": {"available": true, "kernels": "avx2"}, "cuda": {"built": true|false, "available":
- * true|false, "device": "NVIDIA H200", "compute_capability": "9.0", "memory_bytes": N,
- * "reason": "why not available"}}. Initialises the CUDA driver when the backend is built.
+ * {"cpu": {"available": true, "kernels": "avx2", "features": "x86-64 avx2 fma f16c"},
+ *  "cuda": {"built": true|false, "available": true|false, "device": "cuda (NVIDIA H200, sm_90,
+ *  139.8 GiB)", "compute_capability": "9.0", "memory_bytes": N, "free_bytes": N, "reason": "why
+ *  not available" (only when not available)}}. Initialises the CUDA driver when the backend is
+ * built; not thread-safe (call it once, from one thread).
  */
 H3_API const char *h3_backends_json(void);
 
@@ -327,7 +329,11 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
  * Transformer profile as a JSON object owned by the context (valid until the next call):
  * adaln_weight_bytes (bytes of the adaln_proj tensors, released after the precompute),
  * adaln_table_bytes (the precomputed tables that replace them), adaln_released, steps, kernels,
- * threads and timings in milliseconds (open, refine, prepare, forward last/min/mean).
+ * threads and timings in milliseconds (open, refine, prepare, forward last/min/mean), and the
+ * transformer's work since the last prepared schedule: "evaluations" (forwards run by steps),
+ * "block_runs" (forwards that ran the block stack; fewer with core reuse), "skipped_steps" (steps
+ * that ran no forward), "layers_run" (blocks per forward) and "transformer_ms" (time in the steps,
+ * cache tests included).
  */
 H3_API const char *h3_dit_profile_json(h3_ctx *ctx);
 
@@ -448,7 +454,54 @@ typedef struct h3_request {
     const float *video_noise; /* optional */
     const float *audio_noise; /* optional */
     int32_t vae_tile_px;      /* video decoder tile size in pixels, 0 = the model's (256 for H3) */
+    /*
+     * Speed knobs. Zero (the default) turns each off, and a render with every knob off is bit for
+     * bit the render without them. They trade quality for transformer time; the h3ctl presets
+     * combine them with measured costs. Conflicting or out-of-range values fail h3_plan and
+     * h3_prepare with H3_E_INVALID before any work.
+     *  reuse R >= 2: run the transformer at step s only when s = 0, s = the last step or
+     *    s mod R = 0; other steps extrapolate each modality's velocity from the last two
+     *    evaluations, v = v1 + r (v1 - v0), r = (sigma_s - sigma_1) / (sigma_1 - sigma_0) clamped
+     *    to [-2, 2] (after a single evaluation, v = v1).
+     *  core_reuse K >= 2: the block stack runs on the first transformer call, every K-th call and
+     *    the last step; other calls add the residual h_out - h_in of the last full run to their
+     *    input (patch projections, text rows, final norm and heads are still computed). Exclusive
+     *    with reuse.
+     *  layers M: run M of the model's blocks (0 = all): the first two, the last, and the others
+     *    ranked by layer_policy. The dropped blocks' weights and modulation tables are never loaded.
+     *    At least 3 (or the model's block count when smaller).
+     *  layer_policy: H3_LAYERS_GATE keeps the blocks whose AdaLN gates (the two gate slots, mean
+     *    |value| over the request's modalities and steps) are largest; H3_LAYERS_UNIFORM spaces
+     *    them evenly.
+     *  token_reduction 1: in the middle blocks (4 to 30 of 50, to 40 during the first 10 steps,
+     *    scaled to the model's depth) horizontally adjacent target-video tokens are averaged into
+     *    one (RoPE at the pair's mean position) and restored afterwards as the entry state plus the
+     *    pair's change; text, audio and conditioning rows are never pooled.
+     *  render_width x render_height: the canvas the transformer and the decoders run at (0 = the
+     *    output size). Same aspect as width x height, not larger, and valid on its own; decoded
+     *    frames are resized to width x height with a Lanczos-3 filter.
+     *  cache_threshold X > 0: skip the transformer at a step while the relative change of the first
+     *    block's modulated input, accumulated since the last evaluation, stays below X, reusing the
+     *    last velocity (the first and last steps always run). Exclusive with reuse.
+     *  lora_paths / lora_scales / n_lora: LoRA files (safetensors, diffusers or ComfyUI / original
+     *    key names) merged into the transformer's weights when it loads, each delta scaled by its
+     *    scale (NULL = 1 each) and by the file's alpha / rank where it records one.
+     */
+    int32_t reuse;
+    int32_t core_reuse;
+    int32_t layers;
+    int32_t layer_policy;
+    int32_t token_reduction;
+    int32_t render_width, render_height;
+    float cache_threshold;
+    const char *const *lora_paths;
+    const float *lora_scales;
+    int32_t n_lora;
 } h3_request;
+
+/* h3_request.layer_policy */
+#define H3_LAYERS_GATE 0
+#define H3_LAYERS_UNIFORM 1
 
 /* Defaults: 128x128, 22 frames, 20 steps, seed 42 (h3-tiny's render), the model's VAE tiles. */
 H3_API void h3_request_default(h3_request *r);
@@ -460,8 +513,9 @@ H3_API void h3_request_default(h3_request *r);
  */
 H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request);
 
-/* One Euler transition (one transformer forward). Returns the steps left (0 when done) or a
-   negative H3_E* code. Progress phase "denoise" (done of total steps). */
+/* One Euler transition (one transformer forward, or none when a speed knob skips the step).
+   Returns the steps left (0 when done) or a negative H3_E* code. Progress phase "denoise" (done
+   of total steps). */
 H3_API int h3_step(h3_ctx *ctx);
 
 /* Shapes of the prepared request: output buffers for h3_decode are rgb [frames, height, width, 3]

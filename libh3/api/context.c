@@ -186,7 +186,8 @@ H3_API const char *h3_backends_json(void)
         be->ops->mem_info(be, &fr, &tot);
         h3_buf_printf(&b, ", \"available\": true, \"device\": ");
         h3_buf_json_str(&b, be->desc);
-        h3_buf_printf(&b, ", \"memory_bytes\": %llu, \"free_bytes\": %llu", (unsigned long long)tot,
+        h3_buf_printf(&b, ", \"compute_capability\": \"%d.%d\", \"memory_bytes\": %llu, \"free_bytes\": %llu",
+                      be->compute_capability / 10, be->compute_capability % 10, (unsigned long long)tot,
                       (unsigned long long)fr);
         h3_backend_destroy(be);
     } else {

@@ -61,12 +61,12 @@ H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int 
     h3_video_decode_opts o;
     int rc = read_opts(opts, &o);
     if (rc) return rc;
-    h3_pool *pool = h3_rt_pool(&ctx->rt);
-    if (!pool) return -H3_E_NOMEM;
+    h3_backend *be;
+    if ((rc = h3_rt_cpu_backend(&ctx->rt, &be))) return rc;
     /* No hook in the options: the context's (h3_set_progress), as every other stage reports. */
     h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels,
                           o.progress ? o.progress : ctx->rt.progress, o.progress ? o.user : ctx->rt.progress_user};
-    rc = h3_vvae_decode(&ctx->model, pool, &rq);
+    rc = h3_vvae_run(&ctx->model, be, &rq);
     if (!rc) h3_err_clear();
     return rc;
 }
@@ -99,7 +99,8 @@ H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int 
                            int64_t pcm_capacity, h3_progress_fn progress, void *user)
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
-    h3_pool *pool = h3_rt_pool(&ctx->rt);
-    if (!pool) return -H3_E_NOMEM;
-    return h3_avae_decode(&ctx->model, pool, latents, channels, latent_frames, pcm, pcm_capacity, progress, user);
+    h3_backend *be;
+    int rc = h3_rt_cpu_backend(&ctx->rt, &be);
+    if (rc) return rc;
+    return h3_avae_run(&ctx->model, be, latents, channels, latent_frames, pcm, pcm_capacity, progress, user);
 }

@@ -13,6 +13,14 @@ static int ctx_dit(h3_ctx *ctx, h3_dit **out)
     return h3_rt_dit(&ctx->rt, out);
 }
 
+/* The public transformer calls compute the released model: a transformer a render opened with LoRA
+   files merged is reopened without them. */
+static int ctx_dit_plain(h3_ctx *ctx, h3_dit **out)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    return h3_rt_dit_for(&ctx->rt, NULL, out);
+}
+
 H3_API int h3_sigma_schedule(int steps, double shift, float *sigmas, float *timesteps)
 {
     if (!sigmas) return h3_err(H3_E_INVALID, "schedule: NULL sigmas buffer");
@@ -65,7 +73,7 @@ H3_API int h3_dit_forward(h3_ctx *ctx, const float *hidden_states, int64_t num_v
                           float *audio_sample)
 {
     h3_dit *d;
-    int rc = ctx_dit(ctx, &d);
+    int rc = ctx_dit_plain(ctx, &d);
     if (rc) return rc;
     if (!encoder_hidden_states || !timestep || !timestep_indices || !token_tags || !position_ids ||
         !text_indices || (num_video_rows && (!hidden_states || !video_indices || !sample)) ||
@@ -100,7 +108,7 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
                           float *latents, float *audio_latents_io)
 {
     h3_dit *d;
-    int rc = ctx_dit(ctx, &d);
+    int rc = ctx_dit_plain(ctx, &d);
     if (rc) return rc;
     if (!prompt_embeds || !latents || !audio_latents_io) return h3_err(H3_E_INVALID, "denoise: NULL buffer");
     const h3_dit_cfg *c = h3_dit_config(d);
@@ -164,7 +172,16 @@ H3_API const char *h3_dit_profile_json(h3_ctx *ctx)
     for (int i = 0; i < H3_DIT_PARTS; i++)
         h3_buf_printf(&b, "%s\"%s\": %.3f", i ? ", " : "", h3_dit_part_name(i),
                       s.forwards ? s.part_ms[i] / s.forwards : 0.0);
-    h3_buf_printf(&b, "}}");
+    h3_buf_printf(&b, "}, \"evaluations\": %d, \"block_runs\": %d, \"skipped_steps\": %d, \"layers_run\": %d, "
+                      "\"transformer_ms\": %.3f, \"forward_ms_total\": %.3f, \"stack_ms_min\": %.3f, "
+                      "\"stack_ms_mean\": %.3f, \"blocks\": [",
+                  s.forwards, s.block_runs, s.skipped_steps, s.layers_run, s.transformer_ms, s.forward_ms_total,
+                  s.stack_ms_min, s.block_runs ? s.stack_ms_total / s.block_runs : 0.0);
+    int n_run;
+    int64_t reduced;
+    const int *run = h3_dit_blocks_run(d, &n_run, &reduced);
+    for (int i = 0; i < n_run; i++) h3_buf_printf(&b, "%s%d", i ? ", " : "", run[i]);
+    h3_buf_printf(&b, "], \"reduced_sequence\": %lld}", (long long)reduced);
     if (b.oom) {
         h3_buf_free(&b);
         h3_err(H3_E_NOMEM, "out of memory");

@@ -77,6 +77,45 @@ typedef struct h3_bmod {
     int stride, slot;
 } h3_bmod;
 
+/* The alias-free activation of BigVGAN (`snake_aa`) always resamples by 2 with 12-tap filters
+   (diffusers' MiniMaxH3AudioActivation1d; the audio decoder checks the stored filters' shape). */
+#define H3_AA_RATIO 2
+#define H3_AA_TAPS 12
+
+/* Where output row m of `snake_aa` goes: a phased, zero-margined buffer, the input of a dilated
+   convolution run as one `conv_gemm` per phase. Phase r = m % d holds rows r, r + d, ...
+   contiguously from row r * phase_rows + margin of p; the op writes zeros to every other row of
+   the d * phase_rows rows. d = 1: a plain buffer with `margin` zero rows before the data and zero
+   rows after it. Rows are as wide as the activation has channels. */
+typedef struct h3_bphased {
+    float *p;
+    int d;
+    int64_t phase_rows, margin;
+} h3_bphased;
+
+/* One decoded tile of the video decoder and where it lands (`vae_stitch`). The tile, the strips
+   and the carried frames are backend memory; rgb and pixels are the caller's host buffers. */
+typedef struct h3_bstitch {
+    const float *tile;       /* [K][C][th][tw]: the window's K = keep0 + keep1 kept frames */
+    float *above;            /* bottom strips kept for the tiles below: [slot][K][C][max_ovy][tw] */
+    float *left;             /* right strips kept for the tiles to the right: [slot][K][C][th][max_ovx] */
+    float *carry;            /* the previous window's keep1 overlap frames, whole canvas: [keep1][C][H][W] */
+    int C, K, keep0, keep1;  /* channels; frames of the window: keep0 its own, keep1 shared with the next */
+    int blend_t;             /* leading frames cross-faded with the previous window's carry */
+    int th, tw, max_ovy, max_ovx;
+    int H, W, frames;        /* canvas and output frame count (frames past it are dropped) */
+    int window, windows;     /* this window, and how many */
+    int y0, x0;              /* the tile's origin on the canvas */
+    int own_h, own_w;        /* rows and columns it owns (the rest is the next tiles' overlap) */
+    int ov_top, ov_left;     /* overlap with the tile above / to the left, blended in (0: none) */
+    int ov_bottom, ov_right; /* overlap with the tile below / to the right, saved as strips (0: none) */
+    int slot_above, slot_left; /* strip slots read (the neighbour's), then overwritten (this tile's) */
+    bool raw;                /* pixels [C][frames][H][W] as decoded; else [frames][H][W][C] in [0, 1] */
+    uint8_t *rgb;            /* [frames][H][W][C] or NULL: the processor's round(clamp(x * std + mean) * 255) */
+    float *pixels;           /* or NULL */
+    const float *pix_mean, *pix_std; /* [C], host: de-normalisation of rgb and non-raw pixels */
+} h3_bstitch;
+
 typedef struct h3_backend_ops {
     const char *name; /* "cpu", "cuda" */
     void (*destroy)(h3_backend *be);
@@ -113,12 +152,18 @@ typedef struct h3_backend_ops {
        y->rows rows are written. */
     int (*norm_mod)(h3_backend *be, const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod,
                     float eps, const h3_bt *y);
-    /* Per row and head of qkv [L, heads * 3D] (per head [q | k | v]): RMS-normalise q and k with
-       qn/kn [D] (eps), rotate-half RoPE over the first 2*half dims with cos/sin [L, half] (NULL:
-       no rotation), and write q, k, v [L, heads*D]. */
-    int (*qk_norm_rope)(h3_backend *be, const h3_bt *qkv, const float *qn, const float *kn, const float *cos,
-                        const float *sin, int heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k,
-                        const h3_bt *v);
+    /* Per row r: RMS-normalise each of the `heads` query heads of qin and the `kv_heads` key heads
+       of kin over D values with qn / kn [D] (eps; NULL: no weight), rotate-half RoPE of their first
+       2*half dims by row r of cos/sin [rows, half] (NULL: no rotation), and write them head-major
+       to q [rows, heads*D] and k [rows, kv_heads*D] (head h at columns [h*D, (h+1)*D)); vin's
+       kv_heads heads, when vin is not NULL, are copied to v [rows, kv_heads*D] the same way.
+       Head h of an input row starts h * hs elements into it: hs = 3*D for the transformer's
+       per-head interleaved [q | k | v] rows (qin, kin, vin then view the same rows at offsets 0,
+       D and 2D), hs = D for separate projections (the text encoder, GQA; qin may be q and kin
+       may be k: in place). The mean square is summed as norm_mod sums it. */
+    int (*qk_norm_rope)(h3_backend *be, const h3_bt *qin, const h3_bt *kin, const h3_bt *vin, int hs,
+                        const float *qn, const float *kn, const float *cos, const float *sin, int heads,
+                        int kv_heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v);
     /* x[r] += g[r] * y[r] (g from the modulation table, or 1 when mod->tab is NULL); x, y f32. */
     int (*gated_add)(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *mod);
     /* out = SiLU(gate) * up, element-wise over rows x cols (out may alias gate). */
@@ -131,12 +176,91 @@ typedef struct h3_backend_ops {
     /* out[i] = libh3's standard normal noise, element offset + i of stream (seed, stream), bit
        identical to h3_noise on the host. */
     int (*noise)(h3_backend *be, uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n);
+
+    /* ---- speed knobs: the arithmetic of step reuse, core reuse, token reduction and the step
+       cache (models/dit.c). All f32, element-wise or row-wise; the CPU versions are in
+       backend/cpu/cpu_extra.c. ---- */
+    /* out[i] = a[i] + r * (a[i] - b[i]) over n values, rounded in that order (difference, product,
+       sum; no fused multiply-add), so every backend gives the CPU's bits. b = NULL: out[i] = a[i],
+       a copy inside backend memory. out may alias a or b. Step reuse extrapolates the velocity with
+       it (a = v_last, b = v_prev); the caches snapshot the residual stream with it. */
+    int (*extrapolate)(h3_backend *be, float *out, const float *a, const float *b, int64_t n, float r);
+    /* out[i] = a[i] - b[i] over n values (out may alias a or b): core reuse's residual h_out - h_in. */
+    int (*sub)(h3_backend *be, float *out, const float *a, const float *b, int64_t n);
+    /* Token pooling. pairs (backend memory) holds dst->rows pairs (p0, p1) of src rows: dst row j =
+       (src[p0] + src[p1]) * 0.5f (sum rounded, then halved), or a copy of src[p0] when p1 < 0.
+       Rows of src->cols values; dst must not alias src. */
+    int (*pool_pairs)(h3_backend *be, const h3_bt *src, const int64_t *pairs, const h3_bt *dst);
+    /* Token restoring after pool_pairs, for the red->rows pairs: `full` holds the full-resolution
+       snapshot taken before pooling. A pair (p1 >= 0): full[p0] += d and full[p1] += d with
+       d = red[j] - base[j] (rounded first), base being the pooled rows as they entered the reduced
+       blocks; a single row (p1 < 0): full[p0] = red[j], exact. full must not alias red or base. */
+    int (*unpool_pairs)(h3_backend *be, const h3_bt *red, const h3_bt *base, const int64_t *pairs,
+                        const h3_bt *full);
+    /* *diff = sum |a[i] - b[i]| and *ref = sum |b[i]| over n values, accumulated in double in an
+       order fixed for the backend (the CPU: blocks of 4096 values, each summed in index order, then
+       the blocks in order), so a result never depends on the thread count. Returns with both sums
+       on the host. The step cache's relative-change test. */
+    int (*abs_diff_sum)(h3_backend *be, const float *a, const float *b, int64_t n, double *diff, double *ref);
+
+    /* ---- the text encoder's and the decoders' ops (models/text_encoder.c, video_vae.c,
+       audio_vae.c; the text encoder needs nothing beyond the ops above). The CPU versions are in
+       backend/cpu/cpu_models.c. ---- */
+    /* y = LayerNorm(x) * w + b per row over n = x->cols: mean, then variance, each summed in double
+       in index order; w, b f32 [n] (NULL: 1, 0). y may alias x. */
+    int (*layernorm)(h3_backend *be, const h3_bt *x, const float *w, const float *b, float eps, const h3_bt *y);
+    /* dst = src: rows x cols f32 values between two views that do not overlap. */
+    int (*copy)(h3_backend *be, const h3_bt *src, const h3_bt *dst);
+    /* y = (y + x) / div element-wise: the sum rounded, then a true division (diffusers divides the
+       sum of the resblocks by their count; a product with 1/div rounds differently). */
+    int (*add_div)(h3_backend *be, const h3_bt *y, const h3_bt *x, float div);
+    /* The decoders' input: a box of channel-first latents to channel-last rows, de-normalised.
+       Column c of row (t * ny + i) * nx + j of y (y->cols = C channels) is
+       x[c * cs + min(t, t_avail - 1) * ts + i * rs + j] * scale[c] + shift[c], the product rounded
+       before the sum, for t < nt, i < ny, j < nx: frames from t_avail on repeat the last one (the
+       video decoder's padding of a short last window). x, scale and shift are host memory (the
+       caller's latents, the config's statistics); y is backend memory. */
+    int (*channels_last)(h3_backend *be, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt, int t_avail,
+                         int ny, int nx, const float *scale, const float *shift, const h3_bt *y);
+    /* Un-patchify: row i of src is token tok0 + i of a (t, gh, gw) token grid in that order and
+       holds [C][pt][ps][ps] values. Value (c, a, by, bx) of token (t, y, x) goes to frame
+       f = fmap[t * pt + a] of dst [frames][C][gh * ps][gw * ps], at row y * ps + by and column
+       x * ps + bx; f < 0 drops it. fmap: int32, backend memory. */
+    int (*unpatchify)(h3_backend *be, const h3_bt *src, int64_t tok0, int gh, int gw, int C, int pt, int ps,
+                      const int32_t *fmap, float *dst);
+    /* Blend a decoded tile into the video as diffusers' `_stitch_tiles` then `_decode` do, over the
+       rows and columns it owns (see h3_bstitch): the top overlap with the tile above, then the left
+       overlap with the tile to the left (weights 1 - p/n and p/n, p the distance into the overlap,
+       each product rounded before the sum), then the window's first blend_t frames cross-faded with
+       the previous window's carry the same way. Its own frames go to the outputs, the overlap
+       frames of a window that is not the last to the carry; then the tile's original bottom and
+       right strips are saved for its neighbours. */
+    int (*vae_stitch)(h3_backend *be, const h3_bstitch *s);
+    /* BigVGAN's alias-free SnakeBeta (diffusers' MiniMaxH3AudioActivation1d) on x [L, C],
+       time-major with x->ld == C: upsampling by H3_AA_RATIO with fup (a transposed convolution,
+       edges replicated), v + rb[c] * sin^2(a[c] * v), low-pass downsampling by H3_AA_RATIO with
+       fdown (edges replicated). Output row m goes to dst (h3_bphased; its zeros included).
+       a = exp(alpha), rb = 1 / (exp(beta) + 1e-9): f32 [C]; fup, fdown: f32 [H3_AA_TAPS]. */
+    int (*snake_aa)(h3_backend *be, const h3_bt *x, const float *a, const float *rb, const float *fup,
+                    const float *fdown, const h3_bphased *dst);
+    /* Y[m] = bias + W x_m for m < Y->rows, x_m the W->cols floats from X->data + m * X->ld. Unlike
+       `linear`, the windows may overlap (ld < cols): over a zero-margined time-major buffer
+       [time, cin] with ld = cin and W's columns ordered (tap, input channel) this is a 1-D
+       convolution without an im2col copy (a dilated or transposed one runs once per phase). The
+       sums are `linear`'s, at every M (the CPU takes no few-rows shortcut here, so a short clip
+       sums as a long one does). bias f32 [W->rows] or NULL; Y f32, not aliasing X. */
+    int (*conv_gemm)(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
+    /* BigVGAN's conv_post and clamp: y[m] = clamp(w . x_m, -1, 1) for m < X->rows, x_m the X->cols
+       floats from X->data + m * X->ld (overlapping windows as in conv_gemm): one output channel,
+       no bias; NaN passes through. w f32 [X->cols]; y f32 [X->rows]. */
+    int (*conv1_clamp)(h3_backend *be, const h3_bt *X, const float *w, float *y);
 } h3_backend_ops;
 
 struct h3_backend {
     const h3_backend_ops *ops;
     h3_dtype act_dtype; /* dtype of GEMM inputs and attention operands on this backend */
     char desc[160];     /* e.g. "cpu (avx2, 8 threads)", "cuda (NVIDIA H200, sm_90, 139.8 GiB)" */
+    int compute_capability; /* GPUs: major * 10 + minor (90 for Hopper); 0 on the CPU */
 };
 
 /* Host services handed to a backend built as its own shared library (it cannot see libh3's
@@ -154,7 +278,7 @@ typedef int (*h3_backend_create_fn)(const h3_backend_host *host, int device_ordi
 
 /* ---- host side (backend.c) ---- */
 
-struct h3_pool;
+typedef struct h3_pool h3_pool; /* the CPU's worker pool (backend/cpu/ops.h) */
 /* The CPU backend over a worker pool (the pool stays owned by the caller). */
 H3_INTERNAL int h3_backend_cpu_create(struct h3_pool *pool, h3_backend **out);
 /* Load and create the CUDA backend (libh3_cuda next to libh3). Errors: not built, no driver, no

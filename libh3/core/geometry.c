@@ -42,6 +42,9 @@ static int chunk_of(const h3_geom_cfg *g) { return (g->clip + g->temporal - 1) /
 int h3_geom_align_frames(const h3_geom_cfg *g, int frames)
 {
     const int chunk = chunk_of(g);
+    /* n >= 1: a single chunk (5 frames, 2 latent frames for H3) is too short for the video
+       decoder, which needs 3 latent frames. */
+    if (frames < g->clip + chunk) frames = g->clip + chunk;
     while (frames % g->clip != chunk) frames++;
     return frames;
 }

@@ -29,7 +29,7 @@ H3_INTERNAL void h3_geom_cfg_default(h3_geom_cfg *g);
 /* The model's geometry: each present, parsable component's config overrides the defaults (a
    broken config is reported later by the stage that needs it; this never fails). */
 H3_INTERNAL void h3_geom_cfg_of_model(h3_model *m, h3_geom_cfg *g);
-/* Frames of a clip: `frames` aligned up to clip * n + ceil(clip / temporal). */
+/* Frames of a clip: `frames` aligned up to clip * n + ceil(clip / temporal), n >= 1. */
 H3_INTERNAL int h3_geom_align_frames(const h3_geom_cfg *g, int frames);
 /* Latent and row counts of a width x height, `frames`-frame render with `prompt_tokens` tokens. */
 H3_INTERNAL void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int frames, int64_t prompt_tokens,

@@ -950,6 +950,20 @@ static int load_doc(h3_tokenizer *t, const h3_json *d)
     return build_added_index(t);
 }
 
+/* A parsed tokenizer.json -> tokenizer; errors are prefixed with `name`. */
+static h3_tokenizer *load_parsed(h3_json *doc, const char *name)
+{
+    h3_tokenizer *t = h3_calloc(1, sizeof *t);
+    int rc = t ? load_doc(t, doc) : -H3_E_NOMEM;
+    h3_json_free(doc);
+    if (rc) {
+        h3_err_prefix("%s", name);
+        h3_tokenizer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
 h3_tokenizer *h3_tokenizer_load(const char *path)
 {
     if (!path) {
@@ -958,15 +972,26 @@ h3_tokenizer *h3_tokenizer_load(const char *path)
     }
     h3_json doc;
     if (h3_json_parse_file(&doc, path, TOK_MAX_FILE)) return NULL;
-    h3_tokenizer *t = h3_calloc(1, sizeof *t);
-    int rc = t ? load_doc(t, &doc) : -H3_E_NOMEM;
-    h3_json_free(&doc);
-    if (rc) {
-        h3_err_prefix("%s", path);
-        h3_tokenizer_free(t);
+    return load_parsed(&doc, path);
+}
+
+h3_tokenizer *h3_tokenizer_load_buffer(const char *json, size_t len, const char *name)
+{
+    if (!json && len) {
+        h3_err(H3_E_INVALID, "h3_tokenizer_load_buffer: NULL text");
         return NULL;
     }
-    return t;
+    if (!name) name = "<buffer>";
+    if (len > TOK_MAX_FILE) {
+        h3_err(H3_E_FORMAT, "%s: larger than %zu bytes", name, TOK_MAX_FILE);
+        return NULL;
+    }
+    h3_json doc;
+    if (h3_json_parse(&doc, json ? json : "", len)) {
+        h3_err_prefix("%s: malformed JSON", name);
+        return NULL;
+    }
+    return load_parsed(&doc, name);
 }
 
 int32_t h3_tokenizer_vocab_size(h3_tokenizer *t)

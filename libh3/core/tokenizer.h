@@ -42,4 +42,11 @@ H3_INTERNAL unsigned h3u_ccc(uint32_t cp);
  */
 H3_INTERNAL int h3u_nfc(const char *s, size_t n, char **out, size_t *out_n);
 
+/*
+ * h3_tokenizer_load on a tokenizer.json held in memory (`len` bytes, no NUL needed); errors are
+ * prefixed with `name` as h3_tokenizer_load prefixes them with the path. For tests and fuzzing:
+ * the file loader reads the file and runs the same code.
+ */
+H3_INTERNAL h3_tokenizer *h3_tokenizer_load_buffer(const char *json, size_t len, const char *name);
+
 #endif /* H3_TOKENIZER_H */

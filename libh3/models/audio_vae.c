@@ -1,21 +1,24 @@
 /*
- * Audio VAE decoder on CPU: diffusers' AutoencoderKLMiniMaxH3Audio.decode (dec_in_proj, then the
- * BigVGAN decoder) preceded by the per-channel de-normalisation of MiniMaxH3AudioDecodeStep.
- * The two stereo sides are independent batch items, decoded one after the other.
+ * Audio VAE decoder: diffusers' AutoencoderKLMiniMaxH3Audio.decode (dec_in_proj, then the BigVGAN
+ * decoder) preceded by the per-channel de-normalisation of MiniMaxH3AudioDecodeStep. The two
+ * stereo sides are independent batch items, decoded one after the other. Model logic only: every
+ * computation on activations is an op of the backend (backend/backend.h).
  *
- * Data flow per side (activations time-major [time, channels], see audio_vae.h):
+ * Data flow per side (activations time-major [time, channels]):
  *   x*std+mean -> dec_in_proj (1x1) -> conv_pre (k7) -> for each stage: ConvTranspose1d, then the
  *   mean of the stage's AMP blocks -> activation_post -> conv_post -> clamp [-1, 1].
- * Every convolution is one im2col-free GEMM per phase (avae_kern.inc, weights packed once at
- * load): a dilated convolution splits time into `dilation` phases that are ordinary
+ * Every convolution is one im2col-free GEMM per phase (the backend's conv_gemm, weights folded once
+ * at load): a dilated convolution splits time into `dilation` phases that are ordinary
  * convolutions; a transposed convolution of stride u splits its output into u phases that are
  * ordinary convolutions over consecutive input rows. Zero padding is real zero rows around each
- * phase, so a GEMM input row is just a pointer into the activation buffer.
+ * phase, so a GEMM input row is just a pointer into the activation buffer; the activations
+ * (snake_aa) write their output straight into that phased layout.
  *
  * Weight norm is folded at load (w = v * (g / ||v||), the arithmetic of torch's fused CPU
- * kernel) while packing the weights; the file mapping is dropped before decoding starts.
+ * kernel); the file mapping is dropped before decoding starts.
  */
 #include "models/audio_vae.h"
+#include "backend/cpu/cpu_models.h" /* the CPU backend's per-thread scratch, for the memory estimate */
 
 #include <math.h>
 #include <stdio.h>
@@ -23,29 +26,30 @@
 #include <string.h>
 
 #define MAX_FRAMES (1 << 20) /* ~7 hours at 40 Hz: keeps every length well inside int64 */
-#define ACT_TILE 128         /* activation output rows per scratch tile (17 KB: 16 channels at a time) */
-#define ACT_SLOT 3           /* pool scratch slot of the activation tiles (others' kernels use 0-2) */
 #define ACT_COST 40          /* progress units per activation output value, next to 1 per MAC */
 #define PRE_K 7              /* conv_pre / conv_post kernel size (fixed by diffusers) */
 
+/* A convolution weight: host floats [cout][k * cin] (column t * cin + i is tap t of input channel
+   i), weight norm folded in, and the handle the backend made of them (a view on the CPU). */
 typedef struct {
-    h3_avae_pw w; /* [cout][k * cin], packed: column k * cin + i is tap k of input channel i */
-    float *bias;
+    float *host;
+    h3_bw w;
+    float *bias; /* backend f32 [cout] or NULL */
     int cin, cout, k, dil;
 } conv_w;
 
 typedef struct {
     int u, k, p, cin, cout;
-    h3_avae_pw w[64];    /* per output phase r: [cout][ntap[r] * cin], input rows in time order */
+    float *host[64];     /* per output phase r: [cout][ntap[r] * cin], input rows in time order */
+    h3_bw w[64];
     int ntap[64], c[64]; /* phase r reads input rows q + c[r] - ntap[r] + 1 .. q + c[r] */
-    float *bias;
+    float *bias;         /* backend */
 } tconv_w;
 
 typedef struct {
-    int C, tail_period;
-    float *a, *rb;           /* exp(alpha), 1 / (exp(beta) + 1e-9) per channel */
-    float *tail_a, *tail_rb; /* the last C % 8 channels' a and rb repeated to lcm(C % 8, 8) */
-    float fup[H3_AA_TAPS], fdown[H3_AA_TAPS];
+    int C;
+    float *a, *rb;     /* backend [C]: exp(alpha), 1 / (exp(beta) + 1e-9) */
+    float *fup, *fdown; /* backend [H3_AA_TAPS] */
 } act_w;
 
 typedef struct {
@@ -56,11 +60,12 @@ typedef struct {
 
 typedef struct {
     h3_avae_cfg cfg;
+    h3_backend *be;
     conv_w in_proj, pre;
     tconv_w ups[16];
     amp_w *res; /* [n_up * n_res], diffusers' resblocks index i * n_res + j */
     act_w post;
-    float *post_w; /* conv_post folded, [PRE_K * C]: tap k of channel i at k * C + i */
+    float *post_w; /* backend: conv_post folded, [PRE_K * C]: tap k of channel i at k * C + i */
 } decoder;
 
 /* ---- geometry --------------------------------------------------------------------------- */
@@ -189,18 +194,29 @@ static int read_bias(h3_store *s, const char *base, int n, float **out)
     return read_f32(s, name, 1, shape, *out);
 }
 
-/* A packed weight of N outputs and K reduction columns (the packers write every lane). */
-static int pw_alloc(h3_avae_pw *w, int N, int64_t K)
+/* A host array of n floats (freed here) as backend memory, in *dst. */
+static int to_backend(h3_backend *be, float *host, int64_t n, float **dst)
 {
-    size_t n = (size_t)((N + H3_AVAE_NR - 1) / H3_AVAE_NR) * (size_t)K * H3_AVAE_NR;
-    if (!(w->p = h3_alloc_aligned(n * sizeof(float)))) return h3_err(H3_E_NOMEM, "out of memory packing weights");
-    w->N = N, w->K = K;
-    return 0;
+    *dst = h3_backend_dup(be, host, sizeof(float) * (size_t)(n > 0 ? n : 1));
+    free(host);
+    return *dst ? 0 : -H3_E_NOMEM;
 }
 
-/* A Conv1d, weight-normed (`wn`) or plain, with or without bias, packed as [cout][k * cin + i]. */
-static int load_conv(h3_store *s, const char *base, int cout, int cin, int k, int dil, bool wn, bool bias,
-                     conv_w *cv)
+/* The bias of `base` as a backend vector. */
+static int load_bias(h3_backend *be, h3_store *s, const char *base, int n, float **dst)
+{
+    float *host = NULL;
+    int rc = read_bias(s, base, n, &host);
+    if (rc) {
+        free(host);
+        return rc;
+    }
+    return to_backend(be, host, n, dst);
+}
+
+/* A Conv1d, weight-normed (`wn`) or plain, with or without bias, as [cout][k * cin + i]. */
+static int load_conv(h3_backend *be, h3_store *s, const char *base, int cout, int cin, int k, int dil, bool wn,
+                     bool bias, conv_w *cv)
 {
     float *v = falloc((int64_t)cout * cin * k), *scale = falloc(cout);
     int rc = v && scale ? 0 : -H3_E_NOMEM;
@@ -212,27 +228,25 @@ static int load_conv(h3_store *s, const char *base, int cout, int cin, int k, in
         snprintf(name, sizeof name, "%s.weight", base);
         rc = read_f32(s, name, 3, shape, v);
     }
-    if (!rc) rc = pw_alloc(&cv->w, cout, (int64_t)k * cin);
+    if (!rc && !(cv->host = h3_alloc_aligned(sizeof(float) * (size_t)cout * (size_t)cin * (size_t)k))) rc = -H3_E_NOMEM;
     if (!rc) {
-        /* Written in packed order (contiguous stores; 16 read streams, one per output lane). */
-        float *dst = cv->w.p;
-        for (int p = 0; p < cout; p += H3_AVAE_NR)
+        float *dst = cv->host;
+        for (int o = 0; o < cout; o++)
             for (int t = 0; t < k; t++)
-                for (int i = 0; i < cin; i++, dst += H3_AVAE_NR)
-                    for (int l = 0; l < H3_AVAE_NR; l++) {
-                        int o = p + l;
-                        float x = o < cout ? v[((int64_t)o * cin + i) * k + t] : 0.0f;
-                        dst[l] = o < cout && wn ? x * scale[o] : x;
-                    }
+                for (int i = 0; i < cin; i++) {
+                    float x = v[((int64_t)o * cin + i) * k + t];
+                    *dst++ = wn ? x * scale[o] : x;
+                }
+        rc = be->ops->weight_load(be, cv->host, H3_DT_F32, cout, (int64_t)k * cin, &cv->w);
     }
     free(v), free(scale);
     cv->cin = cin, cv->cout = cout, cv->k = k, cv->dil = dil;
-    if (!rc && bias) rc = read_bias(s, base, cout, &cv->bias);
+    if (!rc && bias) rc = load_bias(be, s, base, cout, &cv->bias);
     return rc;
 }
 
 /* ConvTranspose1d [cin, cout, k] with weight norm over dim 0 (input channels), split in phases. */
-static int load_tconv(h3_store *s, const char *base, int cin, int cout, int k, int u, tconv_w *t)
+static int load_tconv(h3_backend *be, h3_store *s, const char *base, int cin, int cout, int k, int u, tconv_w *t)
 {
     t->u = u, t->k = k, t->p = (k - u) / 2, t->cin = cin, t->cout = cout;
     float *v = falloc((int64_t)cin * cout * k), *scale = falloc(cin);
@@ -243,103 +257,116 @@ static int load_tconv(h3_store *s, const char *base, int cin, int cout, int k, i
         t->ntap[r] = n;
         if (!n) continue;
         const int kr = (r + t->p) % u;
-        if ((rc = pw_alloc(&t->w[r], cout, (int64_t)n * cin))) break;
+        if (!(t->host[r] = h3_alloc_aligned(sizeof(float) * (size_t)cout * (size_t)n * (size_t)cin))) {
+            rc = -H3_E_NOMEM;
+            break;
+        }
         /* Column block e holds input row s0 + e, i.e. tap j = n - 1 - e (taps run backwards in
            time); the weight-norm factor belongs to the input channel (dim 0 of [cin, cout, k]). */
-        float *dst = t->w[r].p;
-        for (int p = 0; p < cout; p += H3_AVAE_NR)
+        float *dst = t->host[r];
+        for (int o = 0; o < cout; o++)
             for (int e = 0; e < n; e++) {
                 const int kk = kr + (n - 1 - e) * u;
-                for (int i = 0; i < cin; i++, dst += H3_AVAE_NR)
-                    for (int l = 0; l < H3_AVAE_NR; l++)
-                        dst[l] = p + l < cout ? v[((int64_t)i * cout + p + l) * k + kk] * scale[i] : 0.0f;
+                for (int i = 0; i < cin; i++) *dst++ = v[((int64_t)i * cout + o) * k + kk] * scale[i];
             }
+        rc = be->ops->weight_load(be, t->host[r], H3_DT_F32, cout, (int64_t)n * cin, &t->w[r]);
     }
     free(scale);
     free(v);
-    if (!rc) rc = read_bias(s, base, cout, &t->bias);
+    if (!rc) rc = load_bias(be, s, base, cout, &t->bias);
     return rc;
 }
 
-static int load_act(h3_store *s, const char *base, int C, act_w *a)
+static int load_act(h3_backend *be, h3_store *s, const char *base, int C, act_w *w)
 {
     char name[256];
     int64_t cs[1] = {C}, fs[3] = {1, 1, H3_AA_TAPS};
-    int rc;
-    a->C = C;
-    const int R = C % 8;
-    a->tail_period = R == 0 ? 8 : (R % 4 == 0 ? 2 * R : (R % 2 == 0 ? 4 * R : 8 * R));
-    if (!(a->a = falloc(C)) || !(a->rb = falloc(C)) || !(a->tail_a = falloc(a->tail_period)) ||
-        !(a->tail_rb = falloc(a->tail_period)))
-        return -H3_E_NOMEM;
-    snprintf(name, sizeof name, "%s.act.alpha", base);
-    if ((rc = read_f32(s, name, 1, cs, a->a))) return rc;
-    snprintf(name, sizeof name, "%s.act.beta", base);
-    if ((rc = read_f32(s, name, 1, cs, a->rb))) return rc;
+    w->C = C;
+    float *a = falloc(C), *rb = falloc(C), *fup = falloc(H3_AA_TAPS), *fdown = falloc(H3_AA_TAPS);
+    int rc = a && rb && fup && fdown ? 0 : -H3_E_NOMEM;
+    if (!rc) {
+        snprintf(name, sizeof name, "%s.act.alpha", base);
+        rc = read_f32(s, name, 1, cs, a);
+    }
+    if (!rc) {
+        snprintf(name, sizeof name, "%s.act.beta", base);
+        rc = read_f32(s, name, 1, cs, rb);
+    }
     /* Each activation reads its own filter buffers: diffusers registers them per activation
        (persistent) and loads whatever the checkpoint holds. */
-    snprintf(name, sizeof name, "%s.upsample.filter", base);
-    if ((rc = read_f32(s, name, 3, fs, a->fup))) return rc;
-    snprintf(name, sizeof name, "%s.downsample.lowpass.filter", base);
-    if ((rc = read_f32(s, name, 3, fs, a->fdown))) return rc;
+    if (!rc) {
+        snprintf(name, sizeof name, "%s.upsample.filter", base);
+        rc = read_f32(s, name, 3, fs, fup);
+    }
+    if (!rc) {
+        snprintf(name, sizeof name, "%s.downsample.lowpass.filter", base);
+        rc = read_f32(s, name, 3, fs, fdown);
+    }
+    if (rc) {
+        free(a), free(rb), free(fup), free(fdown);
+        return rc;
+    }
     /* SnakeBeta stores log-scale parameters; torch evaluates exp and (beta + 1e-9)^-1 in f32. */
     for (int c = 0; c < C; c++) {
-        a->a[c] = expf(a->a[c]);
-        a->rb[c] = 1.0f / (expf(a->rb[c]) + 1e-9f);
+        a[c] = expf(a[c]);
+        rb[c] = 1.0f / (expf(rb[c]) + 1e-9f);
     }
-    /* The kernel runs the tail channels' SnakeBeta on flattened [rows, R] tiles, whole vectors. */
-    for (int i = 0; i < a->tail_period; i++) {
-        a->tail_a[i] = R ? a->a[C - R + i % R] : 0.0f;
-        a->tail_rb[i] = R ? a->rb[C - R + i % R] : 0.0f;
-    }
-    return 0;
+    int r1 = to_backend(be, a, C, &w->a), r2 = to_backend(be, rb, C, &w->rb);
+    int r3 = to_backend(be, fup, H3_AA_TAPS, &w->fup), r4 = to_backend(be, fdown, H3_AA_TAPS, &w->fdown);
+    return r1 ? r1 : r2 ? r2 : r3 ? r3 : r4;
 }
 
-static void free_conv(conv_w *c)
+static void free_conv(h3_backend *be, conv_w *c)
 {
-    h3_free_aligned(c->w.p);
-    free(c->bias);
+    if (c->w.data || c->w.priv) be->ops->weight_free(be, &c->w);
+    h3_free_aligned(c->host);
+    be->ops->release(be, c->bias);
 }
 
-static void free_act(act_w *a)
+static void free_act(h3_backend *be, act_w *a)
 {
-    free(a->a);
-    free(a->rb);
-    free(a->tail_a);
-    free(a->tail_rb);
+    be->ops->release(be, a->a);
+    be->ops->release(be, a->rb);
+    be->ops->release(be, a->fup);
+    be->ops->release(be, a->fdown);
 }
 
 static void dec_free(decoder *d)
 {
     if (!d) return;
-    free_conv(&d->in_proj);
-    free_conv(&d->pre);
+    h3_backend *be = d->be;
+    free_conv(be, &d->in_proj);
+    free_conv(be, &d->pre);
     for (int i = 0; i < 16; i++) {
-        for (int r = 0; r < 64; r++) h3_free_aligned(d->ups[i].w[r].p);
-        free(d->ups[i].bias);
+        for (int r = 0; r < 64; r++) {
+            if (d->ups[i].w[r].data || d->ups[i].w[r].priv) be->ops->weight_free(be, &d->ups[i].w[r]);
+            h3_free_aligned(d->ups[i].host[r]);
+        }
+        be->ops->release(be, d->ups[i].bias);
     }
     if (d->res) {
         for (int g = 0; g < d->cfg.n_up * d->cfg.n_res; g++) {
             amp_w *b = &d->res[g];
             for (int j = 0; j < 8; j++) {
-                free_conv(&b->c1[j]);
-                free_conv(&b->c2[j]);
-                free_act(&b->a1[j]);
-                free_act(&b->a2[j]);
+                free_conv(be, &b->c1[j]);
+                free_conv(be, &b->c2[j]);
+                free_act(be, &b->a1[j]);
+                free_act(be, &b->a2[j]);
             }
         }
         free(d->res);
     }
-    free_act(&d->post);
-    free(d->post_w);
+    free_act(be, &d->post);
+    be->ops->release(be, d->post_w);
     free(d);
 }
 
-static int dec_load(h3_model *m, decoder **out)
+static int dec_load(h3_model *m, h3_backend *be, decoder **out)
 {
     *out = NULL;
     decoder *d = h3_calloc(1, sizeof *d);
     if (!d) return -H3_E_NOMEM;
+    d->be = be;
     int rc = h3_avae_cfg_load(m, &d->cfg);
     const h3_avae_cfg *c = &d->cfg;
     if (!rc) rc = h3_avae_check_geometry(c, m->comp[H3_COMP_AUDIO_VAE].config_path);
@@ -350,11 +377,12 @@ static int dec_load(h3_model *m, decoder **out)
     }
     h3_store *s = &m->comp[H3_COMP_AUDIO_VAE].store;
     char base[160];
-    rc = load_conv(s, "dec_in_proj", c->latent_dim, c->latent_ch, 1, 1, false, true, &d->in_proj);
-    if (!rc) rc = load_conv(s, "decoder.conv_pre", c->decoder_dim, c->latent_dim, PRE_K, 1, true, true, &d->pre);
+    rc = load_conv(be, s, "dec_in_proj", c->latent_dim, c->latent_ch, 1, 1, false, true, &d->in_proj);
+    if (!rc)
+        rc = load_conv(be, s, "decoder.conv_pre", c->decoder_dim, c->latent_dim, PRE_K, 1, true, true, &d->pre);
     for (int i = 0; !rc && i < c->n_up; i++) {
         snprintf(base, sizeof base, "decoder.ups.%d.0", i);
-        rc = load_tconv(s, base, stage_ch(c, i), stage_ch(c, i + 1), c->kernels[i], c->rates[i], &d->ups[i]);
+        rc = load_tconv(be, s, base, stage_ch(c, i), stage_ch(c, i + 1), c->kernels[i], c->rates[i], &d->ups[i]);
     }
     if (!rc && !(d->res = h3_calloc((size_t)(c->n_up * c->n_res), sizeof *d->res))) rc = -H3_E_NOMEM;
     for (int i = 0; !rc && i < c->n_up; i++) {
@@ -365,26 +393,26 @@ static int dec_load(h3_model *m, decoder **out)
             b->k = k, b->ndil = c->n_dil;
             for (int e = 0; !rc && e < c->n_dil; e++) {
                 snprintf(base, sizeof base, "decoder.resblocks.%d.convs1.%d", g, e);
-                rc = load_conv(s, base, ch, ch, k, c->res_dil[j][e], true, true, &b->c1[e]);
+                rc = load_conv(be, s, base, ch, ch, k, c->res_dil[j][e], true, true, &b->c1[e]);
                 snprintf(base, sizeof base, "decoder.resblocks.%d.convs2.%d", g, e);
-                if (!rc) rc = load_conv(s, base, ch, ch, k, 1, true, true, &b->c2[e]);
+                if (!rc) rc = load_conv(be, s, base, ch, ch, k, 1, true, true, &b->c2[e]);
                 /* activations[::2] precede convs1, activations[1::2] precede convs2. */
                 snprintf(base, sizeof base, "decoder.resblocks.%d.activations.%d", g, 2 * e);
-                if (!rc) rc = load_act(s, base, ch, &b->a1[e]);
+                if (!rc) rc = load_act(be, s, base, ch, &b->a1[e]);
                 snprintf(base, sizeof base, "decoder.resblocks.%d.activations.%d", g, 2 * e + 1);
-                if (!rc) rc = load_act(s, base, ch, &b->a2[e]);
+                if (!rc) rc = load_act(be, s, base, ch, &b->a2[e]);
             }
         }
     }
     int cl = stage_ch(c, c->n_up);
-    if (!rc) rc = load_act(s, "decoder.activation_post", cl, &d->post);
+    if (!rc) rc = load_act(be, s, "decoder.activation_post", cl, &d->post);
     if (!rc) {
+        /* One output: conv_post's single row of folded weights is all conv1_clamp takes. */
         conv_w post = {0};
-        rc = load_conv(s, "decoder.conv_post", 1, cl, PRE_K, 1, true, false, &post);
-        /* One output: the direct dot-product kernel takes the plain row. */
-        if (!rc && !(d->post_w = falloc((int64_t)PRE_K * cl))) rc = -H3_E_NOMEM;
-        for (int64_t j = 0; !rc && j < (int64_t)PRE_K * cl; j++) d->post_w[j] = *h3_avae_pw_at(&post.w, 0, j);
-        free_conv(&post);
+        rc = load_conv(be, s, "decoder.conv_post", 1, cl, PRE_K, 1, true, false, &post);
+        if (!rc && !(d->post_w = h3_backend_dup(be, post.host, sizeof(float) * (size_t)PRE_K * (size_t)cl)))
+            rc = -H3_E_NOMEM;
+        free_conv(be, &post);
     }
     /* The folded copies are all that is needed now: drop the mapping and its page cache. */
     h3_store_release(s);
@@ -399,8 +427,7 @@ static int dec_load(h3_model *m, decoder **out)
 /* ---- execution helpers ------------------------------------------------------------------ */
 
 typedef struct {
-    h3_pool *pool;
-    const h3_avae_kernels *k;
+    h3_backend *be;
     h3_progress_fn progress;
     void *user;
     int64_t done, total;
@@ -421,84 +448,33 @@ static int tick(runner *r, int64_t units)
     return 0;
 }
 
-typedef struct {
-    const h3_avae_act *a;
-    h3_pool *pool;
-    const h3_avae_kernels *k;
-} act_job;
-
-static void act_task(void *arg, int64_t b, int64_t e, int thread)
+static h3_bt f32(const float *p, int64_t rows, int64_t cols, int64_t ld)
 {
-    act_job *j = arg;
-    float *z = h3_pool_scratch(j->pool, thread, ACT_SLOT, 0); /* reserved by run_act */
-    for (int64_t m = b; m < e; m += ACT_TILE) j->k->act_rows(j->a, m, m + ACT_TILE < e ? m + ACT_TILE : e, z);
+    return h3_bt_make((void *)p, H3_DT_F32, rows, cols, ld);
 }
 
-#define GEMM_ROWS 96  /* rows per task at most: a task's X block stays in L2 across its panels */
-#define GEMM_PANELS 4 /* panels of 16 outputs per task */
-
-typedef struct {
-    const h3_avae_gemm *g;
-    const h3_avae_kernels *k;
-    int64_t M, rows;
-    int np, ng;
-} gemm_job;
-
-static void gemm_task(void *arg, int64_t b, int64_t e, int thread)
+/* Y [M, N] (row stride ldy) = bias + X . W^T with X's M rows of W->cols floats at stride ldx
+   (they overlap: a convolution over time-major rows). */
+static int run_gemm(runner *r, const float *X, int64_t M, int64_t ldx, const h3_bw *w, const float *bias, float *Y,
+                    int64_t ldy)
 {
-    (void)thread;
-    gemm_job *j = arg;
-    for (int64_t t = b; t < e; t++) {
-        int64_t m0 = t / j->ng * j->rows, m1 = m0 + j->rows < j->M ? m0 + j->rows : j->M;
-        int p0 = (int)(t % j->ng) * GEMM_PANELS, p1 = p0 + GEMM_PANELS < j->np ? p0 + GEMM_PANELS : j->np;
-        j->k->gemm_tile(j->g, m0, m1, p0, p1);
-    }
+    if (M <= 0) return 0;
+    const h3_bt x = f32(X, M, w->cols, ldx), y = f32(Y, M, w->rows, ldy);
+    return r->be->ops->conv_gemm(r->be, &x, w, bias, &y);
 }
 
-/* Y [M, N] (row stride ldy) = bias + X . W^T with X's rows at stride ldx (see h3_avae_gemm). */
-static void run_gemm(runner *r, const float *X, int64_t M, int64_t ldx, const h3_avae_pw *w, const float *bias,
-                     float *Y, int64_t ldy)
+static int run_act(runner *r, const act_w *w, const float *x, int64_t L, h3_bphased dst)
 {
-    if (M <= 0) return;
-    h3_avae_gemm g = {X, ldx, w, bias, Y, ldy};
-    gemm_job j = {&g, r->k, M, GEMM_ROWS, (w->N + H3_AVAE_NR - 1) / H3_AVAE_NR, 0};
-    j.ng = (j.np + GEMM_PANELS - 1) / GEMM_PANELS;
-    /* Shorter row blocks when there would be too few tasks to keep every thread busy; the
-       split never changes a result (every output sums the same blocks in the same order). */
-    const int64_t want = 4 * (int64_t)h3_pool_threads(r->pool);
-    while (j.rows > 12 && (M + j.rows - 1) / j.rows * j.ng < want) j.rows = (j.rows / 2 + 5) / 6 * 6;
-    h3_parallel_for(r->pool, (M + j.rows - 1) / j.rows * j.ng, 1, gemm_task, &j);
-}
-
-/* Zero the margins and phase tails of a phased destination for L rows of C channels. */
-static void dst_zero(const h3_avae_dst *d, int64_t L, int C)
-{
-    for (int r = 0; r < d->d; r++) {
-        int64_t rows = r < L ? (L - r + d->d - 1) / d->d : 0;
-        float *ph = d->p + (int64_t)r * d->phase_rows * C;
-        memset(ph, 0, (size_t)(d->margin * C) * sizeof(float));
-        int64_t tail = d->margin + rows;
-        memset(ph + tail * C, 0, (size_t)((d->phase_rows - tail) * C) * sizeof(float));
-    }
-}
-
-static int run_act(runner *r, const act_w *w, const float *x, int64_t L, h3_avae_dst dst)
-{
-    size_t need = sizeof(float) * (size_t)(2 * ACT_TILE + H3_AA_TAPS) * 16;
-    for (int t = 0; t < h3_pool_threads(r->pool); t++)
-        if (!h3_pool_scratch(r->pool, t, ACT_SLOT, need)) return -H3_E_NOMEM;
-    dst_zero(&dst, L, w->C);
-    h3_avae_act a = {x, L, w->C, w->a, w->rb, w->tail_a, w->tail_rb, w->tail_period, w->fup, w->fdown, dst};
-    act_job j = {&a, r->pool, r->k};
-    h3_parallel_for(r->pool, L, ACT_TILE, act_task, &j);
-    return tick(r, L * w->C * ACT_COST);
+    const h3_bt xv = f32(x, L, w->C, w->C);
+    int rc = r->be->ops->snake_aa(r->be, &xv, w->a, w->rb, w->fup, w->fdown, &dst);
+    return rc ? rc : tick(r, L * w->C * ACT_COST);
 }
 
 /* A phased destination for a convolution of kernel k and dilation d over L rows (in `buf`). */
-static h3_avae_dst conv_dst(float *buf, int64_t L, int k, int d)
+static h3_bphased conv_dst(float *buf, int64_t L, int k, int d)
 {
     int64_t h = (k - 1) / 2;
-    return (h3_avae_dst){buf, d, (L + d - 1) / d + 2 * h, h};
+    return (h3_bphased){buf, d, (L + d - 1) / d + 2 * h, h};
 }
 
 static int64_t conv_dst_floats(int64_t L, int k, int d, int C)
@@ -525,72 +501,35 @@ static int run_conv(runner *r, const conv_w *cv, const float *P, int64_t L, floa
 {
     const int d = cv->dil;
     const int64_t phase_rows = (L + d - 1) / d + (cv->k - 1);
-    for (int ph = 0; ph < d && ph < L; ph++) {
+    int rc = 0;
+    for (int ph = 0; ph < d && ph < L && !rc; ph++) {
         int64_t M = (L - ph + d - 1) / d;
-        run_gemm(r, P + ph * phase_rows * cv->cin, M, cv->cin, &cv->w, cv->bias, y + ph * ldy, ldy * d);
+        rc = run_gemm(r, P + ph * phase_rows * cv->cin, M, cv->cin, &cv->w, cv->bias, y + ph * ldy, ldy * d);
     }
-    return tick(r, L * cv->w.N * cv->w.K);
+    return rc ? rc : tick(r, L * cv->w.rows * cv->w.cols);
 }
 
 /* y [lout, cout] = ConvTranspose1d(U) where U holds lin rows after `left` zero rows. */
-static int run_tconv(runner *r, const tconv_w *t, const float *U, int64_t left, int64_t lin, int64_t lout,
-                     float *y)
+static int run_tconv(runner *r, const tconv_w *t, const float *U, int64_t left, int64_t lout, float *y)
 {
-    for (int ph = 0; ph < t->u && ph < lout; ph++) {
-        int64_t Q = (lout - ph + t->u - 1) / t->u, ldy = (int64_t)t->u * t->cout;
-        float *yp = y + (int64_t)ph * t->cout;
-        if (!t->ntap[ph]) { /* no tap lands on this phase: bias only */
-            for (int64_t q = 0; q < Q; q++) memcpy(yp + q * ldy, t->bias, sizeof(float) * (size_t)t->cout);
-            continue;
-        }
-        const float *X = U + (left + t->c[ph] - t->ntap[ph] + 1) * t->cin;
-        run_gemm(r, X, Q, t->cin, &t->w[ph], t->bias, yp, ldy);
-    }
-    (void)lin;
+    int rc = 0;
     int64_t macs = 0;
-    for (int ph = 0; ph < t->u && ph < lout; ph++) macs += (lout - ph + t->u - 1) / t->u * t->w[ph].N * t->w[ph].K;
-    return tick(r, macs);
+    for (int ph = 0; ph < t->u && ph < lout && !rc; ph++) {
+        int64_t Q = (lout - ph + t->u - 1) / t->u, ldy = (int64_t)t->u * t->cout;
+        /* Every phase has a tap: h3_avae_check_geometry keeps kernels at least as long as rates. */
+        if (!t->ntap[ph]) return h3_err(H3_E_UNSUPPORTED, "audio decode: transposed convolution phase without taps");
+        const float *X = U + (left + t->c[ph] - t->ntap[ph] + 1) * t->cin;
+        rc = run_gemm(r, X, Q, t->cin, &t->w[ph], t->bias, y + (int64_t)ph * t->cout, ldy);
+        macs += Q * t->w[ph].rows * t->w[ph].cols;
+    }
+    return rc ? rc : tick(r, macs);
 }
 
-/* Elementwise passes over n floats: y += x, or y = (y + x) / div. */
-typedef struct {
-    float *y;
-    const float *x;
-    float div;
-    bool divide;
-} ew_job;
-
-static void ew_task(void *arg, int64_t b, int64_t e, int thread)
+/* y += x over L rows of ch channels, or y = (y + x) / div (the mean of the resblocks). */
+static int add_rows(runner *r, float *y, const float *x, int64_t L, int ch, bool divide, float div)
 {
-    (void)thread;
-    ew_job *j = arg;
-    if (j->divide)
-        for (int64_t i = b; i < e; i++) {
-            float s = j->y[i] + j->x[i];
-            j->y[i] = s / j->div; /* diffusers divides the sum (no reciprocal) */
-        }
-    else
-        for (int64_t i = b; i < e; i++) j->y[i] = j->y[i] + j->x[i];
-}
-
-static void ew(runner *r, float *y, const float *x, int64_t n, bool divide, float div)
-{
-    ew_job j = {y, x, div, divide};
-    h3_parallel_for(r->pool, n, 1 << 14, ew_task, &j);
-}
-
-typedef struct {
-    const h3_avae_kernels *k;
-    const float *P, *w;
-    float *pcm;
-    int C;
-} post_job;
-
-static void post_task(void *arg, int64_t b, int64_t e, int thread)
-{
-    (void)thread;
-    post_job *j = arg;
-    j->k->post_rows(j->P, j->C, PRE_K, j->w, j->pcm, b, e);
+    const h3_bt yv = f32(y, L, ch, ch), xv = f32(x, L, ch, ch);
+    return divide ? r->be->ops->add_div(r->be, &yv, &xv, div) : r->be->ops->gated_add(r->be, &yv, &xv, NULL);
 }
 
 /* ---- one stereo side -------------------------------------------------------------------- */
@@ -599,18 +538,19 @@ static void post_task(void *arg, int64_t b, int64_t e, int thread)
 static int64_t side_cost(const decoder *d, int64_t T)
 {
     const h3_avae_cfg *c = &d->cfg;
-    int64_t u = T * d->in_proj.w.N * d->in_proj.w.K + T * d->pre.w.N * d->pre.w.K, L = T;
+    int64_t u = T * d->in_proj.w.rows * d->in_proj.w.cols + T * d->pre.w.rows * d->pre.w.cols, L = T;
     for (int i = 0; i < c->n_up; i++) {
         const tconv_w *t = &d->ups[i];
         int64_t lout = up_len(c, i, L);
         for (int ph = 0; ph < t->u && ph < lout; ph++)
-            if (t->ntap[ph]) u += (lout - ph + t->u - 1) / t->u * t->w[ph].N * t->w[ph].K;
+            if (t->ntap[ph]) u += (lout - ph + t->u - 1) / t->u * t->w[ph].rows * t->w[ph].cols;
         L = lout;
         int ch = stage_ch(c, i + 1);
         for (int j = 0; j < c->n_res; j++) {
             const amp_w *b = &d->res[i * c->n_res + j];
             for (int e = 0; e < b->ndil; e++)
-                u += 2 * L * ch * ACT_COST + L * b->c1[e].w.N * b->c1[e].w.K + L * b->c2[e].w.N * b->c2[e].w.K;
+                u += 2 * L * ch * ACT_COST + L * b->c1[e].w.rows * b->c1[e].w.cols +
+                     L * b->c2[e].w.rows * b->c2[e].w.cols;
         }
     }
     return u + L * d->post.C * ACT_COST + L * (int64_t)d->post.C * PRE_K;
@@ -627,16 +567,16 @@ static int run_amp(runner *r, const amp_w *b, float *h, int64_t L, int ch, float
             (rc = run_act(r, &b->a2[e], tmp, L, conv_dst(P, L, b->k, 1))) ||
             (rc = run_conv(r, &b->c2[e], P, L, tmp, ch)))
             break;
-        ew(r, h, tmp, L * ch, false, 0);
+        rc = add_rows(r, h, tmp, L, ch, false, 0);
     }
     return rc;
 }
 
 /*
- * Working buffers, kept across stages and both sides (so each is faulted in once) and grown on
- * demand. Roles: ACC holds conv_pre's output, then each stage's accumulator, which is the next
- * stage's input; X the stage input; TMP the latents, then convolution outputs; P the
- * zero-margined convolution inputs; H the middle resblocks' state.
+ * Working buffers in backend memory, kept across stages and both sides (so each is faulted in
+ * once) and grown on demand. Roles: ACC holds conv_pre's output, then each stage's accumulator,
+ * which is the next stage's input; X the stage input; TMP the latents, then convolution outputs,
+ * last the PCM of the side; P the zero-margined convolution inputs; H the middle resblocks' state.
  */
 enum { SL_ACC, SL_X, SL_TMP, SL_P, SL_H, SL_COUNT };
 typedef struct {
@@ -644,62 +584,61 @@ typedef struct {
     int64_t n[SL_COUNT];
 } slots;
 
-static float *slot(slots *s, int i, int64_t floats)
+static float *slot(h3_backend *be, slots *s, int i, int64_t floats)
 {
     if (s->n[i] < floats) {
-        free(s->p[i]);
-        s->p[i] = falloc(floats);
+        be->ops->release(be, s->p[i]);
+        s->p[i] = be->ops->alloc(be, sizeof(float) * (size_t)(floats > 0 ? floats : 1));
         s->n[i] = s->p[i] ? floats : 0;
     }
     return s->p[i];
 }
 
 /* Zero `before` rows ahead of and `after` rows behind `rows` rows of `ch` floats at p. */
-static void zero_margins(float *p, int64_t before, int64_t rows, int64_t after, int64_t ch)
+static int zero_margins(h3_backend *be, float *p, int64_t before, int64_t rows, int64_t after, int64_t ch)
 {
-    memset(p, 0, sizeof(float) * (size_t)(before * ch));
-    memset(p + (before + rows) * ch, 0, sizeof(float) * (size_t)(after * ch));
+    int rc = be->ops->zero(be, p, sizeof(float) * (size_t)(before * ch));
+    return rc ? rc : be->ops->zero(be, p + (before + rows) * ch, sizeof(float) * (size_t)(after * ch));
 }
 
 static int decode_side(runner *r, const decoder *d, slots *sl, const float *lat, int64_t T, float *pcm)
 {
     const h3_avae_cfg *c = &d->cfg;
+    h3_backend *be = r->be;
     const int C = c->latent_ch, D = c->latent_dim, D0 = c->decoder_dim, H = PRE_K / 2;
     int rc = 0;
     int64_t left, right, L = T;
     tconv_margins(c, 0, T, &left, &right);
-    float *A = slot(sl, SL_TMP, T * C), *B = slot(sl, SL_P, (T + 2 * H) * D);
-    float *U = slot(sl, SL_ACC, (left + T + right) * D0);
+    float *A = slot(be, sl, SL_TMP, T * C), *B = slot(be, sl, SL_P, (T + 2 * H) * D);
+    float *U = slot(be, sl, SL_ACC, (left + T + right) * D0);
     if (!A || !B || !U) return -H3_E_NOMEM;
 
     /* De-normalise ([C, T] -> time-major [T, C]): latents * std + mean, two f32 roundings. */
-    for (int ch = 0; ch < C; ch++)
-        for (int64_t t = 0; t < T; t++) {
-            float v = lat[(int64_t)ch * T + t] * c->latents_std[ch];
-            A[t * C + ch] = v + c->latents_mean[ch];
-        }
+    const h3_bt Av = f32(A, T, C, C);
+    if ((rc = be->ops->channels_last(be, lat, T, 1, 0, (int)T, (int)T, 1, 1, c->latents_std, c->latents_mean, &Av)))
+        return rc;
     /* dec_in_proj into the zero-margined input of conv_pre, whose output is stage 0's input. */
-    zero_margins(B, H, T, H, D);
-    run_gemm(r, A, T, C, &d->in_proj.w, d->in_proj.bias, B + H * D, D);
-    if ((rc = tick(r, T * d->in_proj.w.N * d->in_proj.w.K))) return rc;
-    zero_margins(U, left, T, right, D0);
-    if ((rc = run_conv(r, &d->pre, B, T, U + left * D0, D0))) return rc;
+    if ((rc = zero_margins(be, B, H, T, H, D)) ||
+        (rc = run_gemm(r, A, T, C, &d->in_proj.w, d->in_proj.bias, B + H * D, D)) ||
+        (rc = tick(r, T * d->in_proj.w.rows * d->in_proj.w.cols)) || (rc = zero_margins(be, U, left, T, right, D0)) ||
+        (rc = run_conv(r, &d->pre, B, T, U + left * D0, D0)))
+        return rc;
 
     for (int i = 0; i < c->n_up; i++) {
         const int ch = stage_ch(c, i + 1);
         const int64_t lout = up_len(c, i, L);
-        float *x = slot(sl, SL_X, lout * ch);
+        float *x = slot(be, sl, SL_X, lout * ch);
         if (!x) return -H3_E_NOMEM;
-        if ((rc = run_tconv(r, &d->ups[i], U, left, L, lout, x))) return rc;
+        if ((rc = run_tconv(r, &d->ups[i], U, left, lout, x))) return rc;
         L = lout;
 
         /* The stage output doubles as the next stage's zero-margined input (U is consumed). */
         int64_t nl = 0, nr = 0;
         if (i + 1 < c->n_up) tconv_margins(c, i + 1, L, &nl, &nr);
-        float *acc = slot(sl, SL_ACC, (nl + L + nr) * ch), *tmp = slot(sl, SL_TMP, L * ch);
-        float *P = slot(sl, SL_P, amp_dst_floats(c, L, ch)), *h = c->n_res > 2 ? slot(sl, SL_H, L * ch) : NULL;
+        float *acc = slot(be, sl, SL_ACC, (nl + L + nr) * ch), *tmp = slot(be, sl, SL_TMP, L * ch);
+        float *P = slot(be, sl, SL_P, amp_dst_floats(c, L, ch)), *h = c->n_res > 2 ? slot(be, sl, SL_H, L * ch) : NULL;
         if (!acc || !tmp || !P || (c->n_res > 2 && !h)) return -H3_E_NOMEM;
-        zero_margins(acc, nl, L, nr, ch);
+        if ((rc = zero_margins(be, acc, nl, L, nr, ch))) return rc;
         /* Block 0 runs on the accumulator, middle blocks on h, the last one on x itself (its
            input is not needed afterwards); the sum is in diffusers' order, then divided. */
         float *acc0 = acc + nl * ch;
@@ -707,21 +646,24 @@ static int decode_side(runner *r, const decoder *d, slots *sl, const float *lat,
             const amp_w *b = &d->res[i * c->n_res + j];
             bool last = j == c->n_res - 1 && j > 0;
             float *cur = j == 0 ? acc0 : (last ? x : h);
-            if (cur != x) memcpy(cur, x, sizeof(float) * (size_t)(L * ch));
-            if ((rc = run_amp(r, b, cur, L, ch, P, tmp))) return rc;
-            if (j > 0) ew(r, acc0, cur, L * ch, last, (float)c->n_res);
+            const h3_bt xv = f32(x, L, ch, ch), cv = f32(cur, L, ch, ch);
+            if ((cur != x && (rc = be->ops->copy(be, &xv, &cv))) || (rc = run_amp(r, b, cur, L, ch, P, tmp)) ||
+                (j > 0 && (rc = add_rows(r, acc0, cur, L, ch, last, (float)c->n_res))))
+                return rc;
         }
         /* With one resblock diffusers divides by 1, which changes no value. */
         U = acc;
         left = nl;
     }
 
-    /* activation_post -> conv_post (no bias) -> clamp. */
-    float *P = slot(sl, SL_P, conv_dst_floats(L, PRE_K, 1, d->post.C));
-    if (!P) return -H3_E_NOMEM;
-    if ((rc = run_act(r, &d->post, U, L, conv_dst(P, L, PRE_K, 1)))) return rc;
-    post_job pj = {r->k, P, d->post_w, pcm, d->post.C};
-    h3_parallel_for(r->pool, L, 4096, post_task, &pj);
+    /* activation_post -> conv_post (no bias) -> clamp, into TMP (free by now), then to the host. */
+    float *P = slot(be, sl, SL_P, conv_dst_floats(L, PRE_K, 1, d->post.C)), *out = slot(be, sl, SL_TMP, L);
+    if (!P || !out) return -H3_E_NOMEM;
+    const h3_bt Pv = f32(P, L, (int64_t)PRE_K * d->post.C, d->post.C);
+    if ((rc = run_act(r, &d->post, U, L, conv_dst(P, L, PRE_K, 1))) ||
+        (rc = be->ops->conv1_clamp(be, &Pv, d->post_w, out)) ||
+        (rc = be->ops->download(be, pcm, out, sizeof(float) * (size_t)L)))
+        return rc;
     return tick(r, L * (int64_t)d->post.C * PRE_K);
 }
 
@@ -747,6 +689,7 @@ static int64_t slots_floats(const h3_avae_cfg *c, int64_t T)
         if (c->n_res > 2) GROW(SL_H, L * ch);
     }
     GROW(SL_P, conv_dst_floats(L, PRE_K, 1, stage_ch(c, c->n_up)));
+    GROW(SL_TMP, L);
 #undef GROW
     int64_t sum = 0;
     for (int i = 0; i < SL_COUNT; i++) sum += n[i];
@@ -756,16 +699,16 @@ static int64_t slots_floats(const h3_avae_cfg *c, int64_t T)
 int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads)
 {
     if (h3_avae_samples(c, frames) < 0) return -H3_E_INVALID;
-    /* Sides are decoded one after the other; add the activation tiles of every thread. */
-    return 4 * (slots_floats(c, frames) + (int64_t)threads * (2 * ACT_TILE + H3_AA_TAPS) * 16);
+    /* Sides are decoded one after the other; add the CPU backend's activation tiles of every thread. */
+    return 4 * slots_floats(c, frames) + (int64_t)threads * h3_cpu_snake_scratch_bytes();
 }
 
 /* ---- entry points ----------------------------------------------------------------------- */
 
-int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channels, int64_t frames, float *pcm,
-                   int64_t pcm_cap, h3_progress_fn progress, void *user)
+int h3_avae_run(h3_model *m, h3_backend *be, const float *latents, int channels, int64_t frames, float *pcm,
+                int64_t pcm_cap, h3_progress_fn progress, void *user)
 {
-    if (!latents || !pcm || !pool) return h3_err(H3_E_INVALID, "audio decode: NULL latents, PCM buffer or pool");
+    if (!latents || !pcm || !be) return h3_err(H3_E_INVALID, "audio decode: NULL latents, PCM buffer or backend");
     h3_avae_cfg cfg;
     int rc = h3_avae_cfg_load(m, &cfg);
     if (rc) return rc;
@@ -779,12 +722,12 @@ int h3_avae_decode(h3_model *m, h3_pool *pool, const float *latents, int channel
         return h3_err(H3_E_INVALID, "audio decode: the PCM buffer holds %lld floats, %lld frames need 2 x %lld",
                       (long long)pcm_cap, (long long)frames, (long long)S);
     decoder *d;
-    if ((rc = dec_load(m, &d))) return rc;
-    runner r = {pool, h3_avae_kern(), progress, user, 0, 2 * side_cost(d, frames), -1};
+    if ((rc = dec_load(m, be, &d))) return rc;
+    runner r = {be, progress, user, 0, 2 * side_cost(d, frames), -1};
     slots sl = {{0}, {0}};
     for (int side = 0; !rc && side < 2; side++)
         rc = decode_side(&r, d, &sl, latents + (int64_t)side * channels * frames, frames, pcm + side * S);
-    for (int i = 0; i < SL_COUNT; i++) free(sl.p[i]);
+    for (int i = 0; i < SL_COUNT; i++) be->ops->release(be, sl.p[i]);
     dec_free(d);
     return rc;
 }

@@ -19,12 +19,16 @@
  * backend one block at a time for the precompute and dropped right after.
  */
 #include "models/dit.h"
+#include "models/lora.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static _Atomic uint64_t g_generation; /* see h3_dit_set_layout */
 
 /* The backends stage one head's q/k rows on the stack or in registers. */
 #define DIT_MAX_HEAD_DIM 1024
@@ -32,9 +36,17 @@
 typedef struct {
     float *norm1, *norm2, *qn, *kn; /* backend f32 vectors */
     h3_bw qkv, out, fc1, fc2;       /* backend weights */
+    bool loaded;                    /* qkv/out/fc1/fc2 are on the backend (see lazy_blocks) */
     h3_mat ada;                     /* blocks only: adaln_proj.linear [18H, temb_dim], host mapping */
     float *ada_b;                   /* host f32 */
 } dit_block;
+
+/* A LoRA-merged weight: an owned host copy that lives as long as the handle made from it (the CPU
+   backend's weights are views of host memory). */
+typedef struct {
+    char name[112];
+    void *data;
+} dit_owned;
 
 /* Which (timestep slot, modality) pairs of one forward get modulation rows, and per row which. */
 typedef struct {
@@ -53,6 +65,10 @@ struct h3_dit {
     h3_backend *be;  /* everything else */
     unsigned flags;  /* H3_OPT_* */
     h3_dit_cfg c;
+    h3_lora *lora;     /* merged into every weight it targets as the weight loads */
+    dit_owned *owned;  /* the merged copies */
+    int n_owned;
+    bool lazy_blocks;  /* blocks' GEMM weights load when a schedule runs them (layer dropping) */
     int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
     size_t esz;   /* bytes per activation element on the backend */
     bool time_parts; /* per-part timings need a synchronous backend (the CPU) */
@@ -86,6 +102,28 @@ struct h3_dit {
     bool per_step;  /* H3_OPT_DIT_PER_STEP: modulation computed at each step (the slow path) */
     uint64_t table_bytes;
     h3_dit_stats stats;
+
+    /* speed knobs (h3_dit_set_knobs; all off after every set_layout) */
+    h3_dit_knobs knobs;
+    int *run, n_run;             /* blocks a forward runs, in order; the tables follow this order */
+    /* step reuse and the step cache: the velocities of the last two evaluations per modality */
+    float *vel[2][2];            /* [video, audio][last, previous], backend */
+    int n_vel;                   /* evaluations held (0 to 2) */
+    float vel_sig[2][2];         /* their sigmas, [modality][last, previous] */
+    /* step cache: the first block's modulated input of this step and of the previous one */
+    float *mod_cur, *mod_prev;   /* [L][H] f32, backend */
+    bool has_mod_prev;
+    double cache_acc;            /* relative change accumulated since the last evaluation */
+    /* core reuse */
+    float *core_delta;           /* [L][H]: h_out - h_in of the last full block-stack run */
+    int core_calls;              /* forwards since the schedule was prepared */
+    /* token reduction: the reduced sequence of Lr rows as (p0, p1) pairs of full rows */
+    int64_t red_rows;
+    int64_t *d_pairs;            /* [Lr][2] backend */
+    float *red_cos, *red_sin;    /* [Lr][3F] backend: RoPE at each pair's mean position */
+    int32_t *d_red_combo;        /* [Lr] modulation entry of each reduced row (the plan's) */
+    float *snap, *red_base;      /* [L][H] entry state, [Lr][H] pooled entry state */
+    int tr_first, tr_end, tr_end_early; /* span of original block indices [first, end) */
 };
 
 static double now_ms(void)
@@ -126,12 +164,56 @@ static h3_bt f32(void *p, int64_t rows, int64_t cols, int64_t ld)
 
 /* ---- weights --------------------------------------------------------------------------- */
 
+static dit_owned *owned_find(h3_dit *d, const char *name)
+{
+    for (int i = 0; i < d->n_owned; i++)
+        if (strcmp(d->owned[i].name, name) == 0) return &d->owned[i];
+    return NULL;
+}
+
+/* Let a merged copy go (its handle was freed). */
+static void owned_release(h3_dit *d, const char *name)
+{
+    dit_owned *o = owned_find(d, name);
+    if (!o) return;
+    h3_free_aligned(o->data);
+    *o = d->owned[--d->n_owned];
+}
+
+/* Weight `name` as the host holds it: the mapping, or the LoRA-merged copy of it (merged once and
+   kept until released, so a weight reloaded by a later schedule is not merged again). */
 static int host_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char *name)
 {
     int64_t shape[2] = {rows, cols};
     h3_dtype dt;
     const void *p = h3_store_get_float(d->st, name, 2, shape, &dt);
     if (!p) return -H3_E_SCHEMA;
+    if (d->lora) {
+        dit_owned *o = owned_find(d, name);
+        void *merged = NULL;
+        h3_dtype mdt = dt;
+        if (o) {
+            merged = o->data;
+            mdt = dt == H3_DT_BF16 ? H3_DT_BF16 : H3_DT_F32;
+        } else {
+            int rc = h3_lora_merge(d->lora, d->pool, name, p, dt, rows, cols, &merged, &mdt);
+            if (rc) return rc;
+            if (merged) {
+                dit_owned *no = h3_realloc(d->owned, sizeof *no * (size_t)(d->n_owned + 1));
+                if (!no) {
+                    h3_free_aligned(merged);
+                    return -H3_E_NOMEM;
+                }
+                d->owned = no;
+                snprintf(no[d->n_owned].name, sizeof no[d->n_owned].name, "%s", name);
+                no[d->n_owned++].data = merged;
+            }
+        }
+        if (merged) {
+            p = merged;
+            dt = mdt;
+        }
+    }
     m->data = p;
     m->dtype = dt;
     m->rows = rows;
@@ -203,18 +285,29 @@ static int get_bvec(h3_dit *d, float **out, int64_t n, const char *fmt, ...)
     return *out ? 0 : -H3_E_NOMEM;
 }
 
-static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modulated)
+/* A block's four GEMM weights (the bulk of its bytes). */
+static int load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i)
+{
+    const h3_dit_cfg *c = &d->c;
+    int rc;
+    if ((rc = get_w(d, &b->qkv, 3LL * d->A, c->hidden, "%s.%d.attn.qkv_proj.weight", pfx, i)) ||
+        (rc = get_w(d, &b->out, c->hidden, d->A, "%s.%d.attn.out_proj.weight", pfx, i)) ||
+        (rc = get_w(d, &b->fc1, 2LL * c->ffn, c->hidden, "%s.%d.mlp.fc1.weight", pfx, i)) ||
+        (rc = get_w(d, &b->fc2, c->hidden, c->ffn, "%s.%d.mlp.fc2.weight", pfx, i)))
+        return rc;
+    b->loaded = true;
+    return 0;
+}
+
+static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modulated, bool weights)
 {
     const h3_dit_cfg *c = &d->c;
     int rc;
     if ((rc = get_bvec(d, &b->norm1, c->hidden, "%s.%d.norm1.weight", pfx, i)) ||
         (rc = get_bvec(d, &b->norm2, c->hidden, "%s.%d.norm2.weight", pfx, i)) ||
-        (rc = get_w(d, &b->qkv, 3LL * d->A, c->hidden, "%s.%d.attn.qkv_proj.weight", pfx, i)) ||
         (rc = get_bvec(d, &b->qn, c->head_dim, "%s.%d.attn.q_norm.weight", pfx, i)) ||
         (rc = get_bvec(d, &b->kn, c->head_dim, "%s.%d.attn.k_norm.weight", pfx, i)) ||
-        (rc = get_w(d, &b->out, c->hidden, d->A, "%s.%d.attn.out_proj.weight", pfx, i)) ||
-        (rc = get_w(d, &b->fc1, 2LL * c->ffn, c->hidden, "%s.%d.mlp.fc1.weight", pfx, i)) ||
-        (rc = get_w(d, &b->fc2, c->hidden, c->ffn, "%s.%d.mlp.fc2.weight", pfx, i)))
+        (weights && (rc = load_block_weights(d, b, pfx, i))))
         return rc;
     if (modulated &&
         ((rc = get_mat(d, &b->ada, 18LL * c->hidden, c->temb_dim, "%s.%d.adaln_proj.linear.weight", pfx, i)) ||
@@ -228,6 +321,23 @@ static void bfree(h3_dit *d, void *p) { d->be->ops->release(d->be, p); }
 static void wfree(h3_dit *d, h3_bw *w)
 {
     if (w->data || w->priv) d->be->ops->weight_free(d->be, w);
+}
+
+/* Drop a main-stack block's GEMM weights (and their merged copies): a dropped layer holds none. */
+static void unload_block_weights(h3_dit *d, int i)
+{
+    dit_block *b = &d->blk[i];
+    static const char *const parts[] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
+    wfree(d, &b->qkv);
+    wfree(d, &b->out);
+    wfree(d, &b->fc1);
+    wfree(d, &b->fc2);
+    for (size_t k = 0; k < sizeof parts / sizeof *parts; k++) {
+        char name[112];
+        snprintf(name, sizeof name, "blocks.%d.%s.weight", i, parts[k]);
+        owned_release(d, name);
+    }
+    b->loaded = false;
 }
 
 static void free_block(h3_dit *d, dit_block *b)
@@ -254,6 +364,12 @@ h3_backend *h3_dit_backend(const h3_dit *d) { return d->be; }
 uint64_t h3_dit_generation(const h3_dit *d) { return d->generation; }
 
 int h3_dit_open(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, h3_dit **out)
+{
+    return h3_dit_open_ex(m, pool, be, flags, NULL, out);
+}
+
+int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, const h3_dit_open_opts *opts,
+                   h3_dit **out)
 {
     double t0 = now_ms();
     *out = NULL;
@@ -285,7 +401,13 @@ int h3_dit_open(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, h3_d
     d->F3 = 3 * c->rope_freq;
     d->ref = h3_calloc((size_t)(c->refiner_layers ? c->refiner_layers : 1), sizeof *d->ref);
     d->blk = h3_calloc((size_t)(c->layers ? c->layers : 1), sizeof *d->blk);
-    if (!d->ref || !d->blk) rc = -H3_E_NOMEM;
+    d->run = h3_calloc((size_t)(c->layers ? c->layers : 1), sizeof *d->run);
+    if (!d->ref || !d->blk || !d->run) rc = -H3_E_NOMEM;
+    for (int i = 0; i < c->layers; i++) d->run[i] = i;
+    d->n_run = c->layers;
+    d->lazy_blocks = opts && opts->lazy_blocks;
+    if (!rc && opts && opts->n_lora > 0)
+        rc = h3_lora_open(m, opts->lora_paths, opts->lora_scales, opts->n_lora, &d->lora);
     const int64_t H = c->hidden;
     if (!rc) rc = get_w(d, &d->cond, H, c->text_dim, "condition_proj.weight");
     if (!rc) rc = get_bvec(d, &d->cond_b, H, "condition_proj.bias");
@@ -306,8 +428,9 @@ int h3_dit_open(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, h3_d
     if (!rc) rc = get_w(d, &d->aproj, H, c->audio_ch, "audio_patch_proj.weight");
     if (!rc) rc = get_bvec(d, &d->aproj_b, H, "audio_patch_proj.bias");
     if (!rc && c->rope_freq > 0) rc = get_vec(d, &d->inv_freq, c->rope_freq, "rope.inv_freq");
-    for (int i = 0; !rc && i < c->refiner_layers; i++) rc = load_block(d, &d->ref[i], "token_refiner.blocks", i, false);
-    for (int i = 0; !rc && i < c->layers; i++) rc = load_block(d, &d->blk[i], "blocks", i, true);
+    for (int i = 0; !rc && i < c->refiner_layers; i++)
+        rc = load_block(d, &d->ref[i], "token_refiner.blocks", i, false, true);
+    for (int i = 0; !rc && i < c->layers; i++) rc = load_block(d, &d->blk[i], "blocks", i, true, !d->lazy_blocks);
     if (rc) { /* the store's message names the tensor, the shard and the shapes */
         h3_dit_close(d);
         return rc;
@@ -367,8 +490,27 @@ static void free_buffers(h3_dit *d)
     d->has_text = false;
 }
 
+/* The speed knobs' buffers: they belong to one prepared schedule. */
+static void free_knob_state(h3_dit *d)
+{
+    void **bufs[] = {(void **)&d->vel[0][0], (void **)&d->vel[0][1], (void **)&d->vel[1][0], (void **)&d->vel[1][1],
+                     (void **)&d->mod_cur,   (void **)&d->mod_prev,  (void **)&d->core_delta, (void **)&d->d_pairs,
+                     (void **)&d->red_cos,   (void **)&d->red_sin,   (void **)&d->d_red_combo, (void **)&d->snap,
+                     (void **)&d->red_base};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        bfree(d, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    d->n_vel = 0;
+    d->has_mod_prev = false;
+    d->cache_acc = 0;
+    d->core_calls = 0;
+    d->red_rows = 0;
+}
+
 static void drop_schedule(h3_dit *d)
 {
+    free_knob_state(d);
     for (int k = 0; k < 2; k++) {
         free(d->sig[k]);
         free(d->ts[k]);
@@ -396,8 +538,13 @@ void h3_dit_close(h3_dit *d)
         for (int i = 0; i < d->c.layers; i++) free_block(d, &d->blk[i]);
     free(d->ref);
     free(d->blk);
+    free(d->run);
     h3_bw *ws[] = {&d->cond, &d->vout, &d->aout, &d->vproj, &d->aproj};
     for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) wfree(d, ws[i]);
+    /* after every handle made from them is gone */
+    for (int i = 0; i < d->n_owned; i++) h3_free_aligned(d->owned[i].data);
+    free(d->owned);
+    h3_lora_free(d->lora);
     float *bv[] = {d->cond_b, d->fin_norm, d->vout_b, d->aout_b, d->vproj_b, d->aproj_b, d->ref_final};
     for (size_t i = 0; i < sizeof bv / sizeof *bv; i++) bfree(d, bv[i]);
     float *hv[] = {d->te_in_b, d->te_out_b, d->fin_ada_b, d->inv_freq};
@@ -435,11 +582,56 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
     return 0;
 }
 
+/* RoPE cos/sin rows [n][3F] for (t, h, w) positions pos [n][3]. diffusers MiniMaxH3RotaryPosEmbed:
+   fp64 positions cast to f32, times inv_freq in f32, laid out [t | h | w] x F; cos/sin in f32. The
+   table holds 3F columns: the second half of torch's cat((freqs, freqs)) repeats them. */
+static void rope_rows(const h3_dit *d, const double *pos, int64_t n, float *hc, float *hs)
+{
+    const int F = d->c.rope_freq;
+    for (int64_t r = 0; r < n; r++)
+        for (int a = 0; a < 3; a++) {
+            const float p = (float)pos[r * 3 + a];
+            for (int f = 0; f < F; f++) {
+                const float ang = p * d->inv_freq[f];
+                hc[r * d->F3 + a * F + f] = cosf(ang);
+                hs[r * d->F3 + a * F + f] = sinf(ang);
+            }
+        }
+}
+
+static void run_all_blocks(h3_dit *d)
+{
+    for (int i = 0; i < d->c.layers; i++) d->run[i] = i;
+    d->n_run = d->c.layers;
+}
+
+/* Exactly the blocks of the run list hold their GEMM weights: missing ones load (a lazy open, or a
+   block an earlier schedule dropped), dropped ones let theirs go. */
+static int ensure_run_blocks(h3_dit *d)
+{
+    const int L = d->c.layers;
+    bool *keep = h3_calloc((size_t)(L ? L : 1), sizeof *keep);
+    if (!keep) return -H3_E_NOMEM;
+    for (int k = 0; k < d->n_run; k++) keep[d->run[k]] = true;
+    int rc = 0;
+    for (int b = 0; b < L && !rc; b++) {
+        if (keep[b] && !d->blk[b].loaded) rc = load_block_weights(d, &d->blk[b], "blocks", b);
+        else if (!keep[b] && d->blk[b].loaded) unload_block_weights(d, b);
+    }
+    free(keep);
+    return rc;
+}
+
 int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
 {
     const h3_dit_cfg *c = &d->c;
     h3_backend *be = d->be;
-    d->generation++;
+    /* Unique across transformers: a render must notice when its transformer was replaced by one
+       reopened for another LoRA set, not only when its layout was replaced. */
+    d->generation = atomic_fetch_add(&g_generation, 1) + 1;
+    /* a new request starts exact: knobs are set per prepared schedule */
+    memset(&d->knobs, 0, sizeof d->knobs);
+    run_all_blocks(d);
     bool keep_text = d->has_text && d->has_layout && d->lay.n_text == l->n_text;
     float *text = keep_text ? d->text : NULL;
     if (keep_text) d->text = NULL;
@@ -458,21 +650,11 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
         if (!d->vo || !d->ao || !d->d_text_idx || !d->d_video_idx || !d->d_audio_idx) rc = -H3_E_NOMEM;
     }
     if (!rc && d->F3 > 0) {
-        /* diffusers MiniMaxH3RotaryPosEmbed: fp64 positions cast to f32, times inv_freq in f32,
-           laid out [t | h | w] x F; cos/sin in f32. The table holds 3F columns: the second
-           half of torch's cat((freqs, freqs)) repeats them. Built on the host, then uploaded. */
+        /* Built on the host, then uploaded. */
         const size_t n = (size_t)(l->seq * d->F3);
         float *hc = h3_alloc_aligned(sizeof(float) * n), *hs = h3_alloc_aligned(sizeof(float) * n);
         if (!hc || !hs) rc = -H3_E_NOMEM;
-        for (int64_t r = 0; !rc && r < l->seq; r++)
-            for (int a = 0; a < 3; a++) {
-                const float p = (float)l->pos[r * 3 + a];
-                for (int f = 0; f < c->rope_freq; f++) {
-                    const float ang = p * d->inv_freq[f];
-                    hc[r * d->F3 + a * c->rope_freq + f] = cosf(ang);
-                    hs[r * d->F3 + a * c->rope_freq + f] = sinf(ang);
-                }
-            }
+        if (!rc) rope_rows(d, l->pos, l->seq, hc, hs);
         if (!rc) {
             d->rcos = h3_backend_dup(be, hc, sizeof(float) * n);
             d->rsin = h3_backend_dup(be, hs, sizeof(float) * n);
@@ -517,8 +699,13 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     charge(d, H3_DIT_PART_LINEAR, &t);
     const h3_bt Q = act(d, d->qkv3, rows, A, A), K = act(d, act_at(d, d->qkv3, rows * A), rows, A, A),
                 V = act(d, act_at(d, d->qkv3, 2 * rows * A), rows, A, A);
-    if ((rc = o->qk_norm_rope(be, &qkv, b->qn, b->kn, cos, sin, c->heads, c->head_dim, cos ? d->F3 : 0,
-                              (float)c->qk_eps, &Q, &K, &V)))
+    /* The fused projection's rows hold per head [q | k | v]: q, k and v are views of them at
+       offsets 0, D and 2D, with heads 3D apart. */
+    const int64_t D = c->head_dim;
+    const h3_bt ki = act(d, act_at(d, d->big, D), rows, 3 * A - D, 3 * A),
+                vi = act(d, act_at(d, d->big, 2 * D), rows, 3 * A - 2 * D, 3 * A);
+    if ((rc = o->qk_norm_rope(be, &qkv, &ki, &vi, 3 * c->head_dim, b->qn, b->kn, cos, sin, c->heads, c->heads,
+                              c->head_dim, cos ? d->F3 : 0, (float)c->qk_eps, &Q, &K, &V)))
         return rc;
     charge(d, H3_DIT_PART_QKV, &t);
     const h3_bt ob = act(d, d->ob, rows, A, A);
@@ -689,7 +876,8 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
     const h3_dit_cfg *c = &d->c;
     h3_backend *be = d->be;
     const h3_backend_ops *o = be->ops;
-    const int64_t H = c->hidden, E = c->temb_dim, L = c->layers, nc = p->n_combo, nf = p->n_fin;
+    /* tables for the blocks a forward runs, in its order (all blocks unless layers are dropped) */
+    const int64_t H = c->hidden, E = c->temb_dim, L = d->n_run, nc = p->n_combo, nf = p->n_fin;
     const int64_t M = (int64_t)n_sets * p->n_t;
     float *tv = h3_malloc(sizeof(float) * (size_t)M);
     float *emb = h3_alloc_aligned(sizeof(float) * (size_t)(M * E));
@@ -705,7 +893,7 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
         rc = time_embed(d, tv, M, emb);
     }
     for (int64_t b = 0; !rc && b < L; b++) {
-        const dit_block *bk = &d->blk[b];
+        const dit_block *bk = &d->blk[d->run[b]];
         const size_t wsz = h3_dtype_size(bk->ada.dtype);
         for (int m = 0; !rc && m < H3_TAGS; m++) {
             int64_t rows = 0;
@@ -738,9 +926,9 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
         }
         if (!rc && release) {
             char name[96];
-            snprintf(name, sizeof name, "blocks.%lld.adaln_proj.linear.weight", (long long)b);
+            snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.weight", d->run[b]);
             h3_store_release_tensor(d->st, name);
-            snprintf(name, sizeof name, "blocks.%lld.adaln_proj.linear.bias", (long long)b);
+            snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.bias", d->run[b]);
             h3_store_release_tensor(d->st, name);
         }
     }
@@ -809,11 +997,9 @@ static int plan_upload(h3_dit *d, dit_plan *p)
 
 /* ---- the forward ----------------------------------------------------------------------- */
 
-/* One forward; inputs and outputs are backend memory. */
-static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const float *tab_fin, const float *video_rows,
-                   const float *audio_rows, float *video_out, float *audio_out)
+/* A forward's input rows: x <- refined text | video_patch_proj(video) | audio_patch_proj(audio). */
+static int forward_inputs(h3_dit *d, const float *video_rows, const float *audio_rows)
 {
-    const double t0 = now_ms();
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
     h3_backend *be = d->be;
@@ -836,9 +1022,99 @@ static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const flo
         if ((rc = o->linear(be, &in, &d->aproj, d->aproj_b, &tmp)) || (rc = o->scatter_rows(be, &tmp, d->d_audio_idx, &x)))
             return rc;
     }
-    const int64_t blk_stride = (int64_t)p->n_combo * 6 * H;
-    for (int b = 0; b < c->layers; b++)
-        if ((rc = run_block(d, &d->blk[b], L, tab_blk + b * blk_stride, p->d_row_combo, d->rcos, d->rsin))) return rc;
+    return 0;
+}
+
+/* Token reduction, entering the reduced span: snapshot the full state, pool it into the first
+   red_rows rows of x, and keep the pooled entry state as the baseline of the restore. */
+static int enter_reduced(h3_dit *d)
+{
+    h3_backend *be = d->be;
+    const int64_t H = d->c.hidden, L = d->lay.seq, Lr = d->red_rows;
+    const h3_bt full = f32(d->snap, L, H, H), red = f32(d->x, Lr, H, H);
+    int rc = be->ops->extrapolate(be, d->snap, d->x, NULL, L * H, 0.0f);
+    if (!rc) rc = be->ops->pool_pairs(be, &full, d->d_pairs, &red);
+    if (!rc) rc = be->ops->extrapolate(be, d->red_base, d->x, NULL, Lr * H, 0.0f);
+    return rc;
+}
+
+/* Leaving it: every full row becomes its entry state plus its pair's change (single rows take the
+   reduced result itself), then x holds the full sequence again. */
+static int leave_reduced(h3_dit *d)
+{
+    h3_backend *be = d->be;
+    const int64_t H = d->c.hidden, L = d->lay.seq, Lr = d->red_rows;
+    const h3_bt full = f32(d->snap, L, H, H), red = f32(d->x, Lr, H, H), base = f32(d->red_base, Lr, H, H);
+    int rc = be->ops->unpool_pairs(be, &red, &base, d->d_pairs, &full);
+    if (!rc) rc = be->ops->extrapolate(be, d->x, d->snap, NULL, L * H, 0.0f);
+    return rc;
+}
+
+/* The block stack over x: the blocks of the run list with their tables (in run-list order), the
+   blocks of token reduction's span on the reduced sequence. step < 0: outside a schedule (no
+   reduction). */
+static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int step)
+{
+    const int64_t H = d->c.hidden, L = d->lay.seq, stride = (int64_t)p->n_combo * 6 * H;
+    const bool reduce = d->red_rows > 0 && step >= 0;
+    const int end = step >= 0 && step < 10 ? d->tr_end_early : d->tr_end;
+    bool in = false;
+    int rc = 0;
+    for (int k = 0; k < d->n_run && !rc; k++) {
+        const int b = d->run[k];
+        const bool want = reduce && b >= d->tr_first && b < end;
+        if (want != in) {
+            rc = want ? enter_reduced(d) : leave_reduced(d);
+            in = want;
+        }
+        if (!rc)
+            rc = in ? run_block(d, &d->blk[b], d->red_rows, tab_blk + k * stride, d->d_red_combo, d->red_cos, d->red_sin)
+                    : run_block(d, &d->blk[b], L, tab_blk + k * stride, p->d_row_combo, d->rcos, d->rsin);
+    }
+    if (!rc && in) rc = leave_reduced(d);
+    return rc;
+}
+
+/* What one forward does with the block stack (core reuse). */
+enum { CORE_PLAIN, CORE_SAVE, CORE_REUSE };
+
+/*
+ * One forward; inputs and outputs are backend memory. inputs_ready: x already holds this step's
+ * input rows (the step cache built them for its test). step: the schedule step (-1 outside one),
+ * for token reduction's span. core: CORE_SAVE runs the stack and keeps h_out - h_in, CORE_REUSE
+ * adds that residual instead of running the stack.
+ */
+static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const float *tab_fin, const float *video_rows,
+                   const float *audio_rows, float *video_out, float *audio_out, bool inputs_ready, int step,
+                   int core)
+{
+    const double t0 = now_ms();
+    const h3_dit_cfg *c = &d->c;
+    const h3_dit_layout *l = &d->lay;
+    h3_backend *be = d->be;
+    const h3_backend_ops *o = be->ops;
+    const int64_t H = c->hidden, L = l->seq;
+    int rc = 0;
+    const h3_bt x = f32(d->x, L, H, H);
+    if (!inputs_ready && (rc = forward_inputs(d, video_rows, audio_rows))) return rc;
+    if (core == CORE_REUSE) {
+        const h3_bmod none = {0};
+        const h3_bt delta = f32(d->core_delta, L, H, H);
+        if ((rc = o->gated_add(be, &x, &delta, &none))) return rc;
+    } else {
+        if (core == CORE_SAVE && (rc = o->extrapolate(be, d->core_delta, d->x, NULL, L * H, 0.0f))) return rc;
+        /* The block stack is timed on its own (a wait before and after it): benchmarks compare it
+           with one block of other engines, without the patch projections and heads. */
+        if ((rc = o->sync(be))) return rc;
+        const double tb = now_ms();
+        if ((rc = run_stack(d, p, tab_blk, step))) return rc;
+        if ((rc = o->sync(be))) return rc;
+        const double stack_ms = now_ms() - tb;
+        if (!d->stats.block_runs || stack_ms < d->stats.stack_ms_min) d->stats.stack_ms_min = stack_ms;
+        d->stats.stack_ms_total += stack_ms;
+        if (core == CORE_SAVE && (rc = o->sub(be, d->core_delta, d->x, d->core_delta, L * H))) return rc;
+        d->stats.block_runs++;
+    }
     /* Final norm + heads on the output rows only (diffusers runs both heads over every row and
        selects afterwards; the selected values are the same). */
     const h3_bmod fm = {tab_fin, p->d_row_fin, 2, 0};
@@ -886,9 +1162,12 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
     float *vin = l->n_video ? h3_backend_dup(be, video_rows, vbytes) : NULL;
     float *ain = l->n_audio ? h3_backend_dup(be, audio_rows, abytes) : NULL;
     rc = (!blk || !fin || (l->n_video && !vin) || (l->n_audio && !ain)) ? -H3_E_NOMEM : plan_upload(d, &p);
+    /* explicit timesteps run the whole model, whatever a previous schedule dropped */
+    run_all_blocks(d);
+    if (!rc) rc = ensure_run_blocks(d);
     if (!rc) rc = ensure_ada_bias(d);
     if (!rc) rc = compute_tables(d, &p, t_values, 1, blk, fin, false);
-    if (!rc) rc = forward(d, &p, blk, fin, vin, ain, d->vo, d->ao);
+    if (!rc) rc = forward(d, &p, blk, fin, vin, ain, d->vo, d->ao, false, -1, CORE_PLAIN);
     if (!rc && l->n_video) rc = be->ops->download(be, video_out, d->vo, vbytes);
     if (!rc && l->n_audio) rc = be->ops->download(be, audio_out, d->ao, abytes);
     bfree(d, blk);
@@ -896,6 +1175,263 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
     bfree(d, vin);
     bfree(d, ain);
     plan_free(d, &p);
+    return rc;
+}
+
+/* ---- speed knobs ------------------------------------------------------------------------- */
+
+void h3_dit_token_span(int layers, int *first, int *end, int *end_early)
+{
+    /* the release's span (blocks 4..30 of 50, 4..40 during the first 10 steps), rounded to this depth */
+    *first = (4 * layers + 25) / 50;
+    *end = (30 * layers + 25) / 50;
+    *end_early = (40 * layers + 25) / 50;
+}
+
+int h3_dit_knobs_check(const h3_dit_cfg *c, const h3_dit_knobs *k)
+{
+    if (k->reuse < 0 || k->reuse > 1000)
+        return h3_err(H3_E_INVALID, "reuse must be between 0 (off) and 1000, got %d", k->reuse);
+    if (k->core_reuse < 0 || k->core_reuse > 1000)
+        return h3_err(H3_E_INVALID, "core reuse must be between 0 (off) and 1000, got %d", k->core_reuse);
+    if (k->reuse > 1 && k->core_reuse > 1)
+        return h3_err(H3_E_INVALID, "reuse %d and core reuse %d cannot be combined: step reuse already skips the "
+                                    "transformer calls whose block stack core reuse would skip", k->reuse, k->core_reuse);
+    const int min_layers = c->layers < 3 ? c->layers : 3;
+    if (k->layers != 0 && (k->layers < min_layers || k->layers > c->layers))
+        return h3_err(H3_E_INVALID, "layers %d: this model has %d blocks and runs at least %d (the first two and the last)",
+                      k->layers, c->layers, min_layers);
+    if (k->layer_policy != H3_LAYERS_GATE && k->layer_policy != H3_LAYERS_UNIFORM)
+        return h3_err(H3_E_INVALID, "layer policy must be %d (gate) or %d (uniform), got %d", H3_LAYERS_GATE,
+                      H3_LAYERS_UNIFORM, k->layer_policy);
+    if (k->token_reduction != 0 && k->token_reduction != 1)
+        return h3_err(H3_E_INVALID, "token reduction must be 0 (off) or 1 (on), got %d", k->token_reduction);
+    if (!isfinite(k->cache_threshold) || k->cache_threshold < 0 || k->cache_threshold > 100)
+        return h3_err(H3_E_INVALID, "cache threshold must be between 0 (off) and 100, got %g", (double)k->cache_threshold);
+    if (k->cache_threshold > 0 && k->reuse > 1)
+        return h3_err(H3_E_INVALID, "cache threshold %g and reuse %d cannot be combined: both choose which steps skip "
+                                    "the transformer", (double)k->cache_threshold, k->reuse);
+    return 0;
+}
+
+int h3_dit_set_knobs(h3_dit *d, const h3_dit_knobs *k)
+{
+    if (!d->has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before the speed knobs");
+    if (!k) {
+        memset(&d->knobs, 0, sizeof d->knobs);
+        return 0;
+    }
+    int rc = h3_dit_knobs_check(&d->c, k);
+    if (rc) return rc;
+    d->knobs = *k;
+    return 0;
+}
+
+/*
+ * Layer score: mean |value| of a block's two AdaLN gates (slots 2 and 5: gate_msa, gate_mlp) over
+ * the (timestep role, modality) rows of the plan at every step of the schedule. A block whose
+ * gates are small adds little to the residual stream at the timesteps this request uses. Only the
+ * gate rows of adaln_proj are multiplied (a third of the weight), one modality at a time.
+ */
+static int score_layers(h3_dit *d, const dit_plan *p, const float *t_values, int n_sets, double *score)
+{
+    const h3_dit_cfg *c = &d->c;
+    h3_backend *be = d->be;
+    const h3_backend_ops *o = be->ops;
+    const int64_t H = c->hidden, E = c->temb_dim, nc = p->n_combo;
+    const int64_t M = (int64_t)n_sets * p->n_t, maxrows = (int64_t)n_sets * nc;
+    float *emb = h3_alloc_aligned(sizeof(float) * (size_t)(M * E));
+    float *X = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * E));
+    float *Y = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * H));
+    float *Xd = o->alloc(be, sizeof(float) * (size_t)(maxrows * E + 1));
+    float *Yd = o->alloc(be, sizeof(float) * (size_t)(maxrows * H + 1));
+    float *bd = o->alloc(be, sizeof(float) * (size_t)H);
+    int rc = (!emb || !X || !Y || !Xd || !Yd || !bd) ? -H3_E_NOMEM : 0;
+    if (!rc) rc = time_embed(d, t_values, M, emb);
+    for (int b = 0; !rc && b < c->layers; b++) {
+        const dit_block *bk = &d->blk[b];
+        const size_t wsz = h3_dtype_size(bk->ada.dtype);
+        double sum = 0;
+        int64_t count = 0;
+        for (int m = 0; !rc && m < H3_TAGS; m++) {
+            int64_t rows = 0;
+            for (int s = 0; s < n_sets; s++)
+                for (int64_t k = 0; k < nc; k++)
+                    if (p->combo_m[k] == m)
+                        memcpy(X + (rows++) * E, emb + ((int64_t)s * p->n_t + p->combo_t[k]) * E, sizeof(float) * (size_t)E);
+            if (!rows) continue;
+            rc = o->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
+            static const int gate_slots[2] = {2, 5};
+            for (int g = 0; g < 2 && !rc; g++) {
+                const int64_t row0 = ((int64_t)m * 6 + gate_slots[g]) * H;
+                h3_bw W = {0};
+                const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, H, H);
+                rc = o->weight_load(be, (const char *)bk->ada.data + (size_t)(row0 * E) * wsz, bk->ada.dtype, H, E, &W);
+                if (!rc) rc = o->upload(be, bd, bk->ada_b + row0, sizeof(float) * (size_t)H);
+                if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
+                if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * H));
+                wfree(d, &W);
+                for (int64_t i = 0; !rc && i < rows * H; i++) sum += fabs((double)Y[i]);
+                count += rows * H;
+            }
+        }
+        score[b] = count ? sum / (double)count : 0;
+    }
+    h3_free_aligned(emb);
+    h3_free_aligned(X);
+    h3_free_aligned(Y);
+    bfree(d, Xd);
+    bfree(d, Yd);
+    bfree(d, bd);
+    return rc;
+}
+
+/* The run list for knobs.layers: the first two blocks, the last, and the rest chosen by policy. */
+static int select_layers(h3_dit *d, const float *t_values, int n_sets, bool release)
+{
+    const int L = d->c.layers, M = d->knobs.layers;
+    if (M <= 0 || M >= L) {
+        run_all_blocks(d);
+        return 0;
+    }
+    bool *keep = h3_calloc((size_t)L, sizeof *keep);
+    double *score = h3_calloc((size_t)L, sizeof *score);
+    int rc = keep && score ? 0 : -H3_E_NOMEM;
+    const int fixed = L < 3 ? L : 3, want = M - fixed;
+    if (!rc) {
+        keep[0] = true;
+        if (L > 1) keep[1] = true;
+        keep[L - 1] = true;
+    }
+    if (!rc && want > 0 && d->knobs.layer_policy == H3_LAYERS_UNIFORM) {
+        /* the centres of `want` equal slices of blocks 2 .. L-2 (distinct: each slice is >= 1 block) */
+        for (int j = 0; j < want; j++) keep[2 + (int)(((int64_t)(2 * j + 1) * (L - 3)) / (2 * want))] = true;
+    } else if (!rc && want > 0) {
+        rc = score_layers(d, &d->plan, t_values, n_sets, score);
+        for (int j = 0; !rc && j < want; j++) {
+            int best = -1;
+            for (int b = 2; b < L - 1; b++)
+                if (!keep[b] && (best < 0 || score[b] > score[best])) best = b; /* ties: the earlier block */
+            keep[best] = true;
+        }
+    }
+    if (!rc) {
+        d->n_run = 0;
+        for (int b = 0; b < L; b++) {
+            if (keep[b]) {
+                d->run[d->n_run++] = b;
+            } else if (release) {
+                /* a dropped block's adaln_proj is never read again for this schedule */
+                char name[96];
+                snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.weight", b);
+                h3_store_release_tensor(d->st, name);
+            }
+        }
+    }
+    free(keep);
+    free(score);
+    return rc;
+}
+
+/* Token reduction's reduced sequence for the layout: generated video tokens (t, i, j) and
+   (t, i, j + 1) with j even become one row; every other row (text, audio, conditioning, an odd last
+   column) stays a row of its own. */
+static int build_reduction(h3_dit *d)
+{
+    const h3_dit_cfg *c = &d->c;
+    const h3_dit_layout *l = &d->lay;
+    const int64_t L = l->seq, H = c->hidden;
+    const int64_t Hp = c->patch[1] ? l->lat_h / c->patch[1] : 0, Wp = c->patch[2] ? l->lat_w / c->patch[2] : 0;
+    const int64_t n_gen = l->n_video - l->n_cond_video;
+    if (Wp < 2 || Hp < 1 || l->lat_t < 1 || n_gen != (int64_t)l->lat_t * Hp * Wp) return 0; /* nothing to pool */
+    int64_t *partner = h3_malloc(sizeof(int64_t) * (size_t)L);
+    int64_t *pairs = h3_malloc(sizeof(int64_t) * 2 * (size_t)L);
+    int32_t *combo = h3_malloc(sizeof(int32_t) * (size_t)L);
+    double *pos = h3_malloc(sizeof(double) * 3 * (size_t)L);
+    float *hc = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->F3 ? d->F3 : 1)));
+    float *hs = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->F3 ? d->F3 : 1)));
+    int rc = partner && pairs && combo && pos && hc && hs ? 0 : -H3_E_NOMEM;
+    for (int64_t r = 0; !rc && r < L; r++) partner[r] = -1;
+    for (int64_t g = 0; !rc && g < n_gen; g++) {
+        const int64_t j = g % Wp;
+        if (j % 2 || j + 1 >= Wp) continue;
+        const int64_t r0 = l->video_idx[l->n_cond_video + g], r1 = l->video_idx[l->n_cond_video + g + 1];
+        partner[r0] = r1;
+        partner[r1] = -2; /* consumed by its pair */
+    }
+    int64_t n = 0;
+    for (int64_t r = 0; !rc && r < L; r++) {
+        if (partner[r] == -2) continue;
+        const int64_t p1 = partner[r];
+        pairs[2 * n] = r;
+        pairs[2 * n + 1] = p1;
+        combo[n] = d->plan.row_combo[r]; /* a pair shares its (role, modality), so its table row */
+        for (int a = 0; a < 3; a++)
+            pos[n * 3 + a] = p1 >= 0 ? (l->pos[r * 3 + a] + l->pos[p1 * 3 + a]) * 0.5 : l->pos[r * 3 + a];
+        n++;
+    }
+    if (!rc && d->F3 > 0) rope_rows(d, pos, n, hc, hs);
+    if (!rc) {
+        h3_backend *be = d->be;
+        d->red_rows = n;
+        d->d_pairs = h3_backend_dup(be, pairs, sizeof(int64_t) * 2 * (size_t)n);
+        d->d_red_combo = h3_backend_dup(be, combo, sizeof(int32_t) * (size_t)n);
+        d->red_cos = d->F3 ? h3_backend_dup(be, hc, sizeof(float) * (size_t)(n * d->F3)) : NULL;
+        d->red_sin = d->F3 ? h3_backend_dup(be, hs, sizeof(float) * (size_t)(n * d->F3)) : NULL;
+        d->snap = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
+        d->red_base = be->ops->alloc(be, sizeof(float) * (size_t)(n * H));
+        if (!d->d_pairs || !d->d_red_combo || (d->F3 && (!d->red_cos || !d->red_sin)) || !d->snap || !d->red_base)
+            rc = -H3_E_NOMEM;
+    }
+    h3_dit_token_span(c->layers, &d->tr_first, &d->tr_end, &d->tr_end_early);
+    free(partner);
+    free(pairs);
+    free(combo);
+    free(pos);
+    h3_free_aligned(hc);
+    h3_free_aligned(hs);
+    return rc;
+}
+
+/* Everything the knobs need before the tables are computed: the run list (and the blocks' weights
+   to match), the reduced sequence, the velocity history and the caches' buffers. */
+static int apply_knobs(h3_dit *d, const float *t_values, int evals, bool release)
+{
+    const h3_dit_knobs *k = &d->knobs;
+    const h3_dit_layout *l = &d->lay;
+    h3_backend *be = d->be;
+    const int64_t H = d->c.hidden, L = l->seq;
+    /* A backend without the knobs' ops (one still being written) refuses the knob, not the render. */
+    const h3_backend_ops *o = be->ops;
+    const struct {
+        bool used, present;
+        const char *knob, *op;
+    } need[] = {{k->reuse > 1, o->extrapolate != NULL, "reuse", "extrapolate"},
+                {k->core_reuse > 1, o->extrapolate && o->sub && o->gated_add, "core reuse", "sub"},
+                {k->token_reduction != 0, o->extrapolate && o->pool_pairs && o->unpool_pairs, "token reduction",
+                 "pool_pairs/unpool_pairs"},
+                {k->cache_threshold > 0, o->abs_diff_sum != NULL, "cache threshold", "abs_diff_sum"}};
+    for (size_t i = 0; i < sizeof need / sizeof *need; i++)
+        if (need[i].used && !need[i].present)
+            return h3_err(H3_E_UNSUPPORTED, "%s needs the %s op, which the %s backend does not have yet", need[i].knob,
+                          need[i].op, o->name);
+    int rc = select_layers(d, t_values, evals, release);
+    if (!rc) rc = ensure_run_blocks(d);
+    if (!rc && k->token_reduction) rc = build_reduction(d);
+    if (!rc && (k->reuse > 1 || k->cache_threshold > 0)) {
+        const size_t bytes[2] = {sizeof(float) * (size_t)(l->n_video * d->P + 1),
+                                 sizeof(float) * (size_t)(l->n_audio * d->c.audio_ch + 1)};
+        for (int m = 0; m < 2 && !rc; m++)
+            for (int s = 0; s < 2 && !rc; s++)
+                if (!(d->vel[m][s] = be->ops->alloc(be, bytes[m]))) rc = -H3_E_NOMEM;
+    }
+    if (!rc && k->cache_threshold > 0) {
+        d->mod_cur = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
+        d->mod_prev = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
+        if (!d->mod_cur || !d->mod_prev) rc = -H3_E_NOMEM;
+    }
+    if (!rc && k->core_reuse > 1 && !(d->core_delta = be->ops->alloc(be, sizeof(float) * (size_t)(L * H))))
+        rc = -H3_E_NOMEM;
     return rc;
 }
 
@@ -910,6 +1446,9 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     d->stats.forwards = 0;
     d->stats.forward_ms_min = d->stats.forward_ms_last = d->stats.forward_ms_total = 0;
     memset(d->stats.part_ms, 0, sizeof d->stats.part_ms);
+    d->stats.block_runs = d->stats.skipped_steps = 0;
+    d->stats.stack_ms_min = d->stats.stack_ms_total = 0;
+    d->stats.transformer_ms = 0;
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
     int rc = 0, n[2] = {0, 0};
@@ -939,16 +1478,7 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
        the adaln_proj weights when the step runs, and nothing is released. */
     d->per_step = (d->flags & H3_OPT_DIT_PER_STEP) != 0;
     const int sets = d->per_step ? 1 : evals;
-    if (!rc) {
-        const int64_t H = c->hidden;
-        uint64_t blk_n = (uint64_t)sets * c->layers * d->plan.n_combo * 6 * H;
-        uint64_t fin_n = (uint64_t)sets * d->plan.n_fin * 2 * H;
-        d->tab_blk = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(blk_n + 1));
-        d->tab_fin = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(fin_n + 1));
-        d->tvals = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES);
-        if (!d->tab_blk || !d->tab_fin || !d->tvals) rc = -H3_E_NOMEM;
-        d->table_bytes = (blk_n + fin_n) * sizeof(float);
-    }
+    if (!rc && !(d->tvals = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES))) rc = -H3_E_NOMEM;
     float *tv = d->tvals;
     for (int s = 0; !rc && s < evals; s++) {
         /* build_row_timesteps: conditioning video rows at max(t, 0.999), reference audio at 1. */
@@ -960,6 +1490,17 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     }
     if (d->per_step) release_adaln = false;
     if (!rc) rc = ensure_ada_bias(d);
+    /* The speed knobs decide which blocks run (only those get tables) and set up their caches. */
+    if (!rc) rc = apply_knobs(d, tv, evals, release_adaln);
+    if (!rc) {
+        const int64_t H = c->hidden;
+        uint64_t blk_n = (uint64_t)sets * d->n_run * d->plan.n_combo * 6 * H;
+        uint64_t fin_n = (uint64_t)sets * d->plan.n_fin * 2 * H;
+        d->tab_blk = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(blk_n + 1));
+        d->tab_fin = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(fin_n + 1));
+        if (!d->tab_blk || !d->tab_fin) rc = -H3_E_NOMEM;
+        d->table_bytes = (blk_n + fin_n) * sizeof(float);
+    }
     if (!rc && !d->per_step) rc = compute_tables(d, &d->plan, tv, evals, d->tab_blk, d->tab_fin, release_adaln);
     if (rc) {
         drop_schedule(d);
@@ -971,13 +1512,44 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     }
     d->n_steps = evals;
     d->has_plan = true;
+    d->stats.layers_run = d->n_run;
     d->stats.prepare_ms = now_ms() - t0;
     return evals;
 }
 
 int h3_dit_num_steps(const h3_dit *d) { return d->has_plan ? d->n_steps : 0; }
 
+const int *h3_dit_blocks_run(const h3_dit *d, int *n, int64_t *reduced_rows)
+{
+    *n = d->n_run;
+    if (reduced_rows) *reduced_rows = d->red_rows;
+    return d->run;
+}
+
 const float *h3_dit_sigmas(const h3_dit *d, int modality_audio) { return d->has_plan ? d->sig[modality_audio ? 1 : 0] : NULL; }
+
+/* The step cache's test: the relative L1 change of the first block's modulated input since the
+   previous step, added to what has accumulated since the last evaluation. x holds this step's input
+   rows afterwards. */
+static int cache_test(h3_dit *d, const float *blk, const float *video_rows, const float *audio_rows)
+{
+    h3_backend *be = d->be;
+    const int64_t H = d->c.hidden, L = d->lay.seq;
+    int rc = forward_inputs(d, video_rows, audio_rows);
+    const h3_bt x = f32(d->x, L, H, H), y = f32(d->mod_cur, L, H, H);
+    const h3_bmod mod = {blk, d->plan.d_row_combo, 6, 0};
+    if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->blk[d->run[0]].norm1, &mod, (float)d->c.norm_eps, &y);
+    if (!rc && d->has_mod_prev) {
+        double diff, ref;
+        rc = be->ops->abs_diff_sum(be, d->mod_cur, d->mod_prev, L * H, &diff, &ref);
+        if (!rc) d->cache_acc += ref > 0 ? diff / ref : 0;
+    }
+    float *t = d->mod_prev;
+    d->mod_prev = d->mod_cur;
+    d->mod_cur = t;
+    d->has_mod_prev = true;
+    return rc;
+}
 
 int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
 {
@@ -985,28 +1557,85 @@ int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
     if (!d->has_text) return h3_err(H3_E_INVALID, "transformer: no text set for this layout");
     if (i < 0 || i >= d->n_steps)
         return h3_err(H3_E_INVALID, "transformer: step %d is outside the schedule of %d steps", i, d->n_steps);
+    const double t_step = now_ms();
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
     h3_backend *be = d->be;
     const int64_t H = c->hidden;
     const int set = d->per_step ? 0 : i;
-    const float *blk = d->tab_blk + (int64_t)set * c->layers * d->plan.n_combo * 6 * H;
+    const float *blk = d->tab_blk + (int64_t)set * d->n_run * d->plan.n_combo * 6 * H;
     const float *fin = d->tab_fin + (int64_t)set * d->plan.n_fin * 2 * H;
+    const h3_dit_knobs *k = &d->knobs;
+    const int last = d->n_steps - 1;
+    const bool history = k->reuse > 1 || k->cache_threshold > 0;
     int rc = 0;
     if (d->per_step) {
         rc = ensure_ada_bias(d);
         if (!rc) rc = compute_tables(d, &d->plan, d->tvals + (int64_t)i * H3_ROLES, 1, d->tab_blk, d->tab_fin, false);
     }
-    if (!rc) rc = forward(d, &d->plan, blk, fin, video_rows, audio_rows, d->vo, d->ao);
+    /* Which steps run the transformer: all, unless step reuse or the step cache skips some (the
+       first and the last always run). */
+    bool eval = true, ready = false;
+    if (!rc && k->reuse > 1) {
+        eval = i == 0 || i == last || i % k->reuse == 0;
+    } else if (!rc && k->cache_threshold > 0) {
+        rc = cache_test(d, blk, video_rows, audio_rows);
+        ready = true;
+        eval = i == 0 || i == last || d->n_vel == 0 || d->cache_acc >= k->cache_threshold;
+        if (eval) d->cache_acc = 0;
+    }
     if (rc) return rc;
-    /* Euler on the generated rows only; conditioning rows ride through unchanged. */
     const int64_t P = d->P, Ca = c->audio_ch;
     const float *vo = d->vo, *ao = d->ao;
+    if (eval) {
+        int core = CORE_PLAIN;
+        if (k->core_reuse > 1)
+            core = d->core_calls == 0 || i == last || d->core_calls % k->core_reuse == 0 ? CORE_SAVE : CORE_REUSE;
+        float *vout = d->vo, *aout = d->ao;
+        if (history) { /* the oldest velocity's buffers take the new one */
+            vout = d->vel[0][1];
+            aout = d->vel[1][1];
+        }
+        rc = forward(d, &d->plan, blk, fin, video_rows, audio_rows, vout, aout, ready, i, core);
+        if (rc) return rc;
+        d->core_calls++;
+        if (history) {
+            for (int m = 0; m < 2; m++) {
+                float *t = d->vel[m][1];
+                d->vel[m][1] = d->vel[m][0];
+                d->vel[m][0] = t;
+                d->vel_sig[m][1] = d->vel_sig[m][0];
+                d->vel_sig[m][0] = d->sig[m][i];
+            }
+            if (d->n_vel < 2) d->n_vel++;
+        }
+        vo = vout;
+        ao = aout;
+    } else if (k->reuse > 1 && d->n_vel >= 2) {
+        /* v = v1 + r (v1 - v0), r = (sigma - sigma1) / (sigma1 - sigma0) per modality, within [-2, 2] */
+        const int64_t n[2] = {l->n_video * P, l->n_audio * Ca};
+        float *out[2] = {d->vo, d->ao};
+        for (int m = 0; m < 2 && !rc; m++) {
+            const double s1 = d->vel_sig[m][0], s0 = d->vel_sig[m][1], den = s1 - s0;
+            double r = den != 0 ? ((double)d->sig[m][i] - s1) / den : 0.0;
+            r = r < -2 ? -2 : r > 2 ? 2 : r;
+            rc = be->ops->extrapolate(be, out[m], d->vel[m][0], d->vel[m][1], n[m], (float)r);
+        }
+        if (rc) return rc;
+        d->stats.skipped_steps++;
+    } else {
+        /* after a single evaluation, and in the step cache: hold the last velocity */
+        vo = d->vel[0][0];
+        ao = d->vel[1][0];
+        d->stats.skipped_steps++;
+    }
+    /* Euler on the generated rows only; conditioning rows ride through unchanged. */
     if ((rc = be->ops->euler(be, video_rows + l->n_cond_video * P, vo + l->n_cond_video * P,
                              (l->n_video - l->n_cond_video) * P, d->ts[0][i], d->sig[0][i], d->sig[0][i + 1])) ||
         (rc = be->ops->euler(be, audio_rows + l->n_cond_audio * Ca, ao + l->n_cond_audio * Ca,
                              (l->n_audio - l->n_cond_audio) * Ca, d->ts[1][i], d->sig[1][i], d->sig[1][i + 1])))
         return rc;
+    d->stats.transformer_ms += now_ms() - t_step;
     return d->n_steps - i - 1;
 }
 

@@ -103,6 +103,19 @@ H3_INTERNAL void h3_dit_unpack_audio(int C, int Ta, const float *rows, float *la
  * The backend must outlive the transformer.
  */
 H3_INTERNAL int h3_dit_open(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, h3_dit **out);
+
+/* How a transformer is opened (h3_dit_open_ex; zeroed = h3_dit_open). */
+typedef struct h3_dit_open_opts {
+    /* Leave the blocks' GEMM weights unloaded until a schedule runs them: with layer dropping the
+       dropped blocks' weights are then never loaded. */
+    bool lazy_blocks;
+    /* LoRA files merged into the weights they target as those load (lora.h); scales may be NULL. */
+    const char *const *lora_paths;
+    const float *lora_scales;
+    int n_lora;
+} h3_dit_open_opts;
+H3_INTERNAL int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags,
+                               const h3_dit_open_opts *opts, h3_dit **out);
 H3_INTERNAL void h3_dit_close(h3_dit *d);
 H3_INTERNAL const h3_dit_cfg *h3_dit_config(const h3_dit *d);
 H3_INTERNAL h3_backend *h3_dit_backend(const h3_dit *d);
@@ -124,6 +137,31 @@ H3_INTERNAL int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n);
  */
 H3_INTERNAL int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shift_audio,
                                         bool release_adaln);
+/*
+ * Speed knobs of a request (h3.h h3_request has the user-facing description). Zero = off; all off
+ * is the exact path, bit for bit. They apply from the next h3_dit_prepare_schedule on and are
+ * turned off by every h3_dit_set_layout; h3_dit_forward_t ignores them.
+ */
+typedef struct h3_dit_knobs {
+    int reuse;             /* >= 2: evaluate steps 0, last and multiples of reuse; extrapolate between */
+    int core_reuse;        /* >= 2: run the block stack on call 0, every core_reuse-th call and the last step */
+    int layers;            /* 0 = all; else the number of blocks run (first two + last + ranked others) */
+    int layer_policy;      /* H3_LAYERS_GATE / H3_LAYERS_UNIFORM */
+    int token_reduction;   /* 1: pool horizontal target-video token pairs over the middle blocks */
+    float cache_threshold; /* > 0: step cache on the first block's modulated input */
+} h3_dit_knobs;
+/* Check knobs against a transformer config: one line naming the first problem (H3_E_INVALID). */
+H3_INTERNAL int h3_dit_knobs_check(const h3_dit_cfg *c, const h3_dit_knobs *k);
+/* Set the knobs for the next prepared schedule (NULL = all off). Needs a layout. */
+H3_INTERNAL int h3_dit_set_knobs(h3_dit *d, const h3_dit_knobs *k);
+/* Token reduction's span for a depth: original block indices [first, end), and end during the first
+   10 steps (the release's 4..30 and 4..40 of 50 blocks, scaled). */
+H3_INTERNAL void h3_dit_token_span(int layers, int *first, int *end, int *end_early);
+
+/* The blocks the prepared schedule runs (original indices, in order) and token reduction's reduced
+   sequence length (0: no reduction). */
+H3_INTERNAL const int *h3_dit_blocks_run(const h3_dit *d, int *n, int64_t *reduced_rows);
+
 /* Evaluations of the prepared schedule; sigma tables (count = evaluations + 1). */
 H3_INTERNAL int h3_dit_num_steps(const h3_dit *d);
 H3_INTERNAL const float *h3_dit_sigmas(const h3_dit *d, int modality_audio);
@@ -156,8 +194,14 @@ enum { H3_DIT_PART_LINEAR, H3_DIT_PART_ATTENTION, H3_DIT_PART_NORM, H3_DIT_PART_
 typedef struct h3_dit_stats {
     double open_ms, refine_ms, prepare_ms;
     double forward_ms_last, forward_ms_min, forward_ms_total;
+    double stack_ms_min, stack_ms_total; /* the block stack alone, over the block_runs forwards */
     double part_ms[H3_DIT_PARTS]; /* forward time by kind of work, summed over the forwards */
     int forwards;
+    /* the work of the steps since the last prepared schedule (the speed knobs change it) */
+    int block_runs;       /* forwards that ran the block stack (fewer than forwards with core reuse) */
+    int skipped_steps;    /* steps that ran no forward (step reuse, step cache) */
+    int layers_run;       /* blocks per block-stack run */
+    double transformer_ms;/* time inside h3_dit_step: forwards, cache tests, extrapolation, Euler */
 } h3_dit_stats;
 /* Names of the parts ("linear", "attention", "norm_modulate", "qk_norm_rope", "eltwise"). */
 H3_INTERNAL const char *h3_dit_part_name(int part);

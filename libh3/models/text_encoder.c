@@ -22,6 +22,7 @@
  * embedding table is touched only at the rows of the prompt's tokens.
  */
 #include "models/text_encoder.h"
+#include "backend/cpu/ops.h" /* h3_to_f32: weights are widened on the host before upload */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -357,20 +358,34 @@ static bool prefetch_default(void) { return true; }
 
 /* ---- compute ------------------------------------------------------------------------------ */
 
+#define ROPE_ROWS 64 /* positions per upload of the RoPE table */
+
+/*
+ * Everything the layers compute on lives in one block of backend memory: the residual stream x,
+ * the working buffers, the RoPE table and the layer's norm weights widened to f32. `stage` is a
+ * small host buffer for what is prepared on the host (the norm weights, RoPE rows) before upload.
+ */
 typedef struct {
     int64_t n;
     int H, QD, KD, I, hd, half, heads, kv;
-    float *xn, *q, *k, *v, *att, *g, *u; /* [n,H] [n,QD] [n,KD] [n,KD] [n,QD] [n,I] [n,I] */
-    float *cosb, *sinb;                  /* [n, half] */
-    float *w_in, *w_post, *w_qn, *w_kn;  /* norm weights as f32 */
+    float *x, *xn, *q, *k, *v, *att, *g, *u; /* [n,H] [n,H] [n,QD] [n,KD] [n,KD] [n,QD] [n,I] [n,I] */
+    float *cosb, *sinb;                      /* [n, half] */
+    float *w_in, *w_post, *w_qn, *w_kn;      /* norm weights as f32 */
+    float *stage;                            /* host: stage_floats(c) */
 } te_act;
+
+static uint64_t stage_floats(const h3_text_cfg *c)
+{
+    uint64_t r = 2ull * ROPE_ROWS * (uint64_t)(c->head_dim / 2);
+    return r > (uint64_t)c->hidden ? r : (uint64_t)c->hidden;
+}
 
 /* Activation floats for n tokens, excluding the caller's output (see h3_text_memory). */
 static uint64_t act_floats(const h3_text_cfg *c, uint64_t n)
 {
     uint64_t QD = (uint64_t)c->heads * c->head_dim, KD = (uint64_t)c->kv_heads * c->head_dim;
-    return n * ((uint64_t)c->hidden + 2 * QD + 2 * KD + 2ull * c->inter + (uint64_t)c->head_dim) +
-           2ull * c->hidden + 2ull * c->head_dim;
+    return n * (2ull * c->hidden + 2 * QD + 2 * KD + 2ull * c->inter + (uint64_t)c->head_dim) +
+           2ull * c->hidden + 2ull * c->head_dim + stage_floats(c);
 }
 
 static float *carve(float **cur, uint64_t count)
@@ -380,7 +395,7 @@ static float *carve(float **cur, uint64_t count)
     return p;
 }
 
-static int act_alloc(te_act *a, const h3_text_cfg *c, int n, void **block)
+static int act_alloc(te_act *a, h3_backend *be, const h3_text_cfg *c, int n, void **block)
 {
     memset(a, 0, sizeof *a);
     a->n = n;
@@ -392,11 +407,14 @@ static int act_alloc(te_act *a, const h3_text_cfg *c, int n, void **block)
     a->QD = c->heads * c->head_dim;
     a->KD = c->kv_heads * c->head_dim;
     a->I = c->inter;
-    uint64_t total = act_floats(c, (uint64_t)n) + 16ull * 16; /* + alignment slack of 16 buffers */
-    float *cur = *block = h3_alloc_aligned(total * sizeof(float));
-    if (!cur) return h3_err(H3_E_NOMEM, "text encoder: cannot allocate %llu MiB of activations for %d tokens",
-                            (unsigned long long)(total * sizeof(float) >> 20), n);
+    uint64_t total = act_floats(c, (uint64_t)n) - stage_floats(c) + 16ull * 16; /* + alignment slack */
+    float *cur = *block = be->ops->alloc(be, total * sizeof(float));
+    a->stage = h3_malloc(stage_floats(c) * sizeof(float));
+    if (!cur || !a->stage)
+        return h3_err(H3_E_NOMEM, "text encoder: cannot allocate %llu MiB of activations for %d tokens",
+                      (unsigned long long)(total * sizeof(float) >> 20), n);
     uint64_t N = (uint64_t)n;
+    a->x = carve(&cur, N * a->H);
     a->xn = carve(&cur, N * a->H);
     a->q = carve(&cur, N * a->QD);
     a->k = carve(&cur, N * a->KD);
@@ -414,104 +432,94 @@ static int act_alloc(te_act *a, const h3_text_cfg *c, int n, void **block)
 }
 
 /* cos/sin of p * inv_freq[j] for positions 0..n-1, with inv_freq and the angle formed in f32 as
-   transformers forms them (powf matches torch's f32 pow to the ulp on the tested head sizes). */
-static void rope_table(te_act *a, double theta)
+   transformers forms them (powf matches torch's f32 pow to the ulp on the tested head sizes).
+   Built on the host ROPE_ROWS positions at a time and uploaded. */
+static int rope_table(h3_backend *be, te_act *a, double theta)
 {
-    for (int j = 0; j < a->half; j++) {
-        float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)a->hd);
-        for (int64_t p = 0; p < a->n; p++) {
-            float ang = (float)p * inv_freq;
-            a->cosb[p * a->half + j] = (float)cos((double)ang);
-            a->sinb[p * a->half + j] = (float)sin((double)ang);
-        }
-    }
-}
-
-typedef struct {
-    te_act *a;
-    float *x;       /* rope: q or k buffer; add: destination */
-    const float *y; /* add: addend */
-    int heads, ld;
-} te_job;
-
-/* x[t, h, :] rotated by position t (rotate-half pairs j, j + half). */
-static void rope_task(void *arg, int64_t b, int64_t e, int thread)
-{
-    te_job *j = arg;
-    const te_act *a = j->a;
-    for (int64_t t = b; t < e; t++) {
-        const float *c = a->cosb + t * a->half, *s = a->sinb + t * a->half;
-        for (int h = 0; h < j->heads; h++) {
-            float *v = j->x + t * j->ld + (int64_t)h * a->hd;
-            for (int i = 0; i < a->half; i++) {
-                float x1 = v[i], x2 = v[i + a->half];
-                v[i] = x1 * c[i] - x2 * s[i];
-                v[i + a->half] = x2 * c[i] + x1 * s[i];
+    const int half = a->half;
+    for (int64_t p0 = 0; p0 < a->n; p0 += ROPE_ROWS) {
+        const int64_t rows = a->n - p0 < ROPE_ROWS ? a->n - p0 : ROPE_ROWS;
+        float *cs = a->stage, *sn = a->stage + rows * half;
+        for (int j = 0; j < half; j++) {
+            float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)a->hd);
+            for (int64_t p = 0; p < rows; p++) {
+                float ang = (float)(p0 + p) * inv_freq;
+                cs[p * half + j] = (float)cos((double)ang);
+                sn[p * half + j] = (float)sin((double)ang);
             }
         }
+        const size_t bytes = sizeof(float) * (size_t)(rows * half);
+        int rc;
+        if ((rc = be->ops->upload(be, a->cosb + p0 * half, cs, bytes)) ||
+            (rc = be->ops->upload(be, a->sinb + p0 * half, sn, bytes)))
+            return rc;
     }
+    return 0;
 }
 
-static void add_task(void *arg, int64_t b, int64_t e, int thread)
+static h3_bt f32(float *p, int64_t rows, int64_t cols, int64_t ld) { return h3_bt_make(p, H3_DT_F32, rows, cols, ld); }
+
+/* A norm weight of the layer, widened to f32 on the host and uploaded. */
+static int norm_weight(h3_backend *be, const te_layer *L, const uint8_t *buf, int w, float *stage, float *dst)
 {
-    te_job *j = arg;
-    for (int64_t i = b; i < e; i++) j->x[i] += j->y[i];
+    const int64_t n = L->t[w]->shape[0];
+    h3_to_f32(buf + L->off[w], L->t[w]->dtype, stage, n);
+    return be->ops->upload(be, dst, stage, sizeof(float) * (size_t)n);
 }
 
-static h3_mat mat_of(const te_layer *L, const uint8_t *buf, int w)
+/* One decoder layer, in place on the residual stream a->x [n, H]. `W` holds the layer's seven
+   GEMM weights as the backend took them (in the W_* order of k_wname, norms skipped). */
+static int layer_forward(h3_backend *be, te_act *a, const h3_text_cfg *c, const h3_bw *W)
 {
-    h3_mat m = {buf + L->off[w], L->t[w]->dtype, L->t[w]->shape[0], L->t[w]->shape[1]};
-    return m;
-}
-
-static void norm_weight(const te_layer *L, const uint8_t *buf, int w, float *dst)
-{
-    h3_to_f32(buf + L->off[w], L->t[w]->dtype, dst, L->t[w]->shape[0]);
-}
-
-/* One decoder layer, in place on the residual stream x[n, H]. */
-static int layer_forward(h3_pool *pool, te_act *a, const h3_text_cfg *c, const te_layer *L,
-                         const uint8_t *buf, float *x)
-{
+    const h3_backend_ops *o = be->ops;
     const int64_t n = a->n;
     const float eps = (float)c->rms_eps;
-    norm_weight(L, buf, W_IN_NORM, a->w_in);
-    norm_weight(L, buf, W_POST_NORM, a->w_post);
-    norm_weight(L, buf, W_Q_NORM, a->w_qn);
-    norm_weight(L, buf, W_K_NORM, a->w_kn);
-    h3_mat wq = mat_of(L, buf, W_Q), wk = mat_of(L, buf, W_K), wv = mat_of(L, buf, W_V);
-    h3_mat wo = mat_of(L, buf, W_O), wg = mat_of(L, buf, W_GATE), wu = mat_of(L, buf, W_UP);
-    h3_mat wd = mat_of(L, buf, W_DOWN);
+    const h3_bt x = f32(a->x, n, a->H, a->H), xn = f32(a->xn, n, a->H, a->H);
+    const h3_bt q = f32(a->q, n, a->QD, a->QD), k = f32(a->k, n, a->KD, a->KD), v = f32(a->v, n, a->KD, a->KD);
+    const h3_bt att = f32(a->att, n, a->QD, a->QD), g = f32(a->g, n, a->I, a->I), u = f32(a->u, n, a->I, a->I);
     int rc;
 
-    /* attention block */
-    h3_rmsnorm(pool, x, a->H, a->xn, a->H, n, a->H, a->w_in, eps);
-    if ((rc = h3_linear(pool, a->xn, n, a->H, &wq, NULL, a->q, a->QD)) ||
-        (rc = h3_linear(pool, a->xn, n, a->H, &wk, NULL, a->k, a->KD)) ||
-        (rc = h3_linear(pool, a->xn, n, a->H, &wv, NULL, a->v, a->KD)))
+    /* attention block: q_norm / k_norm are RMSNorms over each head's head_dim values, before the
+       rotation; q and k are normalised and rotated in place. */
+    if ((rc = o->norm_mod(be, &x, NULL, a->w_in, NULL, eps, &xn)) || (rc = o->linear(be, &xn, &W[W_Q], NULL, &q)) ||
+        (rc = o->linear(be, &xn, &W[W_K], NULL, &k)) || (rc = o->linear(be, &xn, &W[W_V], NULL, &v)) ||
+        (rc = o->qk_norm_rope(be, &q, &k, NULL, a->hd, a->w_qn, a->w_kn, a->cosb, a->sinb, a->heads, a->kv, a->hd,
+                              a->half, eps, &q, &k, NULL)) ||
+        (rc = o->attention(be, &q, &k, &v, a->heads, a->kv, a->hd, (float)(1.0 / sqrt((double)a->hd)), true, &att)) ||
+        (rc = o->linear(be, &att, &W[W_O], NULL, &xn)) || (rc = o->gated_add(be, &x, &xn, NULL)))
         return rc;
-    /* q_norm / k_norm: RMSNorm over each head's head_dim values, before the rotation. */
-    h3_rmsnorm(pool, a->q, a->hd, a->q, a->hd, n * a->heads, a->hd, a->w_qn, eps);
-    h3_rmsnorm(pool, a->k, a->hd, a->k, a->hd, n * a->kv, a->hd, a->w_kn, eps);
-    te_job jq = {a, a->q, NULL, a->heads, a->QD}, jk = {a, a->k, NULL, a->kv, a->KD};
-    h3_parallel_for(pool, n, 16, rope_task, &jq);
-    h3_parallel_for(pool, n, 16, rope_task, &jk);
-    if ((rc = h3_attention(pool, a->q, a->QD, a->k, a->KD, a->v, a->KD, n, n, a->heads, a->kv, a->hd,
-                           (float)(1.0 / sqrt((double)a->hd)), true, a->att, a->QD)) ||
-        (rc = h3_linear(pool, a->att, n, a->QD, &wo, NULL, a->xn, a->H)))
-        return rc;
-    te_job add = {a, x, a->xn, 0, 0};
-    h3_parallel_for(pool, n * a->H, 4096, add_task, &add);
 
     /* MLP block */
-    h3_rmsnorm(pool, x, a->H, a->xn, a->H, n, a->H, a->w_post, eps);
-    if ((rc = h3_linear(pool, a->xn, n, a->H, &wg, NULL, a->g, a->I)) ||
-        (rc = h3_linear(pool, a->xn, n, a->H, &wu, NULL, a->u, a->I)))
+    if ((rc = o->norm_mod(be, &x, NULL, a->w_post, NULL, eps, &xn)) ||
+        (rc = o->linear(be, &xn, &W[W_GATE], NULL, &g)) || (rc = o->linear(be, &xn, &W[W_UP], NULL, &u)) ||
+        (rc = o->swiglu(be, &g, &u, &g)) || (rc = o->linear(be, &g, &W[W_DOWN], NULL, &xn)) ||
+        (rc = o->gated_add(be, &x, &xn, NULL)))
         return rc;
-    h3_swiglu(pool, a->g, a->I, a->u, a->I, a->g, a->I, n, a->I);
-    if ((rc = h3_linear(pool, a->g, n, a->I, &wd, NULL, a->xn, a->H))) return rc;
-    h3_parallel_for(pool, n * a->H, 4096, add_task, &add);
     return 0;
+}
+
+/* Layer l from its buffer: norm weights uploaded, GEMM weights handed to the backend (views on the
+   CPU, device copies on a GPU, released right after the layer). */
+static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_layer *L, const uint8_t *buf)
+{
+    static const int gemms[] = {W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN};
+    h3_bw W[W_COUNT];
+    memset(W, 0, sizeof W);
+    int rc, loaded = 0;
+    if ((rc = norm_weight(be, L, buf, W_IN_NORM, a->stage, a->w_in)) ||
+        (rc = norm_weight(be, L, buf, W_POST_NORM, a->stage, a->w_post)) ||
+        (rc = norm_weight(be, L, buf, W_Q_NORM, a->stage, a->w_qn)) ||
+        (rc = norm_weight(be, L, buf, W_K_NORM, a->stage, a->w_kn)))
+        return rc;
+    for (; loaded < (int)(sizeof gemms / sizeof *gemms) && !rc; loaded++) {
+        const h3_tensor *t = L->t[gemms[loaded]];
+        rc = be->ops->weight_load(be, buf + L->off[gemms[loaded]], t->dtype, t->shape[0], t->shape[1],
+                                  &W[gemms[loaded]]);
+    }
+    if (!rc) rc = layer_forward(be, a, c, W);
+    for (int i = 0; i < loaded; i++)
+        if (W[gemms[i]].data || W[gemms[i]].priv) be->ops->weight_free(be, &W[gemms[i]]);
+    return rc;
 }
 
 /* hidden_states[0]: the prompt's rows of the embedding table, read one by one into out. */
@@ -554,9 +562,9 @@ static int check_ids(const te_plan *p, const int32_t *ids, int n)
     return 0;
 }
 
-int h3_text_forward(h3_model *m, h3_pool *pool, const int32_t *ids, int n, float *out, h3_text_run *run)
+int h3_text_forward(h3_model *m, h3_backend *be, const int32_t *ids, int n, float *out, h3_text_run *run)
 {
-    if (!ids || !out) return h3_err(H3_E_INVALID, "text encoder: NULL ids or output");
+    if (!ids || !out || !be) return h3_err(H3_E_INVALID, "text encoder: NULL ids, output or backend");
     int rc = h3_text_check_count(n);
     if (rc) return rc;
     te_plan p;
@@ -575,24 +583,29 @@ int h3_text_forward(h3_model *m, h3_pool *pool, const int32_t *ids, int n, float
     te_act a;
     void *block = NULL;
     uint64_t emb_bytes = 0;
+    const size_t stream_bytes = sizeof(float) * (size_t)n * (size_t)p.cfg.hidden;
     memset(&rd, 0, sizeof rd);
+    memset(&a, 0, sizeof a);
     if ((rc = files_open(&files, &p)) || (rc = reader_start(&rd, &p, &files, prefetch))) goto done;
     reader_request(&rd, 0); /* layer 0 loads while the embeddings are gathered */
-    if ((rc = act_alloc(&a, &p.cfg, n, &block)) || (rc = embed_rows(&files, &p, ids, n, out, &emb_bytes)))
+    /* hidden_states[0] is gathered into the caller's output, then becomes the residual stream. */
+    if ((rc = act_alloc(&a, be, &p.cfg, n, &block)) || (rc = embed_rows(&files, &p, ids, n, out, &emb_bytes)) ||
+        (rc = be->ops->upload(be, a.x, out, stream_bytes)) || (rc = rope_table(be, &a, p.cfg.rope_theta)))
         goto done;
-    rope_table(&a, p.cfg.rope_theta);
     if ((rc = h3_progress_check(progress, user, "text_encoder", 0, L))) goto done;
     for (int l = 0; l < L; l++) {
         const uint8_t *buf = NULL;
         if ((rc = reader_get(&rd, l, &buf))) break;
         if (l + 1 < L) reader_request(&rd, l + 1);
-        if ((rc = layer_forward(pool, &a, &p.cfg, &p.layers[l], buf, out))) break;
+        if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;
         if ((rc = h3_progress_check(progress, user, "text_encoder", l + 1, L))) break;
     }
+    if (!rc) rc = be->ops->download(be, out, a.x, stream_bytes);
 done:
     reader_stop(&rd);
     if (run) run->bytes_read = emb_bytes + rd.bytes;
-    h3_free_aligned(block);
+    if (block) be->ops->release(be, block);
+    free(a.stage);
     files_close(&files);
     plan_free(&p);
     return rc;
@@ -608,7 +621,7 @@ int h3_text_memory(h3_model *m, int n, int prefetch, h3_text_mem *out)
     out->layer_bytes = p.slot_bytes;
     out->layer_slots = prefetch && p.cfg.cond_layer > 1 ? 2 : 1;
     out->weights = out->layer_bytes * out->layer_slots;
-    /* working buffers + the [n, hidden] f32 output the stream accumulates in */
+    /* working buffers (the residual stream among them) + the caller's [n, hidden] f32 output */
     out->activations = (act_floats(&p.cfg, (uint64_t)(n > 0 ? n : 1)) + (uint64_t)(n > 0 ? n : 1) * p.cfg.hidden) *
                        sizeof(float);
     out->total = out->weights + out->activations;

@@ -3,13 +3,13 @@
  * hidden state MiniMax-H3 conditions on (hidden_states[cond_layer], before any final norm).
  *
  * Two entry points:
- *  - h3_text_forward: the raw computation from a model and a pool (no cache).
+ *  - h3_text_forward: the raw computation from a model and a backend (no cache).
  *  - the prompt cache (runtime/text_cache.c) wraps it: cache first, then the forward.
  */
 #ifndef H3_TEXT_ENCODER_H
 #define H3_TEXT_ENCODER_H
 
-#include "backend/cpu/ops.h"
+#include "backend/backend.h"
 
 /* Largest prompt accepted (keeps every size computation far from overflow). */
 #define H3_TEXT_MAX_TOKENS (1 << 20)
@@ -28,7 +28,7 @@ typedef struct h3_text_run {
  * against the vocabulary and every tensor the computation reads (headers) before reading data.
  * Layers >= cond_layer are never touched. On failure `out` holds unspecified values.
  */
-H3_INTERNAL int h3_text_forward(h3_model *m, h3_pool *pool, const int32_t *ids, int n, float *out,
+H3_INTERNAL int h3_text_forward(h3_model *m, h3_backend *be, const int32_t *ids, int n, float *out,
                                 h3_text_run *run);
 
 /* 0 when 1 <= n <= H3_TEXT_MAX_TOKENS, else the error (an empty prompt is refused). */

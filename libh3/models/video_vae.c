@@ -20,6 +20,7 @@
  * separate statements so no compiler contracts them into an FMA that torch does not use.
  */
 #include "models/video_vae.h"
+#include "backend/cpu/ops.h" /* h3_to_f32: bf16/f16 vectors are widened on the host before upload */
 
 #include <math.h>
 #include <stdint.h>
@@ -64,18 +65,32 @@ static void split_tiles(int length, int tile, int min_ov, int ratio, int n, int 
 }
 
 /*
- * Per-tile buffers. The block's big activations overlay each other (7 L x D floats, not 8):
+ * Per-tile buffers, in backend memory. The block's big activations overlay each other (7 L x D
+ * floats, not 8):
  *   X  [L, D]   residual stream
  *   S  [L, 3D]  qkv projection -> attention output -> norm2 output / norm_out output
  *   T  [L, 3D]  norm1 output -> Q | K | V -> to_out output -> w2 output
- * Each use starts after the previous one is dead (see decode_tile).
+ * Each use starts after the previous one is dead (see decode_tile). The RoPE table, the frame map
+ * and the all-zero row entries are set once per decode.
  */
 typedef struct {
     float *lat, *lat2, *X, *S, *T, *H1, *A, *P, *rope, *tile, *above, *left, *carry;
+    int32_t *kmap, *zero_entry;
 } vv_bufs;
 
+/* Rotary frequencies per axis (diffusers: rope dim = int(head_dim * rope_dim_ratio), split over 3
+   axes of sin/cos pairs; torch.arange(0, 1, 6 / rd) has ceil(rd / 6) entries); 0 when the config's
+   width is unusable (vv_load reports it). */
+static int rope_freqs(const h3_vvae_cfg *c)
+{
+    int rd = (int)(c->dec_head_dim * c->dec_rope_ratio);
+    if (rd <= 0 || rd % 6 || rd > c->dec_head_dim) return 0;
+    return (int)ceil(1.0 / (6.0 / rd));
+}
+
 /* Carve the workspace (base != NULL) or just measure it. One layout serves both, so the size the
-   API reports is exactly what a decode allocates. */
+   API reports is exactly what a decode allocates on the backend (the host adds a few KB while it
+   builds the RoPE table). */
 static size_t vv_layout(const h3_vvae_cfg *c, const h3_vvae_plan *p, vv_bufs *b, char *base)
 {
     size_t off = 0;
@@ -83,15 +98,15 @@ static size_t vv_layout(const h3_vvae_cfg *c, const h3_vvae_plan *p, vv_bufs *b,
     if (!b) b = &dummy;
 #define TAKE(field, count)                                                                 \
     do {                                                                                   \
-        size_t n_ = (size_t)(count) * sizeof(float);                                      \
-        b->field = base && n_ ? (float *)(base + off) : NULL;                              \
+        size_t n_ = (size_t)(count) * sizeof(*b->field);                                  \
+        b->field = base && n_ ? (void *)(base + off) : NULL;                               \
         off += (n_ + 63) & ~(size_t)63;                                                    \
     } while (0)
     size_t D = (size_t)c->dec_heads * c->dec_head_dim, I = D * (size_t)c->dec_ffn_mult;
     size_t L = (size_t)p->tokens, G = (size_t)p->grid, RB = (size_t)p->rows_block, C = (size_t)c->latent_ch;
     size_t oc = (size_t)c->out_ch, pix = oc * p->pt * p->ps * p->ps;
     size_t K = (size_t)p->keep0 + p->keep1, th = (size_t)p->tile_h, tw = (size_t)p->tile_w;
-    size_t nf = 64; /* rope tables: sized for the largest supported frequency count */
+    size_t half = 3 * (size_t)rope_freqs(c); /* rotated dims / 2: t, y and x frequencies */
     TAKE(lat, G * C);
     TAKE(lat2, G * C);
     TAKE(X, L * D);
@@ -100,11 +115,13 @@ static size_t vv_layout(const h3_vvae_cfg *c, const h3_vvae_plan *p, vv_bufs *b,
     TAKE(H1, RB * 2 * I);
     TAKE(A, RB * I);
     TAKE(P, RB * pix);
-    TAKE(rope, 2 * nf * ((size_t)p->win + th / p->ps + tw / p->ps));
+    TAKE(rope, 2 * G * half);
     TAKE(tile, K * oc * th * tw);
     TAKE(above, p->ny > 1 ? (size_t)(p->col_major ? 1 : p->nx) * K * oc * p->max_ovy * tw : 0);
     TAKE(left, p->nx > 1 ? (size_t)(p->col_major ? p->ny : 1) * K * oc * th * p->max_ovx : 0);
     TAKE(carry, p->windows > 1 && p->keep1 > 0 ? (size_t)p->keep1 * oc * p->height * p->width : 0);
+    TAKE(kmap, (size_t)p->win * p->pt);
+    TAKE(zero_entry, L);
 #undef TAKE
     return off;
 }
@@ -213,26 +230,45 @@ int h3_vvae_plan_make(const h3_vvae_cfg *c, int T, int h, int w, int tile_px, in
 /* ---- weights ---------------------------------------------------------------------------- */
 
 typedef struct {
-    h3_mat qkv, out, w1, w2;
+    h3_bw qkv, out, w1, w2;
     const float *qkv_b, *out_b, *w1_b, *w2_b, *norm1, *norm2, *scale1, *scale2;
 } vv_layer;
 
 typedef struct {
     h3_vvae_cfg cfg;
+    h3_backend *be;
     int C, D, heads, dh, I, R, rd, nf, pix, nlayers;
-    h3_mat pq, emb, proj;
-    const float *pq_b, *emb_b, *reg, *nout_w, *nout_b, *proj_b;
+    h3_bw pq, emb, proj;
+    const float *pq_b, *emb_b, *reg, *nout_w, *nout_b, *proj_b; /* backend f32 vectors */
     float inv_freq[64];
     vv_layer *layers;
-    float *arena; /* f32 copies of every vector parameter */
+    float *arena;    /* host: f32 copies of every vector parameter, uploaded once loaded */
+    float *barena;   /* the arena on the backend: the vectors above point into it */
     size_t arena_n, arena_cap;
     void **owned; /* aligned copies of matrices whose mapping is misaligned */
     int nowned;
     h3_store *store;
 } vv_model;
 
+static void vv_free_w(vv_model *M, h3_bw *w)
+{
+    if (w->data || w->priv) M->be->ops->weight_free(M->be, w);
+}
+
 static void vv_model_free(vv_model *M)
 {
+    if (M->be) {
+        vv_free_w(M, &M->pq);
+        vv_free_w(M, &M->emb);
+        vv_free_w(M, &M->proj);
+        for (int i = 0; M->layers && i < M->nlayers; i++) {
+            vv_free_w(M, &M->layers[i].qkv);
+            vv_free_w(M, &M->layers[i].out);
+            vv_free_w(M, &M->layers[i].w1);
+            vv_free_w(M, &M->layers[i].w2);
+        }
+        M->be->ops->release(M->be, M->barena);
+    }
     for (int i = 0; i < M->nowned; i++) h3_free_aligned(M->owned[i]);
     free(M->owned);
     free(M->layers);
@@ -241,7 +277,7 @@ static void vv_model_free(vv_model *M)
     memset(M, 0, sizeof *M);
 }
 
-/* A vector parameter of n values (shape given), as f32 in the arena. */
+/* A vector parameter of n values (shape given), as f32 in the host arena. */
 static const float *vv_vec(vv_model *M, const char *name, int ndim, const int64_t *shape, size_t n)
 {
     h3_dtype dt;
@@ -269,8 +305,9 @@ static const float *vv_vec1(vv_model *M, const char *name, int64_t n)
     return vv_vec(M, name, 1, &n, (size_t)n);
 }
 
-/* A weight matrix [rows, cols] (trailing singleton dims allowed via ndim/shape). */
-static int vv_mat(vv_model *M, const char *name, int ndim, const int64_t *shape, h3_mat *out)
+/* A weight matrix [rows, cols] (trailing singleton dims allowed via ndim/shape), handed to the
+   backend (on the CPU a view of the mapping). */
+static int vv_mat(vv_model *M, const char *name, int ndim, const int64_t *shape, h3_bw *out)
 {
     h3_dtype dt;
     const void *src = h3_store_get_float(M->store, name, ndim, shape, &dt);
@@ -287,13 +324,19 @@ static int vv_mat(vv_model *M, const char *name, int ndim, const int64_t *shape,
         M->owned[M->nowned++] = copy;
         src = copy;
     }
-    *out = (h3_mat){src, dt, shape[0], shape[1]};
-    return 0;
+    return M->be->ops->weight_load(M->be, src, dt, shape[0], shape[1], out);
 }
 
-static int vv_load(h3_model *m, vv_model *M)
+/* The vectors' pointers moved from the host arena to its backend copy. */
+static const float *on_backend(const vv_model *M, const float *host)
+{
+    return host ? M->barena + (host - M->arena) : NULL;
+}
+
+static int vv_load(h3_model *m, h3_backend *be, vv_model *M)
 {
     memset(M, 0, sizeof *M);
+    M->be = be;
     int rc;
     if ((rc = h3_vvae_cfg_load(m, &M->cfg)) || (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE))) return rc;
     const h3_vvae_cfg *c = &M->cfg;
@@ -313,7 +356,7 @@ static int vv_load(h3_model *m, vv_model *M)
        ceil(rd / 6) entries as torch counts them (one more than rd / 6 for a few widths). The rotated
        width is what the tables span: 6 x entries. */
     double step = 6.0 / rd;
-    M->nf = (int)ceil(1.0 / step);
+    M->nf = rope_freqs(c);
     M->rd = 6 * M->nf;
     if (M->rd > M->dh || M->nf > 64)
         return h3_err(H3_E_UNSUPPORTED, "video VAE: %d rotary dims exceed dim_head %d", M->rd, M->dh);
@@ -367,6 +410,21 @@ static int vv_load(h3_model *m, vv_model *M)
             goto fail;
 #undef NAME
     }
+    /* Every vector to the backend in one upload; the host arena goes. */
+    if (!(M->barena = h3_backend_dup(be, M->arena, (M->arena_n ? M->arena_n : 1) * sizeof(float)))) {
+        rc = -H3_E_NOMEM;
+        goto fail;
+    }
+    M->pq_b = on_backend(M, M->pq_b), M->emb_b = on_backend(M, M->emb_b), M->reg = on_backend(M, M->reg);
+    M->nout_w = on_backend(M, M->nout_w), M->nout_b = on_backend(M, M->nout_b), M->proj_b = on_backend(M, M->proj_b);
+    for (int i = 0; i < M->nlayers; i++) {
+        vv_layer *l = &M->layers[i];
+        l->qkv_b = on_backend(M, l->qkv_b), l->out_b = on_backend(M, l->out_b), l->w1_b = on_backend(M, l->w1_b);
+        l->w2_b = on_backend(M, l->w2_b), l->norm1 = on_backend(M, l->norm1), l->norm2 = on_backend(M, l->norm2);
+        l->scale1 = on_backend(M, l->scale1), l->scale2 = on_backend(M, l->scale2);
+    }
+    h3_free_aligned(M->arena);
+    M->arena = NULL;
     return 0;
 fail:
     h3_err_prefix("video VAE decoder");
@@ -380,138 +438,66 @@ typedef struct {
     const vv_model *M;
     const h3_vvae_plan *P;
     const h3_vvae_request *rq;
-    h3_pool *pool;
+    h3_backend *be;
     vv_bufs b;
-    int th, tw;            /* tile size in latents */
-    const float *cos_t, *sin_t, *cos_y, *sin_y, *cos_x, *sin_x;
-    int kmap[512];         /* decoded frame of a window -> kept frame index, -1 dropped */
+    int th, tw; /* tile size in latents */
 } vv_run;
 
-/* Per-axis RoPE tables for a tile of win x th x tw latents: angle = 2pi * coord * inv_freq, coord
-   the cell centre in [-1, 1), computed in float32 with torch's rounding order. */
-static void rope_axis(const vv_model *M, int n, float *cs, float *sn)
+static h3_bt f32(float *p, int64_t rows, int64_t cols, int64_t ld) { return h3_bt_make(p, H3_DT_F32, rows, cols, ld); }
+
+/* Angle of frequency f at cell i of an axis of n cells: 2pi * coord * inv_freq, coord the cell
+   centre in [-1, 1), computed in float32 with torch's rounding order. */
+static float axis_angle(const vv_model *M, int i, int n, int f)
 {
     const float two_pi = (float)(2.0 * 3.14159265358979323846);
-    for (int i = 0; i < n; i++) {
-        float q = (0.5f + (float)i) / (float)n;
-        float pos = 2.0f * q;
-        pos = pos - 1.0f;
-        float a = pos * two_pi;
-        for (int f = 0; f < M->nf; f++) {
-            float ang = a * M->inv_freq[f];
-            cs[i * M->nf + f] = cosf(ang);
-            sn[i * M->nf + f] = sinf(ang);
-        }
-    }
+    float q = (0.5f + (float)i) / (float)n;
+    float pos = 2.0f * q;
+    pos = pos - 1.0f;
+    float a = pos * two_pi;
+    return a * M->inv_freq[f];
 }
 
-typedef struct {
-    vv_run *r;
-    int64_t grid;
-    float eps;
-} qkv_job;
+#define ROPE_ROWS 256 /* grid tokens per upload of the RoPE table */
 
-/* Split the per-head interleaved qkv rows into Q, K, V; RMS-normalise q and k per head (no affine,
-   float32 as diffusers) and rotate the first rd dims of grid tokens (extra tokens sit at position
-   0: identity). */
-static void qkv_task(void *arg, int64_t t0, int64_t t1, int thread)
+/* The RoPE table of a tile's grid tokens (t, y, x): row t holds [t freqs | y freqs | x freqs] of
+   cos (then of sin), the half the rotation pairs with itself. Registers and the zero token sit at
+   position 0 and are not rotated. Built on the host ROPE_ROWS rows at a time and uploaded. */
+static int rope_table(vv_run *r)
 {
-    qkv_job *j = arg;
-    const vv_run *r = j->r;
     const vv_model *M = r->M;
-    int dh = M->dh, D = M->D, nf = M->nf, half = M->rd / 2, th = r->th, tw = r->tw;
-    int64_t L = r->P->tokens;
-    float cs[384], sn[384];
-    (void)thread;
-    for (int64_t t = t0; t < t1; t++) {
-        const float *row = r->b.S + t * 3 * D;
-        bool rot = t < j->grid;
-        if (rot) {
-            int64_t ti = t / (th * tw), yi = (t / tw) % th, xi = t % tw;
-            /* angles: [t freqs, y freqs, x freqs] duplicated -> rd values */
-            for (int f = 0; f < nf; f++) {
-                cs[f] = r->cos_t[ti * nf + f], sn[f] = r->sin_t[ti * nf + f];
-                cs[nf + f] = r->cos_y[yi * nf + f], sn[nf + f] = r->sin_y[yi * nf + f];
-                cs[2 * nf + f] = r->cos_x[xi * nf + f], sn[2 * nf + f] = r->sin_x[xi * nf + f];
-            }
-            for (int d = 0; d < half; d++) cs[half + d] = cs[d], sn[half + d] = sn[d];
-        }
-        for (int h = 0; h < M->heads; h++) {
-            const float *src = row + (int64_t)h * 3 * dh;
-            float *dsts[2] = {r->b.T + t * D + h * dh, r->b.T + (L + t) * D + h * dh};
-            for (int w = 0; w < 2; w++) {
-                const float *x = src + w * dh;
-                float *y = dsts[w];
-                double ss = 0;
-                for (int d = 0; d < dh; d++) ss += (double)x[d] * x[d];
-                float inv = (float)(1.0 / sqrt(ss / dh + j->eps));
-                float nx[512];
-                for (int d = 0; d < dh; d++) nx[d] = x[d] * inv;
-                if (rot) {
-                    for (int d = 0; d < M->rd; d++) {
-                        float other = d < half ? -nx[d + half] : nx[d - half];
-                        float a = nx[d] * cs[d];
-                        float b = other * sn[d];
-                        y[d] = a + b;
-                    }
-                    for (int d = M->rd; d < dh; d++) y[d] = nx[d];
-                } else {
-                    memcpy(y, nx, sizeof(float) * (size_t)dh);
+    const int nf = M->nf, half = 3 * nf, th = r->th, tw = r->tw, win = r->P->win;
+    const int64_t G = r->P->grid;
+    float *cs = h3_malloc(sizeof(float) * 2 * ROPE_ROWS * (size_t)(half ? half : 1)), *sn = cs + ROPE_ROWS * half;
+    if (!cs) return -H3_E_NOMEM;
+    int rc = 0;
+    for (int64_t t0 = 0; t0 < G && !rc; t0 += ROPE_ROWS) {
+        const int64_t rows = G - t0 < ROPE_ROWS ? G - t0 : ROPE_ROWS;
+        for (int64_t k = 0; k < rows; k++) {
+            const int64_t t = t0 + k;
+            const int cell[3] = {(int)(t / (th * tw)), (int)((t / tw) % th), (int)(t % tw)}, len[3] = {win, th, tw};
+            for (int ax = 0; ax < 3; ax++)
+                for (int f = 0; f < nf; f++) {
+                    float ang = axis_angle(M, cell[ax], len[ax], f);
+                    cs[k * half + ax * nf + f] = cosf(ang);
+                    sn[k * half + ax * nf + f] = sinf(ang);
                 }
-            }
-            memcpy(r->b.T + (2 * L + t) * D + h * dh, src + 2 * dh, sizeof(float) * (size_t)dh);
         }
+        const size_t bytes = sizeof(float) * (size_t)(rows * half);
+        float *dc = r->b.rope + t0 * half, *ds = r->b.rope + G * half + t0 * half;
+        if (!(rc = r->be->ops->upload(r->be, dc, cs, bytes))) rc = r->be->ops->upload(r->be, ds, sn, bytes);
     }
+    free(cs);
+    return rc;
 }
 
-typedef struct {
-    float *X;
-    const float *Y, *scale;
-    int64_t D, ldy;
-} resid_job;
-
-/* X += Y * scale (layer scale): the gated residual kernel the transformer uses, with the scale as
-   the gate (product rounded before the add, as torch does: C11 builds do not contract to FMA). */
-static void resid_task(void *arg, int64_t r0, int64_t r1, int thread)
+/* Views of rows [r0, r0 + n) of the qkv projection in S (per head [q | k | v], heads 3 dh apart):
+   in[0..2] the q, k and v parts, out[0..2] their head-major rows in T (Q | K | V, L rows each). */
+static void qkv_views(const vv_run *r, int64_t r0, int64_t n, h3_bt in[3], h3_bt out[3])
 {
-    resid_job *j = arg;
-    (void)thread;
-    for (int64_t r = r0; r < r1; r++) h3_gated_add(j->X + r * j->D, j->scale, j->Y + r * j->ldy, j->D);
-}
-
-static void residual(h3_pool *pool, float *X, const float *Y, int64_t ldy, const float *scale, int64_t rows,
-                     int64_t D)
-{
-    resid_job j = {X, Y, scale, D, ldy};
-    h3_parallel_for(pool, rows, 8, resid_task, &j);
-}
-
-typedef struct {
-    const vv_run *r;
-    int64_t tok0;
-} scatter_job;
-
-/* Un-patchify proj_out rows: token (t, y, x) holds [out_ch][pt][ps][ps] pixels of decoded frames
-   t*pt .. t*pt+pt-1; frames the window drops are skipped. */
-static void scatter_task(void *arg, int64_t i0, int64_t i1, int thread)
-{
-    scatter_job *j = arg;
-    const vv_run *r = j->r;
-    const h3_vvae_plan *P = r->P;
-    int ps = P->ps, pt = P->pt, oc = r->M->cfg.out_ch, th = P->tile_h, tw = P->tile_w;
-    (void)thread;
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t tok = j->tok0 + i;
-        int t = (int)(tok / (r->th * r->tw)), y = (int)((tok / r->tw) % r->th), x = (int)(tok % r->tw);
-        const float *src = r->b.P + i * r->M->pix;
-        for (int co = 0; co < oc; co++)
-            for (int a = 0; a < pt; a++) {
-                int k = r->kmap[t * pt + a];
-                if (k < 0) continue;
-                const float *s = src + ((int64_t)co * pt + a) * ps * ps;
-                float *dst = r->b.tile + (((int64_t)k * oc + co) * th + (int64_t)y * ps) * tw + (int64_t)x * ps;
-                for (int by = 0; by < ps; by++) memcpy(dst + (int64_t)by * tw, s + by * ps, sizeof(float) * (size_t)ps);
-            }
+    const int64_t D = r->M->D, dh = r->M->dh, L = r->P->tokens;
+    for (int s = 0; s < 3; s++) {
+        in[s] = f32(r->b.S + r0 * 3 * D + s * dh, n, 3 * D - s * dh, 3 * D);
+        out[s] = f32(r->b.T + (s * L + r0) * D, n, D, D);
     }
 }
 
@@ -521,247 +507,135 @@ static int decode_tile(vv_run *r, int win_start, int ly0, int lx0)
     const vv_model *M = r->M;
     const h3_vvae_plan *P = r->P;
     const h3_vvae_cfg *c = &M->cfg;
-    h3_pool *pool = r->pool;
-    int64_t C = M->C, D = M->D, I = M->I, G = P->grid, L = P->tokens, RB = P->rows_block;
+    h3_backend *be = r->be;
+    const h3_backend_ops *o = be->ops;
+    const int64_t C = M->C, D = M->D, I = M->I, G = P->grid, L = P->tokens, RB = P->rows_block;
+    const float eps = (float)c->dec_eps;
     int rc;
-    float eps = (float)c->dec_eps;
 
     /* De-normalise (x * std, then + mean) while gathering tokens (t, y, x) x channels; latent frames
        past the end repeat the last one, as `_decode` pads. */
-    const float *lat = r->rq->latents;
-    int64_t plane = (int64_t)P->h * P->w, tstride = plane, cstride = (int64_t)P->T * plane;
-    for (int t = 0; t < P->win; t++) {
-        int lt = win_start + t < P->T ? win_start + t : P->T - 1;
-        for (int y = 0; y < r->th; y++)
-            for (int x = 0; x < r->tw; x++) {
-                int64_t tok = ((int64_t)t * r->th + y) * r->tw + x;
-                const float *src = lat + lt * tstride + (int64_t)(ly0 + y) * P->w + lx0 + x;
-                float *dst = r->b.lat + tok * C;
-                for (int64_t ch = 0; ch < C; ch++) {
-                    float v = src[ch * cstride] * c->latents_std[ch];
-                    dst[ch] = v + c->latents_mean[ch];
-                }
-            }
-    }
-    if ((rc = h3_linear(pool, r->b.lat, G, C, &M->pq, M->pq_b, r->b.lat2, C)) ||
-        (rc = h3_linear(pool, r->b.lat2, G, C, &M->emb, M->emb_b, r->b.X, D)))
+    const int64_t plane = (int64_t)P->h * P->w;
+    const float *box = r->rq->latents + (int64_t)win_start * plane + (int64_t)ly0 * P->w + lx0;
+    const h3_bt lat = f32(r->b.lat, G, C, C), lat2 = f32(r->b.lat2, G, C, C), Xg = f32(r->b.X, G, D, D);
+    if ((rc = o->channels_last(be, box, (int64_t)P->T * plane, plane, P->w, P->win, P->T - win_start, r->th, r->tw,
+                               c->latents_std, c->latents_mean, &lat)) ||
+        (rc = o->linear(be, &lat, &M->pq, M->pq_b, &lat2)) || (rc = o->linear(be, &lat2, &M->emb, M->emb_b, &Xg)))
         return rc;
-    memcpy(r->b.X + G * D, M->reg, sizeof(float) * (size_t)(M->R * D));
-    memset(r->b.X + (G + M->R) * D, 0, sizeof(float) * (size_t)D); /* the all-zero token */
+    /* The register tokens, then the all-zero token. */
+    const h3_bt reg = f32((float *)M->reg, M->R, D, D), Xr = f32(r->b.X + G * D, M->R, D, D);
+    if (M->R && (rc = o->copy(be, &reg, &Xr))) return rc;
+    if ((rc = o->zero(be, r->b.X + (G + M->R) * D, sizeof(float) * (size_t)D))) return rc;
 
-    float scale = (float)(1.0 / sqrt((double)M->dh));
+    const float scale = (float)(1.0 / sqrt((double)M->dh));
+    const h3_bt X = f32(r->b.X, L, D, D), T = f32(r->b.T, L, D, D), S = f32(r->b.S, L, 3 * D, 3 * D),
+                SD = f32(r->b.S, L, D, D);
+    /* Grid tokens are rotated by the table; the registers and the zero token (position 0) are not. */
+    h3_bt gi[3], go[3], ei[3], eo[3], all[3], qkv[3];
+    qkv_views(r, 0, G, gi, go);
+    qkv_views(r, G, L - G, ei, eo);
+    qkv_views(r, 0, L, all, qkv);
+    const int half = M->rd / 2, hs = 3 * M->dh;
+    const float *cosg = r->b.rope, *sing = r->b.rope + G * half;
     for (int li = 0; li < M->nlayers; li++) {
         const vv_layer *l = &M->layers[li];
-        float *Q = r->b.T, *K = Q + L * D, *V = K + L * D;
-        h3_rmsnorm(pool, r->b.X, D, r->b.T, D, L, D, l->norm1, eps);
-        if ((rc = h3_linear(pool, r->b.T, L, D, &l->qkv, l->qkv_b, r->b.S, 3 * D))) return rc;
-        qkv_job qj = {r, G, eps};
-        h3_parallel_for(pool, L, 4, qkv_task, &qj);
-        if ((rc = h3_attention(pool, Q, D, K, D, V, D, L, L, M->heads, M->heads, M->dh, scale, false, r->b.S, D)) ||
-            (rc = h3_linear(pool, r->b.S, L, D, &l->out, l->out_b, r->b.T, D)))
+        /* Layer scale as a gated residual: one "modulation" row, entry 0 for every token. */
+        const h3_bmod ls1 = {l->scale1, r->b.zero_entry, 0, 0}, ls2 = {l->scale2, r->b.zero_entry, 0, 0};
+        /* q/k: RMSNorm over each head without weight (float32, as diffusers), then RoPE. */
+        if ((rc = o->norm_mod(be, &X, NULL, l->norm1, NULL, eps, &T)) ||
+            (rc = o->linear(be, &T, &l->qkv, l->qkv_b, &S)) ||
+            (rc = o->qk_norm_rope(be, &gi[0], &gi[1], &gi[2], hs, NULL, NULL, cosg, sing, M->heads, M->heads, M->dh,
+                                  half, eps, &go[0], &go[1], &go[2])) ||
+            (rc = o->qk_norm_rope(be, &ei[0], &ei[1], &ei[2], hs, NULL, NULL, NULL, NULL, M->heads, M->heads, M->dh,
+                                  0, eps, &eo[0], &eo[1], &eo[2])) ||
+            (rc = o->attention(be, &qkv[0], &qkv[1], &qkv[2], M->heads, M->heads, M->dh, scale, false, &SD)) ||
+            (rc = o->linear(be, &SD, &l->out, l->out_b, &T)) || (rc = o->gated_add(be, &X, &T, &ls1)) ||
+            (rc = o->norm_mod(be, &X, NULL, l->norm2, NULL, eps, &SD)))
             return rc;
-        residual(pool, r->b.X, r->b.T, D, l->scale1, L, D);
-        h3_rmsnorm(pool, r->b.X, D, r->b.S, D, L, D, l->norm2, eps);
-        /* FFN in row blocks: its 3x-wide hidden never exists for the whole tile. */
+        /* FFN in row blocks: its 3x-wide hidden never exists for the whole tile. Official w1 rows
+           are [gate; up]: act = up * silu(gate) (diffusers' SwiGLU stores [up; gate]). */
         for (int64_t r0 = 0; r0 < L; r0 += RB) {
-            int64_t n = L - r0 < RB ? L - r0 : RB;
-            if ((rc = h3_linear(pool, r->b.S + r0 * D, n, D, &l->w1, l->w1_b, r->b.H1, 2 * I))) return rc;
-            /* Official w1 rows are [gate; up]: act = up * silu(gate) (diffusers' SwiGLU stores [up; gate]). */
-            h3_swiglu(pool, r->b.H1, 2 * I, r->b.H1 + I, 2 * I, r->b.A, I, n, I);
-            if ((rc = h3_linear(pool, r->b.A, n, I, &l->w2, l->w2_b, r->b.T, D))) return rc;
-            residual(pool, r->b.X + r0 * D, r->b.T, D, l->scale2, n, D);
+            const int64_t n = L - r0 < RB ? L - r0 : RB;
+            const h3_bt in = f32(r->b.S + r0 * D, n, D, D), h1 = f32(r->b.H1, n, 2 * I, 2 * I),
+                        gate = f32(r->b.H1, n, I, 2 * I), up = f32(r->b.H1 + I, n, I, 2 * I),
+                        act = f32(r->b.A, n, I, I), out = f32(r->b.T, n, D, D), xr = f32(r->b.X + r0 * D, n, D, D);
+            if ((rc = o->linear(be, &in, &l->w1, l->w1_b, &h1)) || (rc = o->swiglu(be, &gate, &up, &act)) ||
+                (rc = o->linear(be, &act, &l->w2, l->w2_b, &out)) || (rc = o->gated_add(be, &xr, &out, &ls2)))
+                return rc;
         }
     }
     /* Registers and the zero token are dropped before proj_out, so only grid rows go on. */
-    h3_layernorm(pool, r->b.X, D, r->b.S, D, G, D, M->nout_w, M->nout_b, eps);
+    const h3_bt SG = f32(r->b.S, G, D, D);
+    if ((rc = o->layernorm(be, &Xg, M->nout_w, M->nout_b, eps, &SG))) return rc;
     for (int64_t r0 = 0; r0 < G; r0 += RB) {
-        int64_t n = G - r0 < RB ? G - r0 : RB;
-        if ((rc = h3_linear(pool, r->b.S + r0 * D, n, D, &M->proj, M->proj_b, r->b.P, M->pix))) return rc;
-        scatter_job sj = {r, r0};
-        h3_parallel_for(pool, n, 4, scatter_task, &sj);
+        const int64_t n = G - r0 < RB ? G - r0 : RB;
+        const h3_bt in = f32(r->b.S + r0 * D, n, D, D), px = f32(r->b.P, n, M->pix, M->pix);
+        if ((rc = o->linear(be, &in, &M->proj, M->proj_b, &px)) ||
+            (rc = o->unpatchify(be, &px, r0, r->th, r->tw, c->out_ch, P->pt, P->ps, r->b.kmap, r->b.tile)))
+            return rc;
     }
     return 0;
 }
 
 /* ---- stitching and output --------------------------------------------------------------- */
 
-typedef struct {
-    const vv_run *r;
-    int i, j, c; /* tile row, column, window */
-    int own_w;
-} stitch_job;
-
-/* One finished row of `n` pixels of channel co, frame g, at canvas (y, x0): to the caller's
-   buffers. */
-static void emit_row(const vv_run *r, int g, int y, int x0, int co, const float *v, int n)
-{
-    const h3_vvae_plan *P = r->P;
-    if (g >= P->frames) return; /* frames of padded latents are cut, as `_decode` does */
-    const h3_vvae_request *rq = r->rq;
-    int64_t H = P->height, W = P->width;
-    bool raw = rq->flags & H3_VVAE_RAW;
-    if (raw && rq->pixels) memcpy(rq->pixels + (((int64_t)co * P->frames + g) * H + y) * W + x0, v, sizeof(float) * (size_t)n);
-    if (raw && !rq->rgb) return;
-    /* video * pixel_std + pixel_mean, clamp(0, 1), then the processor's (x * 255).round(). */
-    float sd = k_pixel_std[co], mu = k_pixel_mean[co];
-    int64_t o = (((int64_t)g * H + y) * W + x0) * 3 + co;
-    float *pf = rq->pixels && !raw ? rq->pixels + o : NULL;
-    uint8_t *pu = rq->rgb ? rq->rgb + o : NULL;
-    for (int x = 0; x < n; x++) {
-        float s = v[x] * sd;
-        s = s + mu;
-        s = s < 0.0f ? 0.0f : (s > 1.0f ? 1.0f : s);
-        if (pf) pf[3 * x] = s;
-        if (pu) {
-            /* Round half to even like numpy's round(): for 0 <= q < 2^23, adding and removing 2^23
-               leaves q rounded in the default rounding mode (no libm call per pixel). */
-            float q = s * 255.0f;
-            q = q + 8388608.0f;
-            q = q - 8388608.0f;
-            pu[3 * x] = q >= 0.0f ? (uint8_t)q : 0; /* NaN -> 0 */
-        }
-    }
-}
-
-/* v = a * (1 - p) + v * p for n values, with the weights and products rounded as torch does. */
-static inline void fade(float *v, const float *a, int n, float p)
-{
-    float wa = 1.0f - p;
-    for (int x = 0; x < n; x++) {
-        float s = a[x] * wa;
-        float t = v[x] * p;
-        v[x] = s + t;
-    }
-}
-
-/*
- * Blend tile (i, j) of window c into the output over the rows and columns it owns, exactly as
- * `_stitch_tiles` then `_decode` do: the top overlap with the original tile above, then the left
- * overlap with the original tile to the left (weights 1 - p/n and p/n), then the temporal
- * cross-fade of the window's first frames with the previous window's overlap frames.
- */
-static void stitch_task(void *arg, int64_t r0, int64_t r1, int thread)
-{
-    stitch_job *j = arg;
-    const vv_run *r = j->r;
-    const h3_vvae_plan *P = r->P;
-    int oc = r->M->cfg.out_ch, th = P->tile_h, tw = P->tile_w, K = P->keep0 + P->keep1, n = j->own_w;
-    int e_top = j->i > 0 ? P->ovy[j->i - 1] : 0, e_left = j->j > 0 ? P->ovx[j->j - 1] : 0;
-    int nl = e_left < n ? e_left : n, gx = P->x0[j->j];
-    int slot_above = P->col_major ? 0 : j->j, slot_left = P->col_major ? j->i : 0;
-    bool last = j->c == P->windows - 1;
-    int64_t HW = (int64_t)P->height * P->width;
-    float *v = h3_pool_scratch(r->pool, thread, 3, sizeof(float) * (size_t)tw); /* reserved up front */
-    for (int64_t ry = r0; ry < r1; ry++) {
-        int y = P->y0[j->i] + (int)ry;
-        float p_top = e_top ? (float)ry / (float)e_top : 0.0f;
-        for (int k = 0; k < K; k++)
-            for (int co = 0; co < oc; co++) {
-                memcpy(v, r->b.tile + (((int64_t)k * oc + co) * th + ry) * tw, sizeof(float) * (size_t)n);
-                if (ry < e_top)
-                    fade(v, r->b.above + ((((int64_t)slot_above * K + k) * oc + co) * P->max_ovy + ry) * tw, n, p_top);
-                if (nl) {
-                    const float *a = r->b.left + ((((int64_t)slot_left * K + k) * oc + co) * th + ry) * P->max_ovx;
-                    for (int x = 0; x < nl; x++) {
-                        float p = (float)x / (float)e_left;
-                        float s = a[x] * (1.0f - p);
-                        float t = v[x] * p;
-                        v[x] = s + t;
-                    }
-                }
-                int64_t pix = (int64_t)y * P->width + gx;
-                if (k < P->keep0) {
-                    if (j->c > 0 && k < P->blend_t) {
-                        int o = P->keep1 - P->blend_t + k; /* _blend uses the overlap's last frames */
-                        fade(v, r->b.carry + ((int64_t)o * oc + co) * HW + pix, n, (float)k / (float)P->blend_t);
-                    }
-                    emit_row(r, j->c * P->keep0 + k, y, gx, co, v, n);
-                } else if (last) {
-                    emit_row(r, P->windows * P->keep0 + (k - P->keep0), y, gx, co, v, n);
-                } else {
-                    memcpy(r->b.carry + ((int64_t)(k - P->keep0) * oc + co) * HW + pix, v, sizeof(float) * (size_t)n);
-                }
-            }
-    }
-}
-
-/* Keep the strips of this tile that its right and lower neighbours blend with (original values). */
-static void save_strips(vv_run *r, int i, int j)
-{
-    const h3_vvae_plan *P = r->P;
-    int oc = r->M->cfg.out_ch, th = P->tile_h, tw = P->tile_w, K = P->keep0 + P->keep1;
-    if (i + 1 < P->ny) {
-        int e = P->ovy[i];
-        for (int k = 0; k < K; k++)
-            for (int co = 0; co < oc; co++)
-                memcpy(r->b.above + (((int64_t)(P->col_major ? 0 : j) * K + k) * oc + co) * P->max_ovy * tw,
-                       r->b.tile + (((int64_t)k * oc + co) * th + th - e) * tw, sizeof(float) * (size_t)e * tw);
-    }
-    if (j + 1 < P->nx) {
-        int e = P->ovx[j];
-        for (int k = 0; k < K; k++)
-            for (int co = 0; co < oc; co++)
-                for (int y = 0; y < th; y++)
-                    memcpy(r->b.left + ((((int64_t)(P->col_major ? i : 0) * K + k) * oc + co) * th + y) * P->max_ovx,
-                           r->b.tile + (((int64_t)k * oc + co) * th + y) * tw + tw - e, sizeof(float) * (size_t)e);
-    }
-}
-
-static int run_decode(const vv_model *M, h3_pool *pool, const h3_vvae_plan *P, const h3_vvae_request *rq)
+static int run_decode(const vv_model *M, h3_backend *be, const h3_vvae_plan *P, const h3_vvae_request *rq)
 {
     vv_run r;
     memset(&r, 0, sizeof r);
-    r.M = M, r.P = P, r.rq = rq, r.pool = pool;
+    r.M = M, r.P = P, r.rq = rq, r.be = be;
     r.th = P->tile_h / P->ps, r.tw = P->tile_w / P->ps;
-    if (P->win * P->pt > (int)(sizeof r.kmap / sizeof r.kmap[0]) || M->dh > 512 || M->rd > 384)
-        return h3_err(H3_E_UNSUPPORTED, "video decode: window of %d frames or head width %d is beyond this build",
-                      P->win * P->pt, M->dh);
+    int32_t kmap[512]; /* decoded frame of a window -> kept frame index, -1 dropped */
+    if (P->win * P->pt > (int)(sizeof kmap / sizeof kmap[0]))
+        return h3_err(H3_E_UNSUPPORTED, "video decode: a window of %d frames is beyond this build", P->win * P->pt);
     for (int f = 0; f < P->win * P->pt; f++) {
         int cf = P->chunk * P->pt;
         if (f >= P->pre && f < cf)
-            r.kmap[f] = f - P->pre;
+            kmap[f] = f - P->pre;
         else if (P->keep1 > 0 && f >= cf + P->pre)
-            r.kmap[f] = P->keep0 + f - cf - P->pre;
+            kmap[f] = P->keep0 + f - cf - P->pre;
         else
-            r.kmap[f] = -1;
+            kmap[f] = -1;
     }
-    char *ws = h3_alloc_aligned(P->workspace_bytes);
+    char *ws = be->ops->alloc(be, P->workspace_bytes);
     if (!ws) return -H3_E_NOMEM;
     vv_layout(&M->cfg, P, &r.b, ws);
-    int nf = M->nf;
-    float *rp = r.b.rope;
-    r.cos_t = rp, r.sin_t = rp + P->win * nf, rp += 2 * P->win * nf;
-    r.cos_y = rp, r.sin_y = rp + r.th * nf, rp += 2 * r.th * nf;
-    r.cos_x = rp, r.sin_x = rp + r.tw * nf;
-    rope_axis(M, P->win, (float *)r.cos_t, (float *)r.sin_t);
-    rope_axis(M, r.th, (float *)r.cos_y, (float *)r.sin_y);
-    rope_axis(M, r.tw, (float *)r.cos_x, (float *)r.sin_x);
-
-    /* The stitcher's per-thread row buffer, reserved here because a task cannot fail. */
-    for (int t = 0; t < h3_pool_threads(pool); t++)
-        if (!h3_pool_scratch(pool, t, 3, sizeof(float) * (size_t)P->tile_w)) {
-            h3_free_aligned(ws);
-            return -H3_E_NOMEM;
-        }
+    int rc;
+    if ((rc = be->ops->upload(be, r.b.kmap, kmap, sizeof(int32_t) * (size_t)(P->win * P->pt))) ||
+        (rc = be->ops->zero(be, r.b.zero_entry, sizeof(int32_t) * (size_t)P->tokens)) || (rc = rope_table(&r))) {
+        be->ops->release(be, ws);
+        return rc;
+    }
     int ntiles = P->ny * P->nx, total = P->windows * ntiles, done = 0;
-    int rc = h3_progress_check(rq->progress, rq->user, PHASE, 0, total); /* the shared hook starts at 0 */
+    rc = h3_progress_check(rq->progress, rq->user, PHASE, 0, total); /* the shared hook starts at 0 */
     for (int c = 0; c < P->windows && !rc; c++)
         for (int t = 0; t < ntiles && !rc; t++) {
             /* Each tile is blended with the originals of its upper and left neighbours, so any order
                that visits those first gives the same result. */
             int i = P->col_major ? t % P->ny : t / P->nx, j = P->col_major ? t / P->ny : t % P->nx;
             if ((rc = decode_tile(&r, c * P->chunk, P->y0[i] / P->ps, P->x0[j] / P->ps))) break;
-            int own_h = P->tile_h - (i + 1 < P->ny ? P->ovy[i] : 0);
-            stitch_job sj = {&r, i, j, c, P->tile_w - (j + 1 < P->nx ? P->ovx[j] : 0)};
-            h3_parallel_for(pool, own_h, 2, stitch_task, &sj);
-            save_strips(&r, i, j);
+            h3_bstitch s = {
+                .tile = r.b.tile, .above = r.b.above, .left = r.b.left, .carry = r.b.carry,
+                .C = M->cfg.out_ch, .K = P->keep0 + P->keep1, .keep0 = P->keep0, .keep1 = P->keep1,
+                .blend_t = P->blend_t, .th = P->tile_h, .tw = P->tile_w, .max_ovy = P->max_ovy, .max_ovx = P->max_ovx,
+                .H = P->height, .W = P->width, .frames = P->frames, .window = c, .windows = P->windows,
+                .y0 = P->y0[i], .x0 = P->x0[j],
+                .ov_top = i > 0 ? P->ovy[i - 1] : 0, .ov_left = j > 0 ? P->ovx[j - 1] : 0,
+                .ov_bottom = i + 1 < P->ny ? P->ovy[i] : 0, .ov_right = j + 1 < P->nx ? P->ovx[j] : 0,
+                /* Row by row, the strips above are one per column and the strip to the left is the
+                   previous tile's; column by column, the other way round. */
+                .slot_above = P->col_major ? 0 : j, .slot_left = P->col_major ? i : 0,
+                .raw = (rq->flags & H3_VVAE_RAW) != 0, .rgb = rq->rgb, .pixels = rq->pixels,
+                .pix_mean = k_pixel_mean, .pix_std = k_pixel_std};
+            s.own_h = s.th - s.ov_bottom, s.own_w = s.tw - s.ov_right;
+            if ((rc = be->ops->vae_stitch(be, &s))) break;
             rc = h3_progress_check(rq->progress, rq->user, PHASE, ++done, total);
         }
-    h3_free_aligned(ws);
+    be->ops->release(be, ws);
     return rc;
 }
 
-int h3_vvae_decode(h3_model *m, h3_pool *pool, const h3_vvae_request *rq)
+int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
 {
     if (!rq->latents) return h3_err(H3_E_INVALID, "video decode: NULL latents");
     if (!rq->rgb && !rq->pixels) return h3_err(H3_E_INVALID, "video decode: no output buffer given");
@@ -778,8 +652,8 @@ int h3_vvae_decode(h3_model *m, h3_pool *pool, const h3_vvae_request *rq)
     if ((rc = h3_vvae_plan_make(&cfg, rq->T, rq->h, rq->w, rq->tile_px, rq->overlap_px, rq->flags, &plan)))
         return rc;
     vv_model M;
-    if ((rc = vv_load(m, &M)) == 0) {
-        rc = run_decode(&M, pool, &plan, rq);
+    if ((rc = vv_load(m, be, &M)) == 0) {
+        rc = run_decode(&M, be, &plan, rq);
         vv_model_free(&M); /* releases the mapping: the weights live for this phase only */
     }
     h3_vvae_plan_free(&plan);

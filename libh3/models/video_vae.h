@@ -1,6 +1,6 @@
 /*
  * Video VAE decoder (internal interface). The public entry points are h3_video_decode* in h3.h;
- * the pipeline calls h3_vvae_decode directly with the context's model and pool.
+ * the pipeline calls h3_vvae_run directly with the context's model and CPU backend.
  *
  * What is computed is exactly diffusers 0.42.1's MiniMaxH3VideoDecodeStep: latents * std + mean,
  * AutoencoderKLMiniMaxH3.decode (temporal windows cross-faded as `_decode` does, each window
@@ -19,7 +19,7 @@
 #ifndef H3_VIDEO_VAE_H
 #define H3_VIDEO_VAE_H
 
-#include "backend/cpu/ops.h"
+#include "backend/backend.h"
 
 /* Geometry of one decode: temporal windows, spatial tiles, output shape, workspace. */
 typedef struct h3_vvae_plan {
@@ -43,7 +43,7 @@ typedef struct h3_vvae_plan {
     int grid;                    /* win * (tile_h/ps) * (tile_w/ps) */
     int tokens;                  /* grid + registers + 1 */
     int rows_block;              /* rows per FFN / proj_out block */
-    size_t workspace_bytes;      /* everything h3_vvae_decode allocates, weights excluded */
+    size_t workspace_bytes;      /* everything h3_vvae_run allocates, weights excluded */
 } h3_vvae_plan;
 
 /* Flags (same values as the public H3_VIDEO_* flags). */
@@ -69,7 +69,9 @@ typedef struct h3_vvae_request {
     void *user;
 } h3_vvae_request;
 
-/* Map the video VAE decoder weights, decode, release the weights (h3_store_release). */
-H3_INTERNAL int h3_vvae_decode(h3_model *m, h3_pool *pool, const h3_vvae_request *req);
+/* Map the video VAE decoder weights, decode on backend `be`, release the weights (h3_store_release).
+   The request's latents and outputs are host memory (see the backend's channels_last and
+   vae_stitch). */
+H3_INTERNAL int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *req);
 
 #endif /* H3_VIDEO_VAE_H */

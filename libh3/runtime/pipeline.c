@@ -13,9 +13,11 @@
  */
 #include "models/audio_vae.h"
 #include "models/dit.h"
+#include "models/lora.h"
 #include "models/text_encoder.h"
 #include "models/video_vae.h"
 #include "core/geometry.h"
+#include "core/resample.h"
 #include "core/tokenizer.h"
 #include "runtime/runtime.h"
 
@@ -39,8 +41,10 @@ struct h3_render {
     uint64_t dit_gen;     /* the transformer's request generation this render set up */
     int64_t vrow_floats, arow_floats;
     int steps, evals, done;
-    /* geometry */
+    /* geometry: the output's width x height; the transformer and decoders run at rw x rh */
     int width, height, frames, T, lh, lw, Ta, C, AC;
+    int rw, rh;
+    int olh, olw;         /* the output canvas's latent height and width (for the noise) */
     int64_t samples;
     int sample_rate;
     uint64_t seed;
@@ -109,10 +113,29 @@ static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc
                       q->height, (long long)q->width * q->height, (long long)max_pixels);
     if (q->frames < 1 || q->frames > 100000)
         return h3_err(H3_E_INVALID, "frames must be at least 1, got %d", q->frames);
+    /* The smaller canvas the transformer and the decoders run at, resized to the output at the end. */
+    int rw = q->width, rh = q->height;
+    if (q->render_width || q->render_height) {
+        rw = q->render_width;
+        rh = q->render_height;
+        if (rw < multiple || rh < multiple || rw % multiple || rh % multiple)
+            return h3_err(H3_E_INVALID, "render size must be multiples of %d and at least %d, got %dx%d", multiple,
+                          multiple, rw, rh);
+        if (rw > q->width || rh > q->height)
+            return h3_err(H3_E_INVALID, "render size %dx%d is larger than the output %dx%d", rw, rh, q->width,
+                          q->height);
+        if ((int64_t)rw * q->height != (int64_t)rh * q->width)
+            return h3_err(H3_E_INVALID, "render size %dx%d has another aspect than the output %dx%d", rw, rh,
+                          q->width, q->height);
+    }
     h3_geom_cfg gc;
     h3_geom_cfg_of_model(m, &gc);
     h3_geom g;
-    h3_geom_plan(&gc, q->width, q->height, q->frames, 0, &g);
+    h3_geom out_g;
+    h3_geom_plan(&gc, q->width, q->height, q->frames, 0, &out_g);
+    r->olh = out_g.lat_h;
+    r->olw = out_g.lat_w;
+    h3_geom_plan(&gc, rw, rh, q->frames, 0, &g);
     const int frames = g.frames;
     if (frames > max_frames)
         return h3_err(H3_E_INVALID, "%d frames (aligned up to %d) exceed this model's limit of %lld", q->frames,
@@ -121,6 +144,8 @@ static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc
         return h3_err(H3_E_INVALID, "steps must be between 2 and 1000, got %d", q->steps);
     r->width = q->width;
     r->height = q->height;
+    r->rw = rw;
+    r->rh = rh;
     r->frames = frames;
     r->T = g.lat_t;
     r->lh = g.lat_h;
@@ -131,6 +156,73 @@ static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc
     r->steps = q->steps;
     r->seed = q->seed;
     return 0;
+}
+
+/* Area weights of one axis: output i covers input [i n/m, (i+1) n/m); w[i][j] is its overlap with
+   input cell j (first[i] = the first j, count[i] cells). */
+static int area_axis(int n, int m, int **first, int **count, double **w, int *taps)
+{
+    *taps = (n + m - 1) / m + 1;
+    *first = h3_malloc(sizeof(int) * (size_t)m);
+    *count = h3_malloc(sizeof(int) * (size_t)m);
+    *w = h3_calloc((size_t)m * (size_t)*taps, sizeof(double));
+    if (!*first || !*count || !*w) return -H3_E_NOMEM;
+    for (int i = 0; i < m; i++) {
+        const double a = (double)i * n / m, b = (double)(i + 1) * n / m;
+        int j0 = (int)floor(a), k = 0;
+        (*first)[i] = j0;
+        for (int j = j0; j < n && j < b && k < *taps; j++) {
+            const double lo = a > j ? a : j, hi = b < j + 1 ? b : j + 1;
+            if (hi > lo) (*w)[i * *taps + k] = hi - lo;
+            k++;
+        }
+        (*count)[i] = k;
+    }
+    return 0;
+}
+
+/*
+ * The video noise of a smaller render canvas, made from the output canvas's noise for the same
+ * seed: each latent of the small grid is the area-weighted sum of the full-size noise it covers,
+ * divided by the L2 norm of its weights, so it is standard normal again. A render at a smaller
+ * size then starts from a coarse view of the full-size render's noise and keeps its composition,
+ * which makes drafts look like the render they stand for (and lets quality be measured against
+ * it).
+ */
+static int canvas_noise(uint64_t seed, int C, int T, int H, int W, int h, int w, float *out)
+{
+    int64_t full_n = (int64_t)C * T * H * W;
+    float *full = h3_alloc_aligned(sizeof(float) * (size_t)full_n);
+    int *fy = NULL, *cy = NULL, *fx = NULL, *cx = NULL, ty = 0, tx = 0;
+    double *wy = NULL, *wx = NULL;
+    int rc = full ? 0 : -H3_E_NOMEM;
+    if (!rc) rc = area_axis(H, h, &fy, &cy, &wy, &ty);
+    if (!rc) rc = area_axis(W, w, &fx, &cx, &wx, &tx);
+    if (!rc) {
+        h3_noise(seed, 0, 0, full, full_n);
+        for (int64_t ct = 0; ct < (int64_t)C * T; ct++) {
+            const float *src = full + ct * H * W;
+            for (int i = 0; i < h; i++)
+                for (int j = 0; j < w; j++) {
+                    double acc = 0, norm = 0;
+                    for (int a = 0; a < cy[i]; a++)
+                        for (int b = 0; b < cx[j]; b++) {
+                            const double wt = wy[i * ty + a] * wx[j * tx + b];
+                            acc += wt * src[(int64_t)(fy[i] + a) * W + fx[j] + b];
+                            norm += wt * wt;
+                        }
+                    out[(ct * h + i) * w + j] = (float)(norm > 0 ? acc / sqrt(norm) : 0.0);
+                }
+        }
+    }
+    h3_free_aligned(full);
+    free(fy);
+    free(cy);
+    free(fx);
+    free(cx);
+    free(wy);
+    free(wx);
+    return rc;
 }
 
 static int progress(h3_runtime *rt, const char *phase, int done, int total)
@@ -195,6 +287,18 @@ static int widen_request(const h3_request *q, h3_request *out)
     return 0;
 }
 
+/* The request's speed knobs as the transformer takes them. */
+static void request_knobs(const h3_request *q, h3_dit_knobs *k)
+{
+    memset(k, 0, sizeof *k);
+    k->reuse = q->reuse;
+    k->core_reuse = q->core_reuse;
+    k->layers = q->layers;
+    k->layer_policy = q->layer_policy;
+    k->token_reduction = q->token_reduction;
+    k->cache_threshold = q->cache_threshold;
+}
+
 static int plan(h3_runtime *rt, const h3_request *q, cfgs *k, struct h3_render *r)
 {
     if (!q) return h3_err(H3_E_INVALID, "NULL argument");
@@ -222,6 +326,18 @@ static int plan(h3_runtime *rt, const h3_request *q, cfgs *k, struct h3_render *
     if (q->vae_tile_px && (q->vae_tile_px % k->vc.spatial || q->vae_tile_px <= k->vc.tile_overlap))
         return h3_err(H3_E_INVALID, "VAE tile size %d must be a multiple of %d and larger than the %d-pixel overlap",
                       q->vae_tile_px, k->vc.spatial, k->vc.tile_overlap);
+    /* The speed knobs and the LoRA files are checked here too, so bad ones fail before any work:
+       the LoRA files' keys and shapes against the transformer's headers (no tensor data read). */
+    h3_dit_knobs kn;
+    request_knobs(q, &kn);
+    if ((rc = h3_dit_knobs_check(&k->dc, &kn))) return rc;
+    if (q->n_lora < 0 || q->n_lora > 64 || (q->n_lora && !q->lora_paths))
+        return h3_err(H3_E_INVALID, "LoRA: %d files (0 to 64, with their paths)", q->n_lora);
+    if (q->n_lora) {
+        h3_lora *l;
+        if ((rc = h3_lora_open(m, q->lora_paths, q->lora_scales, q->n_lora, &l))) return rc;
+        h3_lora_free(l);
+    }
     r->vae_tile = q->vae_tile_px;
     r->sample_rate = k->ac.sample_rate;
     r->samples = h3_avae_samples(&k->ac, r->Ta);
@@ -294,10 +410,18 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
 
     /* 2. transformer: layout, refined text, schedule with AdaLN tables. */
     if ((rc = progress(rt, "prepare", 0, 2))) goto fail;
+    /* The transformer with this request's LoRA files merged (reopened when they differ from the open
+       one's); with layer dropping, a fresh open leaves the blocks to load until they are chosen. */
+    h3_dit_open_opts oo = {.lazy_blocks = q->layers > 0, .lora_paths = q->lora_paths,
+                           .lora_scales = q->lora_scales, .n_lora = q->n_lora};
+    h3_dit_knobs kn;
+    request_knobs(q, &kn);
     h3_dit *d;
-    if ((rc = h3_rt_dit(rt, &d))) goto fail;
+    if ((rc = h3_rt_dit_for(rt, &oo, &d))) goto fail;
     if ((rc = h3_dit_layout_t2va(&dc, r->n_ids, NULL, r->T, r->lh, r->lw, r->Ta, NULL, 0, &r->layout))) goto fail;
-    if ((rc = h3_dit_set_layout(d, &r->layout)) || (rc = h3_dit_set_text(d, r->text, r->n_ids))) goto fail;
+    if ((rc = h3_dit_set_layout(d, &r->layout)) || (rc = h3_dit_set_text(d, r->text, r->n_ids)) ||
+        (rc = h3_dit_set_knobs(d, &kn)))
+        goto fail;
     if ((rc = progress(rt, "prepare", 1, 2))) goto fail;
     const bool release = !(rt->flags & H3_OPT_KEEP_ADALN);
     rc = h3_dit_prepare_schedule(d, r->steps, dc.shift_video, dc.shift_audio, release);
@@ -328,6 +452,8 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     }
     if (q->video_noise)
         memcpy(vlatents, q->video_noise, sizeof(float) * (size_t)vlat);
+    else if (r->lh != r->olh || r->lw != r->olw)
+        rc = canvas_noise(q->seed, r->C, r->T, r->olh, r->olw, r->lh, r->lw, vlatents);
     else
         h3_noise(q->seed, 0, 0, vlatents, vlat);
     if (q->audio_noise)
@@ -336,7 +462,7 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
         h3_noise(q->seed, 1, 0, alatents, alat);
     h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, vrows);
     h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, arows);
-    rc = r->be->ops->upload(r->be, r->vrows, vrows, sizeof(float) * (size_t)r->vrow_floats);
+    if (!rc) rc = r->be->ops->upload(r->be, r->vrows, vrows, sizeof(float) * (size_t)r->vrow_floats);
     if (!rc) rc = r->be->ops->upload(r->be, r->arows, arows, sizeof(float) * (size_t)r->arow_floats);
     if (!rc) rc = r->be->ops->sync(r->be);
     h3_free_aligned(vlatents);
@@ -426,18 +552,19 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
     h3_pool *pool = h3_rt_pool(rt);
     if (!pool) return -H3_E_NOMEM;
     /* The transformer is done once the loop has run: let its pages go before the decoders map
-       theirs. */
+       theirs. The decoders run on the CPU backend. */
     h3_rt_release_dit(rt);
     h3_dit_cfg dc;
+    h3_backend *cpu;
     int rc = h3_dit_cfg_load(rt->model, &dc);
-    if (rc) return rc;
+    if (rc || (rc = h3_rt_cpu_backend(rt, &cpu))) return rc;
     if (pcm) {
         float *alat = h3_alloc_aligned(sizeof(float) * 2 * (size_t)r->AC * (size_t)r->Ta), *rows = NULL;
         rc = alat ? download_rows(r, r->arows, r->arow_floats, &rows) : -H3_E_NOMEM;
         if (!rc) {
             h3_dit_unpack_audio(r->AC, r->Ta, rows, alat);
-            rc = h3_avae_decode(rt->model, pool, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
-                                rt->progress_user);
+            rc = h3_avae_run(rt->model, cpu, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
+                             rt->progress_user);
         }
         h3_free_aligned(rows);
         h3_free_aligned(alat);
@@ -452,19 +579,30 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
         }
         h3_dit_unpatchify_video(&dc, rows, r->T, r->lh, r->lw, vlat);
         h3_free_aligned(rows);
+        /* On a smaller render canvas the decoder's frames (in [0, 1]) are resized to the output. */
+        const bool resize = r->rw != r->width || r->rh != r->height;
+        float *small = resize ? h3_alloc_aligned(sizeof(float) * 3 * (size_t)r->frames * (size_t)r->rw * (size_t)r->rh)
+                              : NULL;
+        if (resize && !small) {
+            h3_free_aligned(vlat);
+            return -H3_E_NOMEM;
+        }
         h3_vvae_request vq = {0};
         vq.latents = vlat;
         vq.C = r->C;
         vq.T = r->T;
         vq.h = r->lh;
         vq.w = r->lw;
-        vq.rgb = rgb;
-        vq.pixels = pixels;
+        vq.rgb = resize ? NULL : rgb;
+        vq.pixels = resize ? small : pixels;
         vq.progress = rt->progress;
         vq.user = rt->progress_user;
         vq.tile_px = r->vae_tile; /* smaller tiles bound memory tighter; the blend is diffusers' */
-        rc = h3_vvae_decode(rt->model, pool, &vq);
+        rc = h3_vvae_run(rt->model, cpu, &vq);
         h3_free_aligned(vlat);
+        if (!rc && resize)
+            rc = h3_resize_lanczos3(pool, small, r->frames, r->rh, r->rw, r->height, r->width, pixels, rgb);
+        h3_free_aligned(small);
         if (rc) return rc;
     }
     return 0;

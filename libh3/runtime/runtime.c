@@ -7,6 +7,14 @@
 #include "models/text_encoder.h"
 
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#if defined(__APPLE__)
+#define RT_MTIME(st) (st).st_mtimespec
+#else
+#define RT_MTIME(st) (st).st_mtim
+#endif
 
 int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total)
 {
@@ -27,12 +35,8 @@ h3_pool *h3_rt_pool(h3_runtime *rt)
     return rt->pool;
 }
 
-int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out)
+int h3_rt_cpu_backend(h3_runtime *rt, h3_backend **out)
 {
-    if (rt->gpu) {
-        *out = rt->gpu;
-        return 0;
-    }
     if (!rt->cpu) {
         h3_pool *pool = h3_rt_pool(rt);
         if (!pool) return -H3_E_NOMEM;
@@ -41,6 +45,15 @@ int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out)
     }
     *out = rt->cpu;
     return 0;
+}
+
+int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out)
+{
+    if (rt->gpu) {
+        *out = rt->gpu;
+        return 0;
+    }
+    return h3_rt_cpu_backend(rt, out);
 }
 
 int h3_rt_dit(h3_runtime *rt, h3_dit **out)
@@ -57,10 +70,58 @@ int h3_rt_dit(h3_runtime *rt, h3_dit **out)
     return 0;
 }
 
+/* What identifies a transformer's merged weights: each LoRA file's path, scale, size and mtime (a
+   file rewritten in place must be merged again). */
+static char *dit_key(const h3_dit_open_opts *o)
+{
+    h3_buf b = {0};
+    h3_buf_printf(&b, "%s", "");
+    for (int i = 0; o && i < o->n_lora; i++) {
+        struct stat st;
+        const char *p = o->lora_paths && o->lora_paths[i] ? o->lora_paths[i] : "";
+        bool ok = stat(p, &st) == 0;
+        h3_buf_printf(&b, "%s\t%.9g\t%lld\t%lld.%09ld\n", p, o->lora_scales ? (double)o->lora_scales[i] : 1.0,
+                      ok ? (long long)st.st_size : -1LL, ok ? (long long)RT_MTIME(st).tv_sec : 0LL,
+                      ok ? (long)RT_MTIME(st).tv_nsec : 0L);
+    }
+    if (b.oom) {
+        h3_buf_free(&b);
+        h3_err(H3_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    return b.p;
+}
+
+int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
+{
+    char *key = dit_key(opts);
+    if (!key) return -H3_E_NOMEM;
+    if (rt->dit && strcmp(rt->dit_key ? rt->dit_key : "", key) == 0) {
+        free(key);
+        *out = rt->dit;
+        return 0;
+    }
+    if (rt->dit) h3_rt_release_dit(rt);
+    h3_backend *be;
+    h3_pool *pool = h3_rt_pool(rt);
+    int rc = pool ? h3_rt_dit_backend(rt, &be) : -H3_E_NOMEM;
+    if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, opts, &rt->dit);
+    if (rc) {
+        free(key);
+        return rc;
+    }
+    free(rt->dit_key);
+    rt->dit_key = key;
+    *out = rt->dit;
+    return 0;
+}
+
 void h3_rt_release_dit(h3_runtime *rt)
 {
     h3_dit_close(rt->dit);
     rt->dit = NULL;
+    free(rt->dit_key);
+    rt->dit_key = NULL;
     h3_store_release(&rt->model->comp[H3_COMP_TRANSFORMER].store);
 }
 
@@ -70,6 +131,8 @@ void h3_rt_free(h3_runtime *rt)
     h3_tokenizer_free(rt->tokenizer);
     h3_text_cache_free(rt->text_cache);
     h3_dit_close(rt->dit); /* before the model and the backends: it holds views and copies of both */
+    free(rt->dit_key);
+    rt->dit_key = NULL;
     h3_backend_destroy(rt->gpu);
     h3_backend_destroy(rt->cpu);
     h3_pool_destroy(rt->pool);

@@ -29,15 +29,23 @@ typedef struct h3_runtime {
     struct h3_tokenizer *tokenizer;   /* loaded on first prepare */
     struct h3_text_cache *text_cache; /* prompt embeddings, created on first use */
     struct h3_dit *dit;        /* the transformer, opened on first use */
+    char *dit_key;             /* the LoRA files merged into it ("" or NULL: none); see h3_rt_dit_for */
     struct h3_render *render;  /* the prepared request */
 } h3_runtime;
 
 /* The host worker pool (NULL + error when it cannot be created). */
 H3_INTERNAL struct h3_pool *h3_rt_pool(h3_runtime *rt);
+/* The CPU backend over the pool, created on first use: the text encoder and the decoders run on it. */
+H3_INTERNAL int h3_rt_cpu_backend(h3_runtime *rt, h3_backend **out);
 /* The backend the transformer and sampler run on: the GPU backend if one is set, else the CPU. */
 H3_INTERNAL int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out);
 /* The transformer, opened on first use on the transformer's backend. */
 H3_INTERNAL int h3_rt_dit(h3_runtime *rt, struct h3_dit **out);
+/* The transformer opened with these options (NULL: the plain model): the open one when its LoRA
+   files (paths, scales, sizes and modification times) are the same, else it is closed and
+   reopened. Layer dropping's lazy loading is honoured only by a fresh open. */
+struct h3_dit_open_opts;
+H3_INTERNAL int h3_rt_dit_for(h3_runtime *rt, const struct h3_dit_open_opts *opts, struct h3_dit **out);
 /* Close the transformer and let its pages go (a render's decode does this first). */
 H3_INTERNAL void h3_rt_release_dit(h3_runtime *rt);
 /* Everything the runtime holds (the model stays: it belongs to the caller). */

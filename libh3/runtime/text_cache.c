@@ -184,11 +184,11 @@ int h3_rt_text_encode(h3_runtime *rt, const int32_t *ids, int n, float *out)
         memcpy(out, e->emb, (size_t)n * (size_t)cfg.hidden * sizeof(float));
         return h3_rt_progress(rt, "text_encoder", cfg.cond_layer, cfg.cond_layer);
     }
-    h3_pool *pool = h3_rt_pool(rt);
-    if (!pool) return -H3_E_NOMEM;
+    h3_backend *be;
+    if ((rc = h3_rt_cpu_backend(rt, &be))) return rc;
     c->misses++;
     h3_text_run run = {rt->progress, rt->progress_user, (rt->flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1, 0};
-    rc = h3_text_forward(m, pool, ids, n, out, &run);
+    rc = h3_text_forward(m, be, ids, n, out, &run);
     c->last_bytes_read = run.bytes_read;
     if (!rc && c->budget) insert(c, model_id, hash, ids, n, cfg.hidden, out);
     return rc;

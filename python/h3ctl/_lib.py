@@ -15,6 +15,8 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 _LIBNAME = "libh3.dylib" if sys.platform == "darwin" else "libh3.so"
+# The CUDA backend: its own library next to libh3 (`make cuda`), which libh3 loads at run time when present.
+_CUDA_LIBNAME = "libh3_cuda.dylib" if sys.platform == "darwin" else "libh3_cuda.so"
 
 c_int, c_int32, c_int64, c_uint32 = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
 c_uint64 = ctypes.c_uint64
@@ -29,7 +31,8 @@ c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 
 class H3Options(ctypes.Structure):
-    _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32)]
+    _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32), ("device", c_int32),
+                ("device_index", c_int32)]
 
 
 # int (*)(void *user, const char *phase, int done, int total): non-zero cancels.
@@ -46,12 +49,33 @@ H3_VIDEO_UNTILED = 2
 c_uint8_p = ctypes.POINTER(ctypes.c_uint8)
 
 H3_OPT_REF2VA = 1
+# Exact slow paths (h3.h); each also has an environment override that h3_init reads.
+H3_OPT_DIT_PER_STEP = 2
+H3_OPT_KEEP_ADALN = 4
+H3_OPT_NO_TEXT_PREFETCH = 8
+H3_OPT_DROP_PAGE_CACHE = 16
+
+# Where the transformer and the sampler run (h3_options.device).
+H3_DEVICE_AUTO = 0
+H3_DEVICE_CPU = 1
+H3_DEVICE_CUDA = 2
+DEVICES = {"auto": H3_DEVICE_AUTO, "cpu": H3_DEVICE_CPU, "cuda": H3_DEVICE_CUDA}
 
 
 class H3Request(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("prompt", c_char_p), ("width", c_int32), ("height", c_int32),
                 ("frames", c_int32), ("steps", c_int32), ("seed", c_uint64), ("video_noise", c_float_p),
-                ("audio_noise", c_float_p), ("vae_tile_px", c_int32)]
+                ("audio_noise", c_float_p), ("vae_tile_px", c_int32),
+                # speed knobs (h3.h; 0 = off) and LoRA files merged at load
+                ("reuse", c_int32), ("core_reuse", c_int32), ("layers", c_int32), ("layer_policy", c_int32),
+                ("token_reduction", c_int32), ("render_width", c_int32), ("render_height", c_int32),
+                ("cache_threshold", ctypes.c_float), ("lora_paths", ctypes.POINTER(c_char_p)),
+                ("lora_scales", c_float_p), ("n_lora", c_int32)]
+
+
+# h3_request.layer_policy
+H3_LAYERS_GATE = 0
+H3_LAYERS_UNIFORM = 1
 
 
 class H3RenderInfo(ctypes.Structure):
@@ -73,6 +97,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_last_error": (c_char_p, []),
     "h3_cpu_features": (c_char_p, []),
     "h3_options_default": (None, [ctypes.POINTER(H3Options)]),
+    "h3_backends_json": (c_char_p, []),
+    "h3_device_name": (c_char_p, [c_void_p]),
+    "h3_device_description": (c_char_p, [c_void_p]),
     "h3_init": (c_void_p, [c_char_p, ctypes.POINTER(H3Options)]),
     "h3_free": (None, [c_void_p]),
     "h3_threads": (c_int, [c_void_p]),
@@ -164,6 +191,46 @@ _lock = threading.Lock()
 _lib = None
 
 
+def _nvidia_wheel_file(*parts: str) -> str | None:
+    """A file of NVIDIA's pip wheels (nvidia-cublas, nvidia-cudnn-cu13, as torch installs them), found without
+    importing anything heavy: the `nvidia` namespace package's folders on sys.path."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        cand = Path(folder, *parts)
+        if cand.is_file():
+            return str(cand)
+    return None
+
+
+def _prepare_cuda_backend() -> None:
+    """Let the CUDA backend find its vendor libraries when they come from pip wheels rather than a system CUDA.
+
+    libh3_cuda links cuBLASLt by soname: when the loader cannot find it, load the wheel's copy first (global
+    symbols, so the backend's dlopen resolves against it). cuDNN (attention) is opened by the backend itself from
+    H3_CUDNN_LIB or the loader path: point H3_CUDNN_LIB at the wheel's copy when neither names one. Nothing here runs
+    without a built CUDA backend, and a CPU-only install imports no wheel."""
+    if sys.platform == "darwin" or not (_HERE / _CUDA_LIBNAME).exists():
+        return
+    try:
+        ctypes.CDLL("libcublasLt.so.13", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        lt = _nvidia_wheel_file("cu13", "lib", "libcublasLt.so.13")
+        if lt:
+            try:
+                ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass  # the backend then reports the missing library in one line
+    if not os.environ.get("H3_CUDNN_LIB"):
+        dnn = _nvidia_wheel_file("cudnn", "lib", "libcudnn.so.9")
+        if dnn:
+            os.environ["H3_CUDNN_LIB"] = dnn
+
+
 def lib():
     """The loaded library with every binding declared."""
     global _lib
@@ -174,9 +241,16 @@ def lib():
             path = _lib_path()
             if not path.exists():
                 raise H3Error(f"{path}: libh3 is not built (run `make lib` or reinstall h3ctl)")
+            _prepare_cuda_backend()
             handle = ctypes.CDLL(str(path))
             for name, (restype, argtypes) in BINDINGS.items():
-                fn = getattr(handle, name)
+                try:
+                    fn = getattr(handle, name)
+                except AttributeError:
+                    # A library from another build than these bindings (H3CTL_LIB, a stale install): say
+                    # so instead of failing later inside a call.
+                    raise H3Error(f"{path}: libh3 lacks {name}; it does not match this h3ctl "
+                                  "(rebuild with `make lib` or reinstall h3ctl)") from None
                 fn.restype = restype
                 fn.argtypes = argtypes
             _lib = handle
@@ -193,6 +267,26 @@ def check(rc: int) -> int:
     if rc < 0:
         raise H3Error(last_error() or f"libh3 error {rc}", -rc)
     return rc
+
+
+def device_code(device: str) -> int:
+    """H3_DEVICE_* for "auto", "cpu" or "cuda" (H3Error naming the choices otherwise)."""
+    code = DEVICES.get(device) if isinstance(device, str) else None
+    if code is None:
+        raise H3Error(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    return code
+
+
+def backends() -> dict:
+    """What this build of libh3 can compute on (h3_backends_json): {"cpu": {...}, "cuda": {"built", "available",
+    "device", "compute_capability", "memory_bytes", "reason"}}. Initialises the CUDA driver when the backend is
+    built, so call it when the answer is wanted, not at import."""
+    import json
+
+    raw = lib().h3_backends_json()
+    if raw is None:
+        raise H3Error(last_error() or "libh3 could not describe its backends")
+    return json.loads(raw.decode("utf-8"))
 
 
 def exported_symbols() -> set[str]:

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     pr = sub.add_parser("render", help="render a prompt to an MP4 with stereo sound")
-    from .render import add_arguments
+    from .render import add_arguments, add_device_arguments
 
     add_arguments(pr)
 
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     pi.add_argument("--frames", type=_positive_int, default=121, help="frames for the memory estimate")
     pi.add_argument("--prompt-tokens", type=_positive_int, default=64, help="prompt length for the estimate")
     pi.add_argument("--ref2va", action="store_true", help="describe the Ref2VA partition")
+    add_device_arguments(pi)
 
     pp = sub.add_parser("parity", help="run one libh3 stage on tensors from a safetensors file")
     pp.add_argument("stage", nargs="?", help="stage name (see --list)")
@@ -57,10 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--inputs", help="input tensors (.safetensors)")
     pp.add_argument("--out", help="output tensors (.safetensors)")
     pp.add_argument("--threads", type=int, default=0, help="worker threads (0 = all cores)")
+    add_device_arguments(pp)
     pp.add_argument("--list", action="store_true", help="list stages and their tensors")
 
     pc = sub.add_parser("check", help="validate safetensors files, or a model directory (all components, headers only)")
     pc.add_argument("paths", nargs="+", help="files (.safetensors) or model directories")
+
+    sub.add_parser("presets", help="the speed presets: settings, measured speed-up and quality")
+
+    ps = sub.add_parser("session", help="an interactive prompt line with a warm model (also reads a pipe)")
+    from .session import add_arguments as add_session_arguments
+
+    add_session_arguments(ps)
+
+    pk = sub.add_parser("comfy-install", help="install the h3ctl node pack into a ComfyUI folder")
+    pk.add_argument("dir", help="the ComfyUI folder, or its custom_nodes folder")
+    pk.add_argument("--overwrite", action="store_true", help="replace a custom_nodes/h3ctl_nodes not written by h3ctl")
     return p
 
 
@@ -74,7 +87,8 @@ def _cmd_parity(args) -> int:
         raise H3Error("parity: a stage name is required (see `h3ctl parity --list`)")
     if not args.inputs or not args.out:
         raise H3Error("parity: --inputs and --out are required")
-    parity.run(args.stage, args.model, args.inputs, args.out, {"threads": args.threads})
+    parity.run(args.stage, args.model, args.inputs, args.out,
+               {"threads": args.threads, "device": args.device, "device_index": args.device_index})
     return 0
 
 
@@ -118,6 +132,20 @@ def main(argv=None) -> int:
             return _cmd_parity(args)
         if args.command == "check":
             return _cmd_check(args)
+        if args.command == "presets":
+            from . import presets
+
+            print(presets.table())
+            return 0
+        if args.command == "session":
+            from . import session
+
+            return session.main(args)
+        if args.command == "comfy-install":
+            from .comfy import install
+
+            print(install(args.dir, overwrite=args.overwrite))
+            return 0
         parser.print_help()
         return EXIT_BAD_INPUT
     except H3Error as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import operator
 import os
 
 from . import _lib
@@ -11,12 +12,27 @@ from ._lib import H3Error
 
 
 class Context:
-    def __init__(self, model_dir: str | os.PathLike, threads: int = 0, ref2va: bool = False):
+    """`device` picks where the transformer and the sampler run: "auto" (CUDA when the backend is built and a
+    GPU answers, else the CPU), "cpu" or "cuda" (H3Error with the reason when CUDA cannot be used);
+    `device_index` is the GPU ordinal. `flags` adds H3_OPT_* bits (the exact slow paths)."""
+
+    def __init__(self, model_dir: str | os.PathLike, threads: int = 0, ref2va: bool = False, device: str = "auto",
+                 device_index: int = 0, flags: int = 0):
+        self._ptr = None
+        code = _lib.device_code(device)
+        try:
+            index = -1 if isinstance(device_index, bool) else operator.index(device_index)
+        except TypeError:
+            index = -1
+        if not 0 <= index < 2**31:
+            raise H3Error(f"device_index must be a GPU number >= 0, got {device_index!r}")
         lib = _lib.lib()
         opts = _lib.H3Options()
         lib.h3_options_default(ctypes.byref(opts))
         opts.threads = int(threads or 0)
-        opts.flags = _lib.H3_OPT_REF2VA if ref2va else 0
+        opts.flags = int(flags) | (_lib.H3_OPT_REF2VA if ref2va else 0)
+        opts.device = code
+        opts.device_index = index
         self._ptr = lib.h3_init(os.fsencode(os.fspath(model_dir)), ctypes.byref(opts))
         if not self._ptr:
             raise H3Error(_lib.last_error() or f"{model_dir}: cannot open")
@@ -31,6 +47,18 @@ class Context:
     @property
     def threads(self) -> int:
         return _lib.lib().h3_threads(self.ptr)
+
+    @property
+    def device(self) -> str:
+        """The backend the transformer runs on: "cpu" or "cuda"."""
+        raw = _lib.lib().h3_device_name(self.ptr)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    @property
+    def device_description(self) -> str:
+        """One line: the device, its memory and the kernels in use."""
+        raw = _lib.lib().h3_device_description(self.ptr)
+        return raw.decode("utf-8", "replace") if raw else ""
 
     def info(self) -> dict:
         raw = _lib.lib().h3_model_info_json(self.ptr)

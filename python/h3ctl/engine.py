@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -73,6 +75,7 @@ class Result:
     seed: int = 0
     steps: int = 0
     info: dict = field(default_factory=dict)
+    transformer: dict = field(default_factory=dict)  # the transformer's work: evaluations, time_ms, ...
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write an MP4 (H.264 + AAC), or a WAV when the name ends in .wav."""
@@ -87,13 +90,36 @@ class Result:
 
 
 class Engine:
-    """A loaded model. Not thread-safe: use one Engine per thread."""
+    """A loaded model.
 
-    def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None):
+    Threads: an Engine may be shared between threads. Every method that calls into the model takes the
+    engine's lock (a re-entrant lock, one per engine), so calls from different threads run one after another,
+    never at once; render() holds it for the whole render (prepare, every step, both decodes), so another
+    thread's calls wait until the render is complete and cannot interleave with it. A render therefore gives
+    the same bytes whether or not other threads use the engine; to render in parallel, use one Engine per
+    thread (each has its own model context). The step-by-step methods (prepare, step, decode_*) share the
+    engine's one prepared request: a thread driving them should hold `engine.lock` across the sequence.
+    cancel() takes no lock: any thread, or a signal handler, may call it to stop the running call.
+
+    A progress callback runs on the rendering thread, inside the call into the model. It must not call the
+    engine (except cancel()): such a call raises H3Error("engine is busy: ...") rather than re-entering the
+    model in the middle of a call; the render then fails with that error.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
+                 device_index: int = 0):
+        """`device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
+        "cuda"; `device_index`: the GPU ordinal. Only the transformer and the sampler run on a GPU."""
+        # Threading state first: close() and the guards must work even if opening fails below.
+        self._lock = threading.RLock()
+        self._owner: int | None = None  # thread holding the lock in a public method
+        self._depth = 0                 # nesting of public methods on that thread (render -> prepare)
+        self._native = 0                # > 0 while a call that may run the progress hook is in the model
+        self._ctx = None
         self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
         if model_dir is None and not self.model_dir.exists():
             raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")
-        self._ctx = Context(self.model_dir, threads=threads or 0)
+        self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index)
         self.defaults = model_defaults(self.model_dir)
         self._progress: ProgressFn | None = None
         self.last_transformer_profile: dict = {}
@@ -119,6 +145,40 @@ class Engine:
                 return 1
         return 1 if self._cancel else 0
 
+    # -- threading -----------------------------------------------------------------------------
+    @property
+    def lock(self) -> threading.RLock:
+        """The engine's lock: hold it to run several calls (prepare, step, ...) with no other thread between."""
+        return self._lock
+
+    @contextlib.contextmanager
+    def _guard(self, what: str):
+        """Serialises a public method with every other thread's calls (see the class docstring)."""
+        me = threading.get_ident()
+        if self._native and self._owner == me:
+            # Only the thread inside the model can get here with _native set: it is its own progress callback.
+            raise H3Error(f"engine is busy: {what}() was called from the engine's progress callback while a call "
+                          "into the model is running; only cancel() may be called from there")
+        with self._lock:
+            self._owner = me
+            self._depth += 1
+            try:
+                if self._ctx is None and what != "close":
+                    raise H3Error("the engine is closed")
+                yield
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self._owner = None
+
+    def _hooked(self, fn, *args) -> int:
+        """One C call that may run the progress hook; marks the window in which re-entry is refused."""
+        self._native += 1
+        try:
+            return fn(*args)
+        finally:
+            self._native -= 1
+
     def _call(self, rc: int) -> int:
         if self._raised:
             err = self._raised.pop(0)
@@ -131,36 +191,61 @@ class Engine:
     # -- rendering ---------------------------------------------------------------------------
     @property
     def threads(self) -> int:
-        return self._ctx.threads
+        with self._guard("threads"):
+            return self._ctx.threads
+
+    @property
+    def device(self) -> str:
+        """Where the transformer runs: "cpu" or "cuda"."""
+        with self._guard("device"):
+            return self._ctx.device
+
+    @property
+    def device_description(self) -> str:
+        """One line naming the device (GPU model and memory, or CPU kernels and threads)."""
+        with self._guard("device_description"):
+            return self._ctx.device_description
 
     def prepare(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
                 seconds: float | None = None, steps: int = 20, seed: int = 42,
                 video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
-                vae_tile: int | None = None) -> dict:
-        if not isinstance(prompt, str):
-            raise H3Error("the prompt must be a string")
-        req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile)
-        keep = []
-        for name, arr in (("video_noise", video_noise), ("audio_noise", audio_noise)):
-            if arr is not None:
-                arr = np.ascontiguousarray(arr, dtype=np.float32)
-                keep.append(arr)
-                setattr(req, name, arr.ctypes.data_as(_lib.c_float_p))
-        self._cancel = False
-        if video_noise is not None or audio_noise is not None:
-            info = self.plan(req)
-            want_v = [info["latent_channels"], info["latent_frames"], info["latent_height"], info["latent_width"]]
-            want_a = [2, info["audio_latent_channels"], info["audio_latents"]]
-            if video_noise is not None and list(keep[0].shape) != want_v:
-                raise H3Error(f"video_noise must have shape {want_v}, got {list(keep[0].shape)}")
-            if audio_noise is not None and list(keep[-1].shape) != want_a:
-                raise H3Error(f"audio_noise must have shape {want_a}, got {list(keep[-1].shape)}")
-        self._call(_lib.lib().h3_prepare(self._ctx.ptr, ctypes.byref(req)))
-        return self.render_info()
+                vae_tile: int | None = None, preset: str | None = None, **knobs) -> dict:
+        """Everything before the first step. `preset` and the speed knobs (reuse, core_reuse, layers,
+        layer_policy, token_reduction, render_size, cache_threshold, lora) as in `request`."""
+        with self._guard("prepare"):
+            if not isinstance(prompt, str):
+                raise H3Error("the prompt must be a string")
+            req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset, **knobs)
+            keep = []
+            for name, arr in (("video_noise", video_noise), ("audio_noise", audio_noise)):
+                if arr is not None:
+                    arr = np.ascontiguousarray(arr, dtype=np.float32)
+                    keep.append(arr)
+                    setattr(req, name, arr.ctypes.data_as(_lib.c_float_p))
+            self._cancel = False
+            if video_noise is not None or audio_noise is not None:
+                info = self.plan(req)
+                want_v = [info["latent_channels"], info["latent_frames"], info["latent_height"],
+                          info["latent_width"]]
+                want_a = [2, info["audio_latent_channels"], info["audio_latents"]]
+                if video_noise is not None and list(keep[0].shape) != want_v:
+                    raise H3Error(f"video_noise must have shape {want_v}, got {list(keep[0].shape)}")
+                if audio_noise is not None and list(keep[-1].shape) != want_a:
+                    raise H3Error(f"audio_noise must have shape {want_a}, got {list(keep[-1].shape)}")
+            self._call(self._hooked(_lib.lib().h3_prepare, self._ctx.ptr, ctypes.byref(req)))
+            return self.render_info()
 
     def request(self, prompt: str = "", width: int | None = None, height: int | None = None,
                 frames: int | None = None, seconds: float | None = None, steps: int = 20,
-                seed: int = 42, vae_tile: int | None = None) -> _lib.H3Request:
+                seed: int = 42, vae_tile: int | None = None, preset: str | None = None,
+                **knobs) -> _lib.H3Request:
+        """An h3_request. `preset`: a name of h3ctl.presets.PRESETS (None: every knob off, the exact render);
+        knobs given explicitly (reuse=, core_reuse=, layers=, layer_policy="gate"|"uniform", token_reduction=,
+        render_size="WxH", cache_threshold=, lora=["FILE[:SCALE]", ...]) override the preset's. libh3 checks
+        them with the rest of the request (h3_plan)."""
+        from . import presets
+
+        resolved = presets.resolve(preset, **knobs)
         if frames is not None and seconds is not None:
             raise H3Error("give frames or seconds, not both")
         if seconds is not None:
@@ -176,87 +261,121 @@ class Engine:
         req.steps = int(steps)
         req.seed = int(seed)
         req.vae_tile_px = int(vae_tile or 0)
+        presets.apply(req, resolved)
         return req
 
     def plan(self, req: _lib.H3Request) -> dict:
         """Validate a request and return its shapes, computing nothing."""
-        info = _lib.H3RenderInfo()
-        info.struct_size = ctypes.sizeof(info)
-        _lib.check(_lib.lib().h3_plan(self._ctx.ptr, ctypes.byref(req), ctypes.byref(info)))
-        return {name: getattr(info, name) for name, _ in info._fields_ if name != "struct_size"}
+        with self._guard("plan"):
+            info = _lib.H3RenderInfo()
+            info.struct_size = ctypes.sizeof(info)
+            _lib.check(_lib.lib().h3_plan(self._ctx.ptr, ctypes.byref(req), ctypes.byref(info)))
+            return {name: getattr(info, name) for name, _ in info._fields_ if name != "struct_size"}
 
     def render_info(self) -> dict:
-        info = _lib.H3RenderInfo()
-        info.struct_size = ctypes.sizeof(info)
-        _lib.check(_lib.lib().h3_render_info_get(self._ctx.ptr, ctypes.byref(info)))
-        return {name: getattr(info, name) for name, _ in info._fields_ if name != "struct_size"}
+        with self._guard("render_info"):
+            info = _lib.H3RenderInfo()
+            info.struct_size = ctypes.sizeof(info)
+            _lib.check(_lib.lib().h3_render_info_get(self._ctx.ptr, ctypes.byref(info)))
+            return {name: getattr(info, name) for name, _ in info._fields_ if name != "struct_size"}
 
     def step(self) -> int:
         """One Euler transition; returns the steps left."""
-        return self._call(_lib.lib().h3_step(self._ctx.ptr))
+        with self._guard("step"):
+            return self._call(self._hooked(_lib.lib().h3_step, self._ctx.ptr))
 
     def latents(self) -> tuple[np.ndarray, np.ndarray]:
-        i = self.render_info()
-        v = np.empty((i["latent_channels"], i["latent_frames"], i["latent_height"], i["latent_width"]), np.float32)
-        a = np.empty((2, i["audio_latent_channels"], i["audio_latents"]), np.float32)
-        _lib.check(_lib.lib().h3_get_latents(self._ctx.ptr, v.ctypes.data_as(_lib.c_float_p),
-                                             a.ctypes.data_as(_lib.c_float_p)))
-        return v, a
+        with self._guard("latents"):
+            i = self.render_info()
+            v = np.empty((i["latent_channels"], i["latent_frames"], i["latent_height"], i["latent_width"]),
+                         np.float32)
+            a = np.empty((2, i["audio_latent_channels"], i["audio_latents"]), np.float32)
+            _lib.check(_lib.lib().h3_get_latents(self._ctx.ptr, v.ctypes.data_as(_lib.c_float_p),
+                                                 a.ctypes.data_as(_lib.c_float_p)))
+            return v, a
 
     def prompt_tokens(self) -> np.ndarray:
-        n = _lib.check(_lib.lib().h3_prompt_tokens(self._ctx.ptr, None, 0))
-        ids = np.empty(n, np.int32)
-        _lib.check(_lib.lib().h3_prompt_tokens(self._ctx.ptr, ids.ctypes.data_as(_lib.c_int32_p), n))
-        return ids
+        with self._guard("prompt_tokens"):
+            n = _lib.check(_lib.lib().h3_prompt_tokens(self._ctx.ptr, None, 0))
+            ids = np.empty(n, np.int32)
+            _lib.check(_lib.lib().h3_prompt_tokens(self._ctx.ptr, ids.ctypes.data_as(_lib.c_int32_p), n))
+            return ids
 
     def decode_audio(self) -> np.ndarray:
-        i = self.render_info()
-        pcm = np.empty((2, i["audio_samples"]), np.float32)
-        self._call(_lib.lib().h3_decode(self._ctx.ptr, None, pcm.ctypes.data_as(_lib.c_float_p)))
-        return pcm
+        with self._guard("decode_audio"):
+            i = self.render_info()
+            pcm = np.empty((2, i["audio_samples"]), np.float32)
+            self._call(self._hooked(_lib.lib().h3_decode, self._ctx.ptr, None, pcm.ctypes.data_as(_lib.c_float_p)))
+            return pcm
 
     def decode_video(self) -> np.ndarray:
-        i = self.render_info()
-        rgb = np.empty((i["frames"], i["height"], i["width"], 3), np.uint8)
-        self._call(_lib.lib().h3_decode(self._ctx.ptr, rgb.ctypes.data_as(_lib.c_uint8_p), None))
-        return rgb
+        with self._guard("decode_video"):
+            i = self.render_info()
+            rgb = np.empty((i["frames"], i["height"], i["width"], 3), np.uint8)
+            self._call(self._hooked(_lib.lib().h3_decode, self._ctx.ptr, rgb.ctypes.data_as(_lib.c_uint8_p), None))
+            return rgb
 
     def transformer_profile(self) -> dict:
         """The transformer's memory and timing facts for the current request (before decoding releases it):
         adaln_weight_bytes (released by the precompute), adaln_table_bytes, forward timings in ms."""
-        raw = _lib.lib().h3_dit_profile_json(self._ctx.ptr)
-        if raw is None:
-            raise H3Error(_lib.last_error())
-        return json.loads(raw.decode("utf-8"))
+        with self._guard("transformer_profile"):
+            raw = _lib.lib().h3_dit_profile_json(self._ctx.ptr)
+            if raw is None:
+                raise H3Error(_lib.last_error())
+            return json.loads(raw.decode("utf-8"))
 
     def decode_video_f32(self) -> np.ndarray:
-        i = self.render_info()
-        px = np.empty((i["frames"], i["height"], i["width"], 3), np.float32)
-        self._call(_lib.lib().h3_decode_video_f32(self._ctx.ptr, px.ctypes.data_as(_lib.c_float_p)))
-        return px
+        with self._guard("decode_video_f32"):
+            i = self.render_info()
+            px = np.empty((i["frames"], i["height"], i["width"], 3), np.float32)
+            self._call(self._hooked(_lib.lib().h3_decode_video_f32, self._ctx.ptr, px.ctypes.data_as(_lib.c_float_p)))
+            return px
 
     def render(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
                seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
-               vae_tile: int | None = None) -> Result:
-        """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate)."""
-        self._progress = progress
-        try:
-            info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise, vae_tile)
-            while self.step() > 0:
-                pass
-            self.last_transformer_profile = self.transformer_profile()
-            audio = self.decode_audio()
-            video = self.decode_video()
-        finally:
-            self._progress = None
-        return Result(frames=video, audio=audio, sample_rate=info["sample_rate"], fps=info["fps"], prompt=prompt,
-                      seed=int(seed), steps=int(steps), info=info)
+               vae_tile: int | None = None, preview: Callable | None = None, preview_every: int = 1,
+               preset: str | None = None, **knobs) -> Result:
+        """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate).
+
+        `preset` / knobs: the speed presets and knobs of `request` (default: none, the exact render).
+        `Result.transformer` (and `last_transformer_profile`) report the transformer's work for the render:
+        evaluations, block_runs, skipped_steps, layers_run and time_ms.
+
+        `preview(rgb, step)` (optional) receives the current x0 estimate every `preview_every` steps and at the
+        last one, as uint8 [T, h, w, 3] through the model's latent-to-RGB map (h3ctl.preview; the first use on a
+        model fits that map, about a second on h3-tiny, then it is cached)."""
+        with self._guard("render"):
+            previewer = None
+            if preview is not None:
+                from .preview import Previewer
+
+                previewer = Previewer(self, preview, preview_every)  # before prepare: a first fit renders
+            self._progress = progress
+            try:
+                info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise,
+                                    vae_tile, preset=preset, **knobs)
+                if previewer is not None:
+                    previewer.run(steps)
+                while self.step() > 0:
+                    pass
+                self.last_transformer_profile = self.transformer_profile()
+                audio = self.decode_audio()
+                video = self.decode_video()
+            finally:
+                self._progress = None
+            tp = self.last_transformer_profile
+            work = {"evaluations": tp.get("evaluations", 0), "block_runs": tp.get("block_runs", 0),
+                    "skipped_steps": tp.get("skipped_steps", 0), "layers_run": tp.get("layers_run", 0),
+                    "time_ms": tp.get("transformer_ms", 0.0)}
+            return Result(frames=video, audio=audio, sample_rate=info["sample_rate"], fps=info["fps"],
+                          prompt=prompt, seed=int(seed), steps=int(steps), info=info, transformer=work)
 
     def close(self) -> None:
-        if getattr(self, "_ctx", None) is not None:
-            self._ctx.close()
-            self._ctx = None
+        with self._guard("close"):
+            if getattr(self, "_ctx", None) is not None:
+                self._ctx.close()
+                self._ctx = None
 
     def __enter__(self):
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from . import _lib
 from .context import Context
 
 COMPONENT_ORDER = ["transformer", "text_encoder", "tokenizer", "video_vae", "audio_vae"]
@@ -18,10 +19,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
-def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens: int, ref2va: bool = False) -> dict:
+def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens: int, ref2va: bool = False,
+            device: str = "auto", device_index: int = 0) -> dict:
     t0 = time.perf_counter()
-    with Context(model_dir, ref2va=ref2va) as ctx:
+    with Context(model_dir, ref2va=ref2va, device=device, device_index=device_index) as ctx:
         info = ctx.info()
+        info["device"] = {"name": ctx.device, "description": ctx.device_description}
         info["memory_estimate"] = ctx.memory_estimate(width, height, frames, prompt_tokens)
         info["memory_estimate"]["render"] = {
             "width": width,
@@ -30,13 +33,33 @@ def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens:
             "prompt_tokens": prompt_tokens,
         }
     info["elapsed_s"] = round(time.perf_counter() - t0, 4)
+    # After the timing: elapsed_s is the cost of reading the model, and asking the CUDA driver is not that.
+    info["backends"] = _lib.backends()
     return info
+
+
+def backend_lines(backends: dict) -> list[str]:
+    """One line per backend: what this build of libh3 has and what it found."""
+    lines = []
+    cpu = backends.get("cpu", {})
+    lines.append(f"cpu: {'available' if cpu.get('available') else 'not available'}"
+                 f"{', kernels ' + cpu['kernels'] if cpu.get('kernels') else ''}")
+    cuda = backends.get("cuda", {})
+    if cuda.get("available"):
+        mem = f", {human_bytes(cuda['memory_bytes'])}" if cuda.get("memory_bytes") else ""
+        cc = f", compute capability {cuda['compute_capability']}" if cuda.get("compute_capability") else ""
+        lines.append(f"cuda: available: {cuda.get('device', 'a GPU')}{cc}{mem}")
+    else:
+        built = "built" if cuda.get("built") else "not built"
+        lines.append(f"cuda: not available ({built}): {cuda.get('reason') or 'no reason given'}")
+    return lines
 
 
 def render_text(info: dict) -> str:
     import io
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     out = io.StringIO()
@@ -87,12 +110,20 @@ def render_text(info: dict) -> str:
             f"AdaLN precompute releases {human_bytes(mem['phases']['adaln_weights_released'])} of adaln_proj "
             "weights during denoising."
         )
+    console.print("\n[bold]Backends[/] of this libh3:")
+    for line in backend_lines(info.get("backends", {})):
+        console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)  # a reason is one line, greppable
+    dev = info.get("device")
+    if dev:
+        console.print(f"The transformer runs on: {escape(dev['description'])}; the text encoder and the decoders "
+                      "on the cpu.", highlight=False, soft_wrap=True)
     console.print(f"[dim]read in {info['elapsed_s']:.3f} s (headers only)[/]")
     return out.getvalue()
 
 
 def main(args) -> int:
-    info = collect(args.model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va)
+    info = collect(args.model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
+                   device=getattr(args, "device", "auto"), device_index=getattr(args, "device_index", 0))
     if args.json:
         print(json.dumps(info, indent=2))
     else:

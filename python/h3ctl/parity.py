@@ -67,6 +67,22 @@ def require(inputs: dict[str, np.ndarray], stage: Stage) -> None:
         raise H3Error(f"parity {stage.name}: input tensor(s) missing: {', '.join(missing)}")
 
 
+def open_context(model_dir: str, options: dict):
+    """The stage's model context with the command's --threads / --device / --device-index."""
+    from .context import Context
+
+    return Context(model_dir, threads=int(options.get("threads") or 0), device=options.get("device", "auto"),
+                   device_index=int(options.get("device_index") or 0))
+
+
+def open_engine(model_dir: str, options: dict):
+    """Same, as an Engine (stages that render)."""
+    from .engine import Engine
+
+    return Engine(model_dir, threads=int(options.get("threads") or 0), device=options.get("device", "auto"),
+                  device_index=int(options.get("device_index") or 0))
+
+
 def run(stage_name: str, model_dir: str | None, inputs_path: str, out_path: str, options: dict) -> None:
     stage = STAGES.get(stage_name)
     if stage is None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import transformer as tr
 from ._lib import H3Error
-from .parity import Stage, register
+from .parity import Stage, open_context, register
 
 
 def _scalar(inputs: dict, name: str, kind):
@@ -52,8 +52,6 @@ def _ints(inputs: dict, name: str) -> np.ndarray:
 
 
 def _run_dit(model_dir, inputs, options):
-    from .context import Context
-
     batched: list = []
     hs = _rows(inputs, "hidden_states", batched)
     ahs = _rows(inputs, "audio_hidden_states", batched)
@@ -64,7 +62,7 @@ def _run_dit(model_dir, inputs, options):
     pos = np.asarray(inputs["position_ids"])
     if pos.ndim != 2 or pos.shape[1] != 3 or not np.issubdtype(pos.dtype, np.floating):
         raise H3Error(f"position_ids must be a float [seq_len, 3] tensor, got {pos.dtype} {list(pos.shape)}")
-    with Context(model_dir, threads=options.get("threads", 0)) as ctx:
+    with open_context(model_dir, options) as ctx:
         sample, audio_sample = tr.forward(
             ctx, hs, ahs, ehs, ts, _ints(inputs, "timestep_indices"), _ints(inputs, "token_tags"), pos,
             _ints(inputs, "video_indices"), _ints(inputs, "audio_indices"), _ints(inputs, "text_indices"))
@@ -79,8 +77,6 @@ def _run_schedule(model_dir, inputs, options):
 
 
 def _run_denoise(model_dir, inputs, options):
-    from .context import Context
-
     batched: list = []
     pe = _rows(inputs, "prompt_embeds", batched)
     lat = np.asarray(inputs["latents"], np.float32)
@@ -93,7 +89,7 @@ def _run_denoise(model_dir, inputs, options):
     aud = np.asarray(inputs["audio_latents"], np.float32)
     steps = _scalar(inputs, "num_inference_steps", int)
     tags = inputs.get("text_token_tags")
-    with Context(model_dir, threads=options.get("threads", 0)) as ctx:
+    with open_context(model_dir, options) as ctx:
         out, aout, _ = tr.denoise(ctx, pe, lat, aud, steps, text_tags=None if tags is None else _ints(inputs, "text_token_tags"))
     return {"latents": out[None], "audio_latents": aout}
 

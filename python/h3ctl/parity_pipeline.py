@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._lib import H3Error
-from .parity import Stage, register
+from .parity import Stage, open_engine, register
 
 
 def _scalar(inputs, name, default=None):
@@ -20,8 +20,6 @@ def _scalar(inputs, name, default=None):
 
 
 def _run(model_dir, inputs, options):
-    from .engine import Engine
-
     prompt = np.asarray(inputs["prompt"])
     if prompt.dtype != np.uint8 or prompt.ndim != 1:
         raise H3Error("parity pipeline: 'prompt' must be a 1-D uint8 tensor of UTF-8 bytes")
@@ -35,7 +33,7 @@ def _run(model_dir, inputs, options):
         if lat.shape[0] != 1:
             raise H3Error(f"parity pipeline: latents must be [1, C, T, h, w], got {list(lat.shape)}")
         lat = lat[0]
-    with Engine(model_dir, threads=int(options.get("threads") or 0)) as eng:
+    with open_engine(model_dir, options) as eng:
         eng.prepare(text, width=_scalar(inputs, "width"), height=_scalar(inputs, "height"),
                     frames=_scalar(inputs, "num_frames"), steps=_scalar(inputs, "num_inference_steps"), seed=0,
                     video_noise=lat, audio_noise=alat)

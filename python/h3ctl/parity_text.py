@@ -12,8 +12,7 @@ import numpy as np
 
 from . import text as _text
 from ._lib import H3Error
-from .context import Context
-from .parity import Stage, register
+from .parity import Stage, open_context, register
 
 
 def _run(model_dir: str, inputs: dict[str, np.ndarray], options: dict) -> dict[str, np.ndarray]:
@@ -22,7 +21,7 @@ def _run(model_dir: str, inputs: dict[str, np.ndarray], options: dict) -> dict[s
         raise H3Error(f"parity text: input_ids must be int64 or int32, got {ids.dtype}")
     if ids.ndim != 2 or ids.shape[0] != 1:
         raise H3Error(f"parity text: input_ids must have shape [1, n], got {list(ids.shape)}")
-    with Context(model_dir, threads=options.get("threads", 0)) as ctx:
+    with open_context(model_dir, options) as ctx:
         emb = _text.encode(ctx, ids[0])
     return {"prompt_embeds": emb[None]}
 

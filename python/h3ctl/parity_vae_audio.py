@@ -13,7 +13,7 @@ import numpy as np
 from . import _lib
 from ._lib import H3Error
 from .context import Context
-from .parity import Stage, register
+from .parity import Stage, open_context, register
 
 
 def audio_info(ctx: Context) -> dict:
@@ -67,7 +67,7 @@ def _run(model_dir, inputs, options):
     lat = inputs["audio_latents"]
     if lat.dtype != np.float32:
         raise H3Error(f"parity audio_decode: audio_latents must be F32, got {lat.dtype}")
-    with Context(model_dir, threads=int(options.get("threads") or 0)) as ctx:
+    with open_context(model_dir, options) as ctx:
         pcm = audio_decode(ctx, lat)
     return {"audio": pcm[None]}
 

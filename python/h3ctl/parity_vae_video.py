@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _lib
 from ._lib import H3Error
-from .parity import Stage, register
+from .parity import Stage, open_context, register
 
 PHASE = "video_decode"
 
@@ -97,12 +97,10 @@ def decode(ctx, latents: np.ndarray, *, tile_px: int = 0, overlap_px: int = 0, r
 
 
 def _run(model_dir: str, inputs: dict[str, np.ndarray], options: dict) -> dict[str, np.ndarray]:
-    from .context import Context
-
     lat = inputs["latents"]
     if lat.ndim != 5 or lat.shape[0] != 1:
         raise H3Error(f"parity video_decode: 'latents' must be [1, C, T, h, w], got shape {list(lat.shape)}")
-    with Context(model_dir, threads=int(options.get("threads", 0) or 0)) as ctx:
+    with open_context(model_dir, options) as ctx:
         _, pixels = decode(ctx, lat, want_rgb=False)
     return {"videos": pixels[None]}
 

@@ -39,8 +39,56 @@ def add_arguments(p) -> None:
     p.add_argument("--wav", help="also write the audio as a 16-bit stereo WAV")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     p.add_argument("--threads", type=int, default=0, help="worker threads (default: all cores)")
+    add_device_arguments(p)
     p.add_argument("--profile", action="store_true", help="print per-phase wall time and peak memory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    from .showopts import add_preview_arguments
+
+    add_preview_arguments(p)  # --show, --preview-every, --preview-protocol
+    add_speed_arguments(p)
+
+
+def add_speed_arguments(p) -> None:
+    """--preset and the speed knobs (h3ctl.presets; `h3ctl presets` lists the presets with measured costs)."""
+    from .presets import DEFAULT_PRESET, PRESETS
+
+    g = p.add_argument_group("speed (quality for time; `h3ctl presets` shows each preset's measured cost)")
+    g.add_argument("--preset", help=f"{', '.join(PRESETS)} (default {DEFAULT_PRESET}); knobs given below "
+                                    "override the preset's")
+    g.add_argument("--reuse", type=int, metavar="R", help="run the transformer at every R-th step only; "
+                   "extrapolate the velocity between")
+    g.add_argument("--core-reuse", type=int, metavar="K", help="run the block stack at every K-th call only; "
+                   "reuse its residual between (not with --reuse)")
+    g.add_argument("--layers", type=int, metavar="M", help="run M of the model's blocks (first two, last, and "
+                   "the others by --layer-policy)")
+    g.add_argument("--layer-policy", choices=["gate", "uniform"], help="which blocks --layers keeps: largest "
+                   "AdaLN gates (default) or evenly spaced")
+    g.add_argument("--token-reduction", action="store_true", default=None,
+                   help="average horizontally adjacent video tokens over the middle blocks")
+    g.add_argument("--render-size", metavar="WxH", help="run the transformer and decoders at this smaller "
+                   "canvas of the output's aspect; frames are resized (Lanczos-3) to the output size")
+    g.add_argument("--cache-threshold", type=float, metavar="X", help="skip steps while the first block's "
+                   "modulated input changes less than X in total (relative L1); reuses the last velocity")
+    g.add_argument("--lora", action="append", metavar="FILE[:SCALE]", help="LoRA merged into the transformer "
+                   "when it loads (diffusers or ComfyUI keys); repeatable")
+
+
+def speed_knobs(args) -> dict:
+    """The preset and knobs of parsed `render` arguments, as Engine.request takes them."""
+    from .presets import DEFAULT_PRESET
+
+    return {"preset": args.preset or DEFAULT_PRESET, "reuse": args.reuse, "core_reuse": args.core_reuse,
+            "layers": args.layers, "layer_policy": args.layer_policy, "token_reduction": args.token_reduction,
+            "render_size": args.render_size, "cache_threshold": args.cache_threshold, "lora": args.lora}
+
+
+def add_device_arguments(p) -> None:
+    """--device / --device-index, shared by every command that opens a model."""
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the transformer runs: auto (a GPU when the CUDA backend is built and one answers, "
+                        "else the CPU), cpu, or cuda (fails when there is none). Text encoder and decoders run on "
+                        "the CPU")
+    p.add_argument("--device-index", type=int, default=0, metavar="N", help="GPU number for --device cuda/auto")
 
 
 def _size(args):
@@ -128,14 +176,24 @@ def main(args) -> int:
     if len({str(Path(p).resolve()) for p in outputs}) != len(outputs):
         raise H3Error("the MP4 and the WAV must be different files")
 
-    engine = Engine(args.model_dir, threads=args.threads)
-    req = engine.request(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed, args.vae_tile)
+    engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index)
+    # read now: the engine is closed before the profile is printed
+    device_line = f"device: {engine.device_description}; text encoder and decoders on the cpu"
+    knobs = speed_knobs(args)
+    req = engine.request(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed, args.vae_tile,
+                         **knobs)
     plan = engine.plan(req)  # every shape rule checked before any work
 
+    live = None
+    if args.show:
+        from .terminal import LivePreview
+
+        live = LivePreview(engine, args.preview_protocol, args.preview_every,
+                           notice=lambda msg: print(f"h3ctl: {msg}", file=sys.stderr, flush=True))
     profile = PhaseProfile() if args.profile else None
     progress_ui = None
     tasks = {}
-    if not args.quiet:
+    if not args.quiet and not (live is not None and live.active):  # previews own the terminal with --show
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         progress_ui = Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
@@ -146,6 +204,8 @@ def main(args) -> int:
         label = PHASE_LABELS.get(phase, phase)
         if profile:
             profile.enter(label)
+        if live is not None:
+            live.phase(phase, done, total)
         if progress_ui is not None:
             if label not in tasks:
                 tasks[label] = progress_ui.add_task(label, total=total)
@@ -170,7 +230,9 @@ def main(args) -> int:
         if progress_ui is not None:
             progress_ui.start()
         result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
-                               progress=on_progress, vae_tile=args.vae_tile)
+                               progress=on_progress, vae_tile=args.vae_tile,
+                               preview=live.callback if live is not None and live.active else None,
+                               preview_every=args.preview_every, **knobs)
         state["computing"] = False
         if engine._cancel:
             raise KeyboardInterrupt
@@ -188,7 +250,13 @@ def main(args) -> int:
             progress_ui.update(tasks["mux"], total=1, completed=1)
         if profile:
             profile.finish()
+        if live is not None:
+            t_show = time.perf_counter()
+            live.finish(result.frames, result.fps)  # the final frames, once
+            t0 += time.perf_counter() - t_show  # the summary's wall time leaves the animation out
     finally:
+        if live is not None:
+            live.close()
         if progress_ui is not None:
             progress_ui.stop()
         signal.signal(signal.SIGINT, previous)
@@ -201,6 +269,7 @@ def main(args) -> int:
     if profile:
         from .info import human_bytes
 
+        print(device_line)
         print(profile.table())
         tp = engine.last_transformer_profile
         if tp:
@@ -208,4 +277,7 @@ def main(args) -> int:
                   f"kernels, {tp['threads']} threads); AdaLN precompute released "
                   f"{human_bytes(tp['adaln_weight_bytes'])} of adaln_proj weights for "
                   f"{human_bytes(tp['adaln_table_bytes'])} of tables")
+            print(f"transformer work (preset {knobs['preset']}): {tp['evaluations']} evaluations, "
+                  f"{tp['skipped_steps']} steps skipped, {tp['block_runs']} block-stack runs of {tp['layers_run']} "
+                  f"blocks, {tp['transformer_ms'] / 1000:.3f} s in the steps")
     return 0

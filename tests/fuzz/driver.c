@@ -1,11 +1,17 @@
 /*
- * A self-contained coverage-guided fuzzing loop for gcc builds (clang users can link the target
+ * A self-contained coverage-guided fuzzing loop for gcc builds (clang users can link a target
  * with -fsanitize=fuzzer instead). The library sources are compiled with
  * -fsanitize-coverage=trace-pc; every basic block calls __sanitizer_cov_trace_pc, which marks an
  * edge in a 64 KiB map. Inputs reaching new edges join the corpus; each execution mutates a
- * corpus entry with byte-level and safetensors-aware mutations. Runs are reproducible (fixed
- * seed) and bounded by an execution count.
+ * corpus entry with byte-level mutations, splices from the target's dictionary and from other
+ * corpus entries (and, for safetensors-style inputs, length-prefix edits). The target supplies
+ * its seeds and dictionary through fuzz_target_info (fuzz.h). Runs are reproducible (fixed seed)
+ * and bounded by an execution count:
+ *
+ *   fuzz_TARGET [RUNS [SEED]]      (FUZZ_CORPUS_DIR=dir also writes the final corpus there)
  */
+#include "fuzz.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +21,13 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAP 65536
-static uint8_t cur[MAP], seen[MAP];
+/* Words so that the per-execution scan skips untouched stretches 8 edges at a time. */
+static union {
+    uint8_t b[MAP];
+    uint64_t w[MAP / 8];
+} cur_u, seen_u;
+#define cur cur_u.b
+#define seen seen_u.b
 static uintptr_t prev_loc;
 
 void __sanitizer_cov_trace_pc(void)
@@ -41,48 +53,44 @@ typedef struct {
 } item;
 static item *corpus;
 static size_t ncorpus, capcorpus;
-#define MAXLEN 4096
+static const fuzz_target *T;
 
 static void add(const uint8_t *p, size_t n)
 {
     if (ncorpus == capcorpus) {
         capcorpus = capcorpus ? capcorpus * 2 : 64;
         corpus = realloc(corpus, capcorpus * sizeof *corpus);
+        if (!corpus) abort();
     }
     corpus[ncorpus].p = malloc(n ? n : 1);
+    if (!corpus[ncorpus].p) abort();
     memcpy(corpus[ncorpus].p, p, n);
     corpus[ncorpus].n = n;
     ncorpus++;
 }
 
-/* A well-formed file: 8-byte length, JSON header, data area. */
-static size_t make_seed(uint8_t *out, const char *hdr, size_t data)
+/* Insert `l` bytes at `a` if they fit under max_len. */
+static size_t insert(uint8_t *b, size_t n, size_t a, const uint8_t *t, size_t l)
 {
-    size_t h = strlen(hdr);
-    for (int i = 0; i < 8; i++) out[i] = (uint8_t)((uint64_t)h >> (8 * i));
-    memcpy(out + 8, hdr, h);
-    memset(out + 8 + h, 0x3f, data);
-    return 8 + h + data;
+    if (n + l > T->max_len) return n;
+    memmove(b + a + l, b + a, n - a);
+    memcpy(b + a, t, l);
+    return n + l;
 }
-
-static const char *dict[] = {
-    "\"dtype\"", "\"shape\"", "\"data_offsets\"", "\"__metadata__\"", "\"F32\"", "\"BF16\"", "\"F16\"",
-    "\"I64\"", "\"F8_E4M3\"", "\"U8\"", "\"BOOL\"", "[", "]", "{", "}", ",", ":", "0", "1", "-1",
-    "18446744073709551615", "9223372036854775808", "1e309", "1.5", "\"\\u0000\"", "\"\\ud800\"",
-    "\"\\ud83d\\ude00\"", "null", "true", "false", "\"a\"", " ", "\"\\", "\xff", "\xc3\xa9",
-};
 
 static size_t mutate(uint8_t *b, size_t n)
 {
+    const size_t maxlen = T->max_len;
     int rounds = 1 + (int)(rnd() % 4);
     for (int r = 0; r < rounds; r++) {
-        switch (rnd() % 10) {
+        switch (rnd() % 12) {
         case 0: /* bit flip */
             if (n) b[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8));
             break;
         case 1: /* interesting byte */
             if (n) {
-                static const uint8_t v[] = {0, 1, 0x7f, 0x80, 0xff, '"', '\\', '{', '}', '[', ']', ',', ':', '0', '9'};
+                static const uint8_t v[] = {0, 1, 0x7f, 0x80, 0xff, '"', '\\', '{', '}', '[', ']',
+                                            ',', ':', '0', '9', ' ', '\n', 0xc3, 0xcc, 0xe2, 0xf0};
                 b[rnd() % n] = v[rnd() % sizeof v];
             }
             break;
@@ -94,18 +102,22 @@ static size_t mutate(uint8_t *b, size_t n)
             }
             break;
         case 3: /* dictionary insert */
-        case 4: {
-            const char *t = dict[rnd() % (sizeof dict / sizeof *dict)];
-            size_t l = strlen(t), a = n ? rnd() % (n + 1) : 0;
-            if (n + l < MAXLEN) {
-                memmove(b + a + l, b + a, n - a);
-                memcpy(b + a, t, l);
-                n += l;
+        case 4:
+            if (T->ndict) {
+                const char *t = T->dict[rnd() % T->ndict];
+                n = insert(b, n, n ? rnd() % (n + 1) : 0, (const uint8_t *)t, strlen(t));
             }
             break;
-        }
-        case 5: /* length prefix: keep it consistent with the JSON, or push it to an edge */
-            if (n >= 8) {
+        case 5: /* dictionary overwrite: replace a range by a token (a key, a value, a word) */
+            if (T->ndict && n) {
+                const char *t = T->dict[rnd() % T->ndict];
+                size_t a = rnd() % n, l = 1 + rnd() % (n - a > 12 ? 12 : n - a);
+                memmove(b + a, b + a + l, n - a - l);
+                n = insert(b, n - l, a, (const uint8_t *)t, strlen(t));
+            }
+            break;
+        case 6: /* length prefix: keep it consistent with the JSON, or push it to an edge */
+            if (T->length_prefix && n >= 8) {
                 uint64_t v;
                 switch (rnd() % 4) {
                 case 0: {
@@ -119,33 +131,43 @@ static size_t mutate(uint8_t *b, size_t n)
                 default: v = (uint64_t)(n - 8) + (rnd() % 3) - 1; break;
                 }
                 for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+            } else if (n > 2) { /* otherwise: swap two bytes (reorders brackets, quotes) */
+                size_t x = rnd() % n, y = rnd() % n;
+                uint8_t t = b[x];
+                b[x] = b[y];
+                b[y] = t;
             }
             break;
-        case 6: /* duplicate a chunk */
+        case 7: /* duplicate a chunk */
             if (n > 2) {
                 size_t a = rnd() % n, l = 1 + rnd() % (n - a > 32 ? 32 : n - a), d = rnd() % n;
-                if (n + l < MAXLEN) {
-                    uint8_t tmp[32];
-                    memcpy(tmp, b + a, l);
-                    memmove(b + d + l, b + d, n - d);
-                    memcpy(b + d, tmp, l);
-                    n += l;
-                }
+                uint8_t tmp[32];
+                memcpy(tmp, b + a, l);
+                n = insert(b, n, d, tmp, l);
             }
             break;
-        case 7: /* splice with another corpus entry */
+        case 8: /* splice: our head, another entry's tail */
             if (ncorpus > 1 && n) {
                 item *o = &corpus[rnd() % ncorpus];
                 size_t a = rnd() % n, ob = o->n ? rnd() % o->n : 0, l = o->n - ob;
-                if (a + l > MAXLEN) l = MAXLEN - a;
+                if (a + l > maxlen) l = maxlen - a;
                 memcpy(b + a, o->p + ob, l);
                 n = a + l;
             }
             break;
-        case 8: /* truncate */
+        case 9: /* crossover: insert a chunk of another entry */
+            if (ncorpus > 1) {
+                item *o = &corpus[rnd() % ncorpus];
+                if (o->n) {
+                    size_t ob = rnd() % o->n, l = 1 + rnd() % (o->n - ob > 64 ? 64 : o->n - ob);
+                    n = insert(b, n, n ? rnd() % (n + 1) : 0, o->p + ob, l);
+                }
+            }
+            break;
+        case 10: /* truncate */
             if (n) n = rnd() % n;
             break;
-        default: /* random digit run (offsets, shapes) */
+        default: /* random digit run (offsets, shapes, ids) */
             if (n) {
                 size_t a = rnd() % n, l = 1 + rnd() % 6;
                 for (size_t i = 0; i < l && a + i < n; i++) b[a + i] = (uint8_t)('0' + rnd() % 10);
@@ -156,44 +178,61 @@ static size_t mutate(uint8_t *b, size_t n)
     return n;
 }
 
+/* Run one input; returns 1 when it reached an edge no earlier input did. */
+static int run(const uint8_t *p, size_t n, size_t *edges)
+{
+    memset(cur, 0, sizeof cur);
+    prev_loc = 0;
+    LLVMFuzzerTestOneInput(p, n);
+    int fresh = 0;
+    for (size_t w = 0; w < MAP / 8; w++) {
+        if (!(cur_u.w[w] & ~seen_u.w[w])) continue;
+        for (size_t i = 8 * w; i < 8 * w + 8; i++)
+            if (cur[i] && !seen[i]) {
+                seen[i] = 1;
+                fresh = 1;
+                (*edges)++;
+            }
+    }
+    return fresh;
+}
+
 int main(int argc, char **argv)
 {
     long long runs = argc > 1 ? atoll(argv[1]) : 100000;
     if (argc > 2) rs = (uint64_t)atoll(argv[2]) * 0x9E3779B97F4A7C15ull + 1;
-    uint8_t buf[MAXLEN + 64];
-    static const char *seeds[][2] = {
-        {"{}", "0"},
-        {"{\"__metadata__\":{\"format\":\"pt\"}}", "0"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", "24"},
-        {"{\"w\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"I64\",\"shape\":[],"
-         "\"data_offsets\":[8,16]},\"__metadata__\":{\"k\":\"v\"}}", "16"},
-        {"{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[0,5],\"data_offsets\":[0,0]},\"y\":{\"dtype\":\"U8\",\"shape\":[3],"
-         "\"data_offsets\":[0,3]}}  ", "3"},
-    };
-    for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
-        size_t n = make_seed(buf, seeds[i][0], (size_t)atoi(seeds[i][1]));
-        add(buf, n);
-    }
+    T = fuzz_target_info();
+    uint8_t *buf = malloc(T->max_len + 64);
+    if (!buf || !T->nseeds) return 2;
     size_t edges = 0;
     clock_t t0 = clock();
+    /* Seeds join the corpus whatever they cover: each is a different well-formed shape. */
+    for (size_t i = 0; i < T->nseeds; i++) {
+        add(T->seeds[i].data, T->seeds[i].size);
+        run(T->seeds[i].data, T->seeds[i].size, &edges);
+    }
     for (long long it = 0; it < runs; it++) {
         item *src = &corpus[rnd() % ncorpus];
         memcpy(buf, src->p, src->n);
         size_t n = mutate(buf, src->n);
-        memset(cur, 0, sizeof cur);
-        prev_loc = 0;
-        LLVMFuzzerTestOneInput(buf, n);
-        int fresh = 0;
-        for (size_t i = 0; i < MAP; i++)
-            if (cur[i] && !seen[i]) {
-                seen[i] = 1;
-                fresh = 1;
-                edges++;
-            }
-        if (fresh && ncorpus < 20000) add(buf, n);
+        if (run(buf, n, &edges) && ncorpus < 20000) add(buf, n);
     }
     double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
-    printf("fuzz_safetensors: %lld executions in %.1f s, %zu coverage edges, corpus %zu, no crash\n", runs, secs,
-           edges, ncorpus);
+    printf("%s: %lld executions in %.1f s, %zu coverage edges, corpus %zu, no crash\n", T->name, runs, secs, edges,
+           ncorpus);
+    /* FUZZ_CORPUS_DIR=dir keeps the corpus (one file per input), e.g. to replay it in a coverage build. */
+    const char *dir = getenv("FUZZ_CORPUS_DIR");
+    for (size_t i = 0; dir && i < ncorpus; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s-%05zu", dir, T->name, i);
+        FILE *f = fopen(path, "wb");
+        if (f) {
+            fwrite(corpus[i].p, 1, corpus[i].n, f);
+            fclose(f);
+        }
+    }
+    for (size_t i = 0; i < ncorpus; i++) free(corpus[i].p);
+    free(corpus);
+    free(buf);
     return 0;
 }

@@ -1,5 +1,5 @@
 /* Audio VAE kernels at the baseline ISA: the reference path (H3_NO_SIMD=1) and old CPUs. */
-#include "models/audio_vae.h"
+#include "backend/cpu/avae_kern.h"
 
 #include <string.h>
 

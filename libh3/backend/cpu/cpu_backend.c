@@ -1,12 +1,15 @@
 /*
  * The CPU backend: backend.h's ops over the thread pool and the kernels of backend/cpu/ (one copy
- * of each: the GEMM micro-kernel and attention in kernels.inc, the row helpers in ops.c). All
+ * of each: the GEMM micro-kernel and attention in kernels.inc, the row helpers in ops.c; the text
+ * encoder's and decoders' ops are in cpu_models.c, the audio activation kernels in avae_kern.inc). All
  * activations are f32; this is the exact path every parity test checks. Buffers are host memory,
  * so upload/download are copies and weights are views of the mapped shards.
  *
  * Row ops split work over rows only, so results do not depend on the thread count.
  */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_extra.h"
+#include "backend/cpu/cpu_models.h"
 #include "backend/cpu/ops.h"
 #include "core/schedule.h"
 
@@ -24,6 +27,8 @@ typedef struct {
 } cpu_backend;
 
 static h3_pool *pool_of(h3_backend *be) { return ((cpu_backend *)be)->pool; }
+
+h3_pool *h3_cpu_backend_pool(h3_backend *be) { return pool_of(be); }
 
 static int need_f32(const char *op, const h3_bt *t)
 {
@@ -155,59 +160,69 @@ static int cpu_norm_mod(h3_backend *be, const h3_bt *x, const int64_t *rows, con
 }
 
 typedef struct {
-    const float *qkv;
-    float *q, *k, *v;
-    const float *qn, *kn, *cos, *sin;
-    int heads, D, half;
-    int64_t ldqkv, ldq, ldk, ldv;
+    const float *in[3]; /* q, k, v inputs (v may be NULL) */
+    float *out[3];
+    const float *w[2], *cos, *sin;
+    int heads[3], hs, D, half;
+    int64_t ldin[3], ldout[3];
     float eps;
 } qkv_job;
 
-/* Per row and head: split the interleaved [q | k | v], RMS-normalise q and k with their weights,
-   rotate the first 2*half dims (rotate-half, torch's order of operations) and write head-major
-   Q, K, V rows for the attention kernel. */
+/* Per row and head: RMS-normalise q and k with their weights, rotate the first 2*half dims
+   (rotate-half, torch's order of operations) and write head-major Q, K (and V) rows for the
+   attention kernel. A rotated head is staged on the stack, so q and k may be updated in place. */
 static void qkv_task(void *a, int64_t b, int64_t e, int thread)
 {
     qkv_job *j = a;
     (void)thread;
     const int D = j->D, half = j->half;
-    float tmp[2][CPU_MAX_HEAD_DIM];
+    float tmp[CPU_MAX_HEAD_DIM];
     for (int64_t r = b; r < e; r++) {
         const float *cs = j->cos ? j->cos + r * half : NULL, *sn = j->sin ? j->sin + r * half : NULL;
-        for (int h = 0; h < j->heads; h++) {
-            const float *src = j->qkv + r * j->ldqkv + (int64_t)h * 3 * D;
-            float *dst[2] = {j->q + r * j->ldq + (int64_t)h * D, j->k + r * j->ldk + (int64_t)h * D};
-            const float *w[2] = {j->qn, j->kn};
-            for (int s = 0; s < 2; s++) {
-                const float *x = src + s * D;
+        for (int s = 0; s < 2; s++)
+            for (int h = 0; h < j->heads[s]; h++) {
+                const float *x = j->in[s] + r * j->ldin[s] + (int64_t)h * j->hs;
+                float *o = j->out[s] + r * j->ldout[s] + (int64_t)h * D;
                 const float inv = (float)(1.0 / sqrt(h3_sumsq(x, D) / (double)D + j->eps));
-                float *t = cs ? tmp[s] : dst[s];
-                h3_scale_mod(x, D, inv, w[s], NULL, NULL, t);
+                float *t = cs ? tmp : o;
+                h3_scale_mod(x, D, inv, j->w[s], NULL, NULL, t);
                 if (cs) {
-                    float *o = dst[s];
                     h3_rope_half(t, cs, sn, half, o);
                     memcpy(o + 2 * half, t + 2 * half, sizeof(float) * (size_t)(D - 2 * half));
                 }
             }
-            memcpy(j->v + r * j->ldv + (int64_t)h * D, src + 2 * D, sizeof(float) * (size_t)D);
-        }
+        if (j->in[2])
+            for (int h = 0; h < j->heads[2]; h++)
+                memcpy(j->out[2] + r * j->ldout[2] + (int64_t)h * D, j->in[2] + r * j->ldin[2] + (int64_t)h * j->hs,
+                       sizeof(float) * (size_t)D);
     }
 }
 
-static int cpu_qk_norm_rope(h3_backend *be, const h3_bt *qkv, const float *qn, const float *kn, const float *cos,
-                            const float *sin, int heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k,
-                            const h3_bt *v)
+static int cpu_qk_norm_rope(h3_backend *be, const h3_bt *qin, const h3_bt *kin, const h3_bt *vin, int hs,
+                            const float *qn, const float *kn, const float *cos, const float *sin, int heads,
+                            int kv_heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v)
 {
     int rc;
-    if ((rc = need_f32("qk_norm_rope", qkv)) || (rc = need_f32("qk_norm_rope", q)) ||
-        (rc = need_f32("qk_norm_rope", k)) || (rc = need_f32("qk_norm_rope", v)))
+    if ((rc = need_f32("qk_norm_rope", qin)) || (rc = need_f32("qk_norm_rope", kin)) ||
+        (rc = need_f32("qk_norm_rope", q)) || (rc = need_f32("qk_norm_rope", k)) ||
+        (vin && ((rc = need_f32("qk_norm_rope", vin)) || (rc = need_f32("qk_norm_rope", v)))))
         return rc;
     if (D > CPU_MAX_HEAD_DIM || 2 * half > D)
         return h3_err(H3_E_UNSUPPORTED, "cpu backend: head dim %d (rope %d) is outside what qk_norm_rope supports",
                       D, 2 * half);
-    qkv_job j = {qkv->data, q->data, k->data, v->data, qn, kn, cos, sin, heads, D, half,
-                 qkv->ld, q->ld, k->ld, v->ld, eps};
-    h3_parallel_for(pool_of(be), qkv->rows, 4, qkv_task, &j);
+    qkv_job j = {{qin->data, kin->data, vin ? vin->data : NULL},
+                 {q->data, k->data, vin ? v->data : NULL},
+                 {qn, kn},
+                 cos,
+                 sin,
+                 {heads, kv_heads, kv_heads},
+                 hs,
+                 D,
+                 half,
+                 {qin->ld, kin->ld, vin ? vin->ld : 0},
+                 {q->ld, k->ld, vin ? v->ld : 0},
+                 eps};
+    h3_parallel_for(pool_of(be), q->rows, 4, qkv_task, &j);
     return 0;
 }
 
@@ -306,6 +321,20 @@ static const h3_backend_ops cpu_ops = {
     .scatter_rows = cpu_scatter_rows,
     .euler = cpu_euler,
     .noise = cpu_noise,
+    .extrapolate = h3_cpu_extrapolate,
+    .sub = h3_cpu_sub,
+    .pool_pairs = h3_cpu_pool_pairs,
+    .unpool_pairs = h3_cpu_unpool_pairs,
+    .abs_diff_sum = h3_cpu_abs_diff_sum,
+    .layernorm = h3_cpu_layernorm,
+    .copy = h3_cpu_copy,
+    .add_div = h3_cpu_add_div,
+    .channels_last = h3_cpu_channels_last,
+    .unpatchify = h3_cpu_unpatchify,
+    .vae_stitch = h3_cpu_vae_stitch,
+    .snake_aa = h3_cpu_snake_aa,
+    .conv_gemm = h3_cpu_conv_gemm,
+    .conv1_clamp = h3_cpu_conv1_clamp,
 };
 
 int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)

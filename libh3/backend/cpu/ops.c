@@ -154,12 +154,12 @@ static int reserve(h3_pool *p, int slot, size_t bytes)
     return 0;
 }
 
-int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias,
-              float *Y, int64_t ldy)
+static int linear_run(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias,
+                      float *Y, int64_t ldy, bool few_rows_ok)
 {
     if (M <= 0 || W->rows <= 0) return 0;
     lin_job j = {K(), p, X, ldx, M, W->rows, 0, 0, 0, W, bias, Y, ldy, NULL, 0, 0};
-    if (M <= SMALL_M) {
+    if (M <= SMALL_M && few_rows_ok) {
         /* A few rows: streaming dot products beat packing the whole weight matrix. */
         h3_parallel_for(p, W->rows, 64, lin_rows_task, &j);
         return 0;
@@ -190,6 +190,18 @@ int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *
     }
     h3_parallel_for(p, j.mt * j.nt, 1, lin_task, &j);
     return 0;
+}
+
+int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias, float *Y,
+              int64_t ldy)
+{
+    return linear_run(p, X, M, ldx, W, bias, Y, ldy, true);
+}
+
+int h3_linear_blocked(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias,
+                      float *Y, int64_t ldy)
+{
+    return linear_run(p, X, M, ldx, W, bias, Y, ldy, false);
 }
 
 /* ---- attention ------------------------------------------------------------------------- */
@@ -300,58 +312,4 @@ void h3_swiglu(h3_pool *p, const float *gate, int64_t ldg, const float *up, int6
 {
     swiglu_job j = {gate, up, out, ldg, ldu, ldo, n};
     h3_parallel_for(p, rows, 4, swiglu_task, &j);
-}
-
-/* ---- norms ----------------------------------------------------------------------------- */
-
-typedef struct {
-    const float *x, *w, *b;
-    float *y;
-    int64_t ldx, ldy, n;
-    float eps;
-    bool layer;
-} norm_job;
-
-static void norm_task(void *a, int64_t b0, int64_t e0, int thread)
-{
-    norm_job *j = a;
-    (void)thread;
-    for (int64_t r = b0; r < e0; r++) {
-        const float *x = j->x + r * j->ldx;
-        float *y = j->y + r * j->ldy;
-        if (j->layer) {
-            /* Two-pass mean/variance in double: matches torch's f32 result to rounding. */
-            double mean = 0, var = 0;
-            for (int64_t i = 0; i < j->n; i++) mean += x[i];
-            mean /= (double)j->n;
-            for (int64_t i = 0; i < j->n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
-            var /= (double)j->n;
-            float inv = (float)(1.0 / sqrt(var + j->eps)), mu = (float)mean;
-            for (int64_t i = 0; i < j->n; i++) {
-                float v = (x[i] - mu) * inv;
-                if (j->w) v *= j->w[i];
-                if (j->b) v += j->b[i];
-                y[i] = v;
-            }
-        } else {
-            double ss = 0;
-            for (int64_t i = 0; i < j->n; i++) ss += (double)x[i] * x[i];
-            float inv = (float)(1.0 / sqrt(ss / (double)j->n + j->eps));
-            for (int64_t i = 0; i < j->n; i++) y[i] = j->w ? x[i] * inv * j->w[i] : x[i] * inv;
-        }
-    }
-}
-
-void h3_rmsnorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n,
-                const float *w, float eps)
-{
-    norm_job j = {x, w, NULL, y, ldx, ldy, n, eps, false};
-    h3_parallel_for(p, rows, 16, norm_task, &j);
-}
-
-void h3_layernorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n,
-                  const float *w, const float *b, float eps)
-{
-    norm_job j = {x, w, b, y, ldx, ldy, n, eps, true};
-    h3_parallel_for(p, rows, 16, norm_task, &j);
 }

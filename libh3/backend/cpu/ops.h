@@ -63,6 +63,11 @@ H3_INTERNAL uint16_t h3_f32_to_bf16(float f); /* round to nearest even */
  */
 H3_INTERNAL int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W,
                            const float *bias, float *Y, int64_t ldy);
+/* h3_linear without its few-rows shortcut (dot products for M <= 6): every M sums in the blocked
+   order of the micro-kernel, and rows of X may overlap (ldx < K). The convolutions of the audio
+   decoder rely on both: a clip of a few frames sums exactly as a long one does. */
+H3_INTERNAL int h3_linear_blocked(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W,
+                                  const float *bias, float *Y, int64_t ldy);
 
 /*
  * Scaled dot-product attention, tiled with an online softmax (memory linear in tokens).
@@ -78,13 +83,6 @@ H3_INTERNAL int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const floa
    the default (64 MiB). For tests of the grouping; not thread-safe. */
 H3_INTERNAL void h3_attention_pack_budget(size_t bytes);
 
-/* y[r] = x[r] / rms(x[r]) * w (w may be NULL = 1), rows of n with strides. In place allowed. */
-H3_INTERNAL void h3_rmsnorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows,
-                            int64_t n, const float *w, float eps);
-/* LayerNorm with optional affine weight/bias. In place allowed. */
-H3_INTERNAL void h3_layernorm(h3_pool *p, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows,
-                              int64_t n, const float *w, const float *b, float eps);
-
 H3_INTERNAL float h3_silu(float x);
 /* out[i] = up[i] * SiLU(gate[i]) (SwiGLU), vectorised; in place on either input allowed. */
 H3_INTERNAL void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n);
@@ -92,7 +90,7 @@ H3_INTERNAL void h3_silu_mul(const float *gate, const float *up, float *out, int
 H3_INTERNAL void h3_swiglu(h3_pool *p, const float *gate, int64_t ldg, const float *up, int64_t ldu, float *out,
                            int64_t ldo, int64_t rows, int64_t n);
 /* Row helpers of the transformer (vectorised, fixed evaluation order, so thread-count independent):
-   sum of squares in double; y = ((x * inv) * w) [* scale + shift] (scale/shift may be NULL);
+   sum of squares in double; y = ((x * inv) * w) [* scale + shift] (w, and scale/shift, may be NULL);
    x += g * y (g NULL: x += y); rotate-half RoPE of 2*half values (o must not alias t). */
 H3_INTERNAL double h3_sumsq(const float *x, int64_t n);
 H3_INTERNAL void h3_scale_mod(const float *x, int64_t n, float inv, const float *w, const float *scale,

@@ -1,0 +1,685 @@
+/*
+ * The CUDA backend of libh3: the ops table of backend.h, device memory, weight upload, errors,
+ * the device query and the one exported symbol, h3_backend_cuda_create.
+ *
+ * One stream per backend: uploads, ops and downloads run in issue order on it; `download` and
+ * `sync` wait for it and report any fault a queued kernel hit. Kernels live in cuda_gemm.cu
+ * (cuBLASLt), cuda_attention.cu (flash attention) and cuda_rows.cu (the row-wise ops).
+ *
+ * This library links the CUDA runtime statically and cuBLASLt dynamically (libcublasLt.so.13,
+ * found through the loader's normal search path: LD_LIBRARY_PATH or ld.so.conf), so the only
+ * thing a machine needs besides the driver is cuBLAS of the CUDA major version it was built for.
+ */
+#include "backend/cuda/cuda_sdpa.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace h3cuda {
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+int fail(const Backend *b, int code, const char *fmt, ...)
+{
+    char msg[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return b->host.err(code, "%s", msg);
+}
+
+static int code_of(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorMemoryAllocation: return H3_E_NOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorInvalidPitchValue: return H3_E_INVALID;
+    default: return H3_E_UNSUPPORTED;
+    }
+}
+
+/* A sticky error (a kernel fault) leaves the CUDA context unusable: say so, since every later
+   call will fail the same way. */
+static bool sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable: return true;
+    default: return false;
+    }
+}
+
+int fail_cuda(const Backend *b, cudaError_t e, const char *what)
+{
+    /* Clear a non-sticky error so the next call starts clean ("the backend stays usable"). */
+    (void)cudaGetLastError();
+    return fail(b, code_of(e), "cuda: %s: %s%s", what, cudaGetErrorString(e),
+                sticky(e) ? " (the GPU context is lost; restart the process)" : "");
+}
+
+int fail_cublas(const Backend *b, cublasStatus_t s, const char *what)
+{
+    return fail(b, s == CUBLAS_STATUS_ALLOC_FAILED ? H3_E_NOMEM : H3_E_UNSUPPORTED, "cuda: %s: cuBLASLt %s (%s)", what,
+                cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+}
+
+int check_launch(const Backend *b, const char *kernel)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return 0;
+    char what[128];
+    snprintf(what, sizeof what, "launching %s", kernel);
+    return fail_cuda(b, e, what);
+}
+
+int use_device(const Backend *b)
+{
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur == b->dev) return 0;
+    e = cudaSetDevice(b->dev);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "selecting the GPU");
+}
+
+int check_view(const Backend *b, const char *op, const char *name, const h3_bt *t)
+{
+    if (!t) return fail(b, H3_E_INVALID, "cuda: %s: %s is missing", op, name);
+    if (!is_act(t->dtype))
+        return fail(b, H3_E_UNSUPPORTED, "cuda: %s: %s must be f32 or bf16, got %s", op, name, dtname(t->dtype));
+    if (t->rows < 0 || t->cols < 0 || (t->rows > 1 && t->ld < t->cols))
+        return fail(b, H3_E_INVALID, "cuda: %s: %s is %lld x %lld with row stride %lld", op, name, (long long)t->rows,
+                    (long long)t->cols, (long long)t->ld);
+    if (!t->data && t->rows > 0 && t->cols > 0) return fail(b, H3_E_INVALID, "cuda: %s: %s has no data", op, name);
+    return 0;
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+static void fmt_bytes(char *out, size_t cap, uint64_t bytes)
+{
+    const double gib = (double)bytes / (1024.0 * 1024.0 * 1024.0);
+    if (gib >= 0.01)
+        snprintf(out, cap, "%.2f GiB", gib);
+    else
+        snprintf(out, cap, "%.2f MiB", (double)bytes / (1024.0 * 1024.0));
+}
+
+void *dev_alloc(const Backend *b, size_t bytes, const char *what)
+{
+    if (use_device(b)) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e == cudaSuccess) return p;
+    (void)cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation) {
+        size_t fr = 0, tot = 0;
+        char ask[32], frs[32];
+        fmt_bytes(ask, sizeof ask, bytes);
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+            fmt_bytes(frs, sizeof frs, fr);
+            fail(b, H3_E_NOMEM, "cuda: out of device memory allocating %s for %s (%s free of %.1f GiB)", ask, what,
+                 frs, (double)tot / (1024.0 * 1024.0 * 1024.0));
+        } else {
+            fail(b, H3_E_NOMEM, "cuda: out of device memory allocating %s for %s", ask, what);
+        }
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    char w[96];
+    snprintf(w, sizeof w, "allocating device memory for %s", what);
+    fail_cuda(b, e, w);
+    return NULL;
+}
+
+void *scratch(Backend *b, int slot, size_t bytes)
+{
+    if (b->scratch_bytes[slot] >= bytes && b->scratch[slot]) return b->scratch[slot];
+    /* Grow by half again so a slowly growing sequence does not reallocate every call. */
+    size_t want = bytes + bytes / 2;
+    if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
+    if (b->scratch[slot]) {
+        /* Queued work may still read the old buffer. */
+        cudaError_t e = cudaStreamSynchronize(b->stream);
+        if (e != cudaSuccess) {
+            fail_cuda(b, e, "waiting for queued work");
+            return NULL;
+        }
+        cudaFree(b->scratch[slot]);
+        b->scratch[slot] = NULL;
+        b->scratch_bytes[slot] = 0;
+    }
+    void *p = dev_alloc(b, want, "scratch");
+    if (!p) return NULL;
+    b->scratch[slot] = p;
+    b->scratch_bytes[slot] = want;
+    return p;
+}
+
+static void *be_alloc(h3_backend *be, size_t bytes) { return dev_alloc(B(be), bytes, "a buffer"); }
+
+static void be_release(h3_backend *be, void *p)
+{
+    if (!p) return;
+    Backend *b = B(be);
+    if (use_device(b)) return;
+    /* cudaFree waits for work queued on the device, so a buffer a kernel still reads is safe. */
+    if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static int be_upload(h3_backend *be, void *dst, const void *src, size_t bytes)
+{
+    Backend *b = B(be);
+    if (!bytes) return 0;
+    int rc = use_device(b);
+    if (rc) return rc;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, b->stream);
+    if (e != cudaSuccess) return fail_cuda(b, e, "upload");
+    /* From pageable memory the call returns once the bytes are staged, so the caller may reuse
+       its buffer at once. Pinned memory (registered by someone else) is read later by the copy
+       engine: wait, so the contract holds for any host pointer. */
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, src) == cudaSuccess) {
+        if (at.type == cudaMemoryTypeHost) {
+            e = cudaStreamSynchronize(b->stream);
+            if (e != cudaSuccess) return fail_cuda(b, e, "upload");
+        }
+    } else {
+        (void)cudaGetLastError();
+    }
+    return 0;
+}
+
+static int be_download(h3_backend *be, void *dst, const void *src, size_t bytes)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    if (rc) return rc;
+    if (bytes) {
+        cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, b->stream);
+        if (e != cudaSuccess) return fail_cuda(b, e, "download");
+    }
+    cudaError_t e = cudaStreamSynchronize(b->stream);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "download (a queued GPU operation failed)");
+}
+
+static int be_zero(h3_backend *be, void *dst, size_t bytes)
+{
+    Backend *b = B(be);
+    if (!bytes) return 0;
+    int rc = use_device(b);
+    if (rc) return rc;
+    cudaError_t e = cudaMemsetAsync(dst, 0, bytes, b->stream);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "zero");
+}
+
+static int be_sync(h3_backend *be)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    if (rc) return rc;
+    cudaError_t e = cudaStreamSynchronize(b->stream);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "a queued GPU operation failed");
+}
+
+static int be_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    if (rc) return rc;
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaMemGetInfo(&fr, &tot);
+    if (e != cudaSuccess) return fail_cuda(b, e, "reading free memory");
+    if (free_bytes) *free_bytes = fr;
+    if (total_bytes) *total_bytes = tot;
+    return 0;
+}
+
+/* ---- staged uploads (weights, noise) ------------------------------------------------------- */
+
+#define STAGE_CHUNK ((size_t)64 << 20)
+
+static int stage_ensure(Backend *b, bool need_dev)
+{
+    if (!b->stage_host[0]) {
+        for (int s = 0; s < STAGE_SLOTS; s++) {
+            cudaError_t e = cudaHostAlloc(&b->stage_host[s], STAGE_CHUNK, cudaHostAllocDefault);
+            if (e != cudaSuccess) {
+                b->stage_host[s] = NULL;
+                return fail_cuda(b, e, "allocating pinned staging memory (2 x 64 MiB)");
+            }
+        }
+        b->stage_bytes = STAGE_CHUNK;
+    }
+    if (need_dev && !b->stage_dev[0])
+        for (int s = 0; s < STAGE_SLOTS; s++) {
+            b->stage_dev[s] = dev_alloc(b, STAGE_CHUNK, "weight staging");
+            if (!b->stage_dev[s]) return -H3_E_NOMEM;
+        }
+    return 0;
+}
+
+int stage_upload(Backend *b, void *dst, size_t bytes, size_t align, stage_fill_fn fill, void *ctx,
+                 stage_convert_fn convert)
+{
+    int rc = stage_ensure(b, convert != NULL);
+    if (rc) return rc;
+    const size_t chunk = b->stage_bytes / align * align;
+    for (size_t off = 0; off < bytes; off += chunk) {
+        const size_t n = bytes - off < chunk ? bytes - off : chunk;
+        const int s = b->stage_next;
+        b->stage_next = (s + 1) % STAGE_SLOTS;
+        if (b->stage_used[s]) {
+            /* The copy (and conversion) that last used this slot must be done before refilling. */
+            cudaError_t e = cudaEventSynchronize(b->stage_done[s]);
+            if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+        }
+        fill(ctx, b->stage_host[s], off, n);
+        cudaError_t e;
+        if (convert) {
+            e = cudaMemcpyAsync(b->stage_dev[s], b->stage_host[s], n, cudaMemcpyHostToDevice, b->stream);
+            if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+            if ((rc = convert(b, dst, b->stage_dev[s], n, off))) return rc;
+        } else {
+            e = cudaMemcpyAsync((char *)dst + off, b->stage_host[s], n, cudaMemcpyHostToDevice, b->stream);
+            if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+        }
+        e = cudaEventRecord(b->stage_done[s], b->stream);
+        if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+        b->stage_used[s] = true;
+    }
+    return 0;
+}
+
+/* ---- weights ------------------------------------------------------------------------------- */
+
+static void fill_copy(void *ctx, void *pinned, size_t offset, size_t bytes)
+{
+    memcpy(pinned, (const char *)ctx + offset, bytes);
+}
+
+static int conv_f32(Backend *b, void *dst, const void *staged, size_t bytes, size_t offset)
+{
+    return convert_to_bf16(b, staged, H3_DT_F32, (__nv_bfloat16 *)dst + offset / 4, (int64_t)(bytes / 4));
+}
+
+static int conv_f16(Backend *b, void *dst, const void *staged, size_t bytes, size_t offset)
+{
+    return convert_to_bf16(b, staged, H3_DT_F16, (__nv_bfloat16 *)dst + offset / 2, (int64_t)(bytes / 2));
+}
+
+/* The device copy is bf16 whatever the checkpoint stores: f32 and f16 are rounded to nearest
+   even once, on the GPU, as diffusers' .to(bfloat16) does. The raw bytes cross PCIe in 64 MiB
+   chunks through pinned memory, so a checkpoint loads at copy-engine speed. */
+static int be_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t rows, int64_t cols, h3_bw *out)
+{
+    Backend *b = B(be);
+    memset(out, 0, sizeof *out);
+    if (dt != H3_DT_F32 && dt != H3_DT_BF16 && dt != H3_DT_F16)
+        return fail(b, H3_E_SCHEMA, "cuda: weights must be F32, BF16 or F16, got %s", dtname(dt));
+    if (rows < 0 || cols < 0 || (rows * cols > 0 && !host))
+        return fail(b, H3_E_INVALID, "cuda: weight of %lld x %lld", (long long)rows, (long long)cols);
+    int rc = use_device(b);
+    if (rc) return rc;
+    const int64_t n = rows * cols;
+    void *d = dev_alloc(b, (size_t)n * 2, "weights");
+    if (!d) return -H3_E_NOMEM;
+    if (n > 0) {
+        const size_t esz = dt == H3_DT_F32 ? 4 : 2;
+        rc = stage_upload(b, d, (size_t)n * esz, esz, fill_copy, (void *)host,
+                          dt == H3_DT_BF16 ? NULL : dt == H3_DT_F32 ? conv_f32 : conv_f16);
+        if (rc) {
+            cudaFree(d);
+            return rc;
+        }
+    }
+    out->data = d;
+    out->dtype = H3_DT_BF16;
+    out->rows = rows;
+    out->cols = cols;
+    out->priv = NULL;
+    return 0;
+}
+
+static void be_weight_free(h3_backend *be, h3_bw *w)
+{
+    if (!w) return;
+    if (w->data) be_release(be, (void *)w->data);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- ops that only dispatch ---------------------------------------------------------------- */
+
+static int be_linear(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : linear(b, X, W, bias, Y);
+}
+
+static int be_attention(h3_backend *be, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D,
+                        float scale, bool causal, const h3_bt *O)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : attention(b, Q, K, V, heads, kv_heads, D, scale, causal, O);
+}
+
+static int be_norm_mod(h3_backend *be, const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod,
+                       float eps, const h3_bt *y)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : norm_mod(b, x, rows, w, mod, eps, y);
+}
+
+static int be_qk_norm_rope(h3_backend *be, const h3_bt *qin, const h3_bt *kin, const h3_bt *vin, int hs,
+                           const float *qn, const float *kn, const float *cos, const float *sin, int heads,
+                           int kv_heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : qk_norm_rope(b, qin, kin, vin, hs, qn, kn, cos, sin, heads, kv_heads, D, half, eps, q, k, v);
+}
+
+static int be_gated_add(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *mod)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : gated_add(b, x, y, mod);
+}
+
+static int be_swiglu(h3_backend *be, const h3_bt *gate, const h3_bt *up, const h3_bt *out)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : swiglu(b, gate, up, out);
+}
+
+static int be_scatter_rows(h3_backend *be, const h3_bt *src, const int64_t *idx, const h3_bt *dst)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : scatter_rows(b, src, idx, dst);
+}
+
+static int be_euler(h3_backend *be, float *x, const float *v, int64_t n, float t, float sigma, float sigma_next)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : euler(b, x, v, n, t, sigma, sigma_next);
+}
+
+/* Noise is generated on the host by libh3's own h3_noise (through host->noise) and uploaded:
+   a device Philox + Box-Muller would need the GPU's log/cos to round exactly like the host libm
+   to give the same floats, so this keeps the noise bit-identical to the CPU backend by
+   construction. The cost (a few hundred MB at most, once per render) is a copy. */
+struct noise_ctx {
+    void (*fn)(uint64_t, uint32_t, uint64_t, float *, int64_t);
+    uint64_t seed, offset;
+    uint32_t stream;
+};
+
+static void fill_noise(void *ctx, void *pinned, size_t offset, size_t bytes)
+{
+    const noise_ctx *c = (const noise_ctx *)ctx;
+    c->fn(c->seed, c->stream, c->offset + offset / 4, (float *)pinned, (int64_t)(bytes / 4));
+}
+
+static int be_noise(h3_backend *be, uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n)
+{
+    Backend *b = B(be);
+    if (n <= 0) return 0;
+    if (!b->host.noise) return fail(b, H3_E_UNSUPPORTED, "cuda: noise: the host gave no noise generator");
+    int rc = use_device(b);
+    if (rc) return rc;
+    noise_ctx c = {b->host.noise, seed, offset, stream};
+    return stage_upload(b, out, (size_t)n * 4, 4, fill_noise, &c, NULL);
+}
+
+static int be_extrapolate(h3_backend *be, float *out, const float *a, const float *bb, int64_t n, float r)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : extrapolate(b, out, a, bb, n, r);
+}
+
+static int be_sub(h3_backend *be, float *out, const float *a, const float *bb, int64_t n)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : sub(b, out, a, bb, n);
+}
+
+static int be_pool_pairs(h3_backend *be, const h3_bt *src, const int64_t *pairs, const h3_bt *dst)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : pool_pairs(b, src, pairs, dst);
+}
+
+static int be_unpool_pairs(h3_backend *be, const h3_bt *red, const h3_bt *base, const int64_t *pairs,
+                           const h3_bt *full)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : unpool_pairs(b, red, base, pairs, full);
+}
+
+static int be_abs_diff_sum(h3_backend *be, const float *a, const float *bb, int64_t n, double *diff, double *ref)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : abs_diff_sum(b, a, bb, n, diff, ref);
+}
+
+/* The text encoder's and the decoders' ops. layernorm, copy and add_div run on the GPU; the
+   decoders' layout and convolution ops are not implemented here yet and say so (the decoders
+   then run on the CPU backend). */
+static int be_layernorm(h3_backend *be, const h3_bt *x, const float *w, const float *bb, float eps, const h3_bt *y)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : layernorm(b, x, w, bb, eps, y);
+}
+
+static int be_copy(h3_backend *be, const h3_bt *src, const h3_bt *dst)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : copy_view(b, src, dst);
+}
+
+static int be_add_div(h3_backend *be, const h3_bt *y, const h3_bt *x, float div)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : add_div(b, y, x, div);
+}
+
+static int be_channels_last(h3_backend *be, const float *, int64_t, int64_t, int64_t, int, int, int, int,
+                            const float *, const float *, const h3_bt *)
+{
+    return not_on_gpu(B(be), "channels_last");
+}
+
+static int be_unpatchify(h3_backend *be, const h3_bt *, int64_t, int, int, int, int, int, const int32_t *, float *)
+{
+    return not_on_gpu(B(be), "unpatchify");
+}
+
+static int be_vae_stitch(h3_backend *be, const h3_bstitch *) { return not_on_gpu(B(be), "vae_stitch"); }
+
+static int be_snake_aa(h3_backend *be, const h3_bt *, const float *, const float *, const float *, const float *,
+                       const h3_bphased *)
+{
+    return not_on_gpu(B(be), "snake_aa");
+}
+
+static int be_conv_gemm(h3_backend *be, const h3_bt *, const h3_bw *, const float *, const h3_bt *)
+{
+    return not_on_gpu(B(be), "conv_gemm");
+}
+
+static int be_conv1_clamp(h3_backend *be, const h3_bt *, const float *, float *)
+{
+    return not_on_gpu(B(be), "conv1_clamp");
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+static void release_all(Backend *b)
+{
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    gemm_destroy(b);
+    if (b->lt) cublasLtDestroy(b->lt);
+    if (b->lt_ws) cudaFree(b->lt_ws);
+    for (int i = 0; i < SCR_COUNT; i++)
+        if (b->scratch[i]) cudaFree(b->scratch[i]);
+    for (int s = 0; s < STAGE_SLOTS; s++) {
+        if (b->stage_host[s]) cudaFreeHost(b->stage_host[s]);
+        if (b->stage_dev[s]) cudaFree(b->stage_dev[s]);
+        if (b->stage_done[s]) cudaEventDestroy(b->stage_done[s]);
+    }
+    if (b->stream) cudaStreamDestroy(b->stream);
+    (void)cudaGetLastError();
+    free(b);
+}
+
+static void be_destroy(h3_backend *be)
+{
+    if (!be) return;
+    Backend *b = B(be);
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != b->dev) cudaSetDevice(b->dev);
+    release_all(b);
+}
+
+/* Positional, in backend.h's order: an op added to backend.h and missing here is a
+   -Wmissing-field-initializers warning, and a misplaced one a type error. */
+static const h3_backend_ops cuda_ops = {
+    "cuda",          be_destroy,      be_alloc,      be_release,        be_upload,
+    be_download,     be_zero,         be_sync,       be_mem_info,       be_weight_load,
+    be_weight_free,  be_linear,       be_attention,  be_norm_mod,       be_qk_norm_rope,
+    be_gated_add,    be_swiglu,       be_scatter_rows, be_euler,        be_noise,
+    be_extrapolate,  be_sub,          be_pool_pairs, be_unpool_pairs,   be_abs_diff_sum,
+    be_layernorm,    be_copy,         be_add_div,    be_channels_last,  be_unpatchify,
+    be_vae_stitch,   be_snake_aa,     be_conv_gemm,  be_conv1_clamp,
+};
+
+/* Why the runtime found no usable device, as one line. */
+static int no_device(const Backend *b, cudaError_t e)
+{
+    (void)cudaGetLastError();
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    (void)cudaGetLastError();
+    if (drv == 0)
+        return fail(b, H3_E_UNSUPPORTED, "cuda: no NVIDIA driver found (libcuda.so.1 cannot be loaded)");
+    if (e == cudaErrorInsufficientDriver || drv < rt)
+        return fail(b, H3_E_UNSUPPORTED,
+                    "cuda: driver too old for this build (the driver supports CUDA %d.%d, libh3_cuda was built "
+                    "for CUDA %d.%d)",
+                    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+    if (e == cudaErrorNoDevice || e == cudaSuccess) return fail(b, H3_E_UNSUPPORTED, "cuda: no CUDA-capable GPU found");
+    return fail(b, H3_E_UNSUPPORTED, "cuda: cannot initialise CUDA: %s", cudaGetErrorString(e));
+}
+
+static int create(Backend *b, int ord)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) return no_device(b, e);
+    if (ord < 0 || ord >= count)
+        return fail(b, H3_E_INVALID, "cuda: GPU %d requested but %d %s found", ord, count, count == 1 ? "is" : "are");
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, ord)) != cudaSuccess) return fail_cuda(b, e, "reading device properties");
+    snprintf(b->name, sizeof b->name, "%s", prop.name);
+    if (prop.major < 8)
+        return fail(b, H3_E_UNSUPPORTED, "cuda: GPU %d (%s) has compute capability %d.%d; libh3 needs 8.0 or newer", ord,
+                    prop.name, prop.major, prop.minor);
+    b->dev = ord;
+    b->cc_major = prop.major;
+    b->cc_minor = prop.minor;
+    b->sm_count = prop.multiProcessorCount;
+    b->smem_optin = prop.sharedMemPerBlockOptin;
+    b->total_mem = prop.totalGlobalMem;
+    if ((e = cudaSetDevice(ord)) != cudaSuccess) return fail_cuda(b, e, "selecting the GPU");
+    /* Creates the context now, so a busy or unavailable GPU is reported here, not at first use. */
+    if ((e = cudaFree(0)) != cudaSuccess) return fail_cuda(b, e, "creating a context on the GPU");
+    if ((e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        b->stream = NULL;
+        return fail_cuda(b, e, "creating a stream");
+    }
+    for (int s = 0; s < STAGE_SLOTS; s++)
+        if ((e = cudaEventCreateWithFlags(&b->stage_done[s], cudaEventDisableTiming)) != cudaSuccess) {
+            b->stage_done[s] = NULL;
+            return fail_cuda(b, e, "creating an event");
+        }
+    cublasStatus_t st = cublasLtCreate(&b->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        b->lt = NULL;
+        return fail_cublas(b, st, "creating the cuBLASLt handle");
+    }
+    /* A fixed workspace: cuBLASLt picks the same algorithm (hence the same bits) every run. */
+    b->lt_ws_bytes = (size_t)32 << 20;
+    if (!(b->lt_ws = dev_alloc(b, b->lt_ws_bytes, "the cuBLASLt workspace"))) return -H3_E_NOMEM;
+    int rc = gemm_init(b);
+    if (rc) return rc;
+    const char *impl = getenv("H3_CUDA_ATTENTION");
+    if (!impl || !*impl || !strcmp(impl, "auto"))
+        b->attn_impl = ATTN_AUTO;
+    else if (!strcmp(impl, "own"))
+        b->attn_impl = ATTN_OWN;
+    else if (!strcmp(impl, "cudnn"))
+        b->attn_impl = ATTN_CUDNN;
+    else
+        return fail(b, H3_E_INVALID, "cuda: H3_CUDA_ATTENTION=%s (expected auto, own or cudnn)", impl);
+    char why[300] = "";
+    const bool cudnn = b->attn_impl != ATTN_OWN && h3_cudnn_sdpa_available(why, sizeof why);
+    if (b->attn_impl == ATTN_CUDNN && !cudnn)
+        return fail(b, H3_E_UNSUPPORTED, "cuda: H3_CUDA_ATTENTION=cudnn, but %s", why);
+    snprintf(b->base.desc, sizeof b->base.desc, "cuda (%.60s, sm_%d%d, %.1f GiB, %s attention)", prop.name, prop.major,
+             prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), cudnn ? "cuDNN" : "own");
+    b->base.ops = &cuda_ops;
+    b->base.act_dtype = H3_DT_BF16;
+    b->base.compute_capability = prop.major * 10 + prop.minor;
+    return 0;
+}
+
+} /* namespace h3cuda */
+
+extern "C" __attribute__((visibility("default"))) int h3_backend_cuda_create(const h3_backend_host *host,
+                                                                             int device_ordinal, h3_backend **out)
+{
+    using namespace h3cuda;
+    if (out) *out = NULL;
+    /* Without the host's error callback there is no way to say what went wrong. */
+    if (!host || !out || host->struct_size < offsetof(h3_backend_host, noise) + sizeof host->noise || !host->err)
+        return -H3_E_INVALID;
+    Backend *b = (Backend *)calloc(1, sizeof(Backend));
+    if (!b) return host->err(H3_E_NOMEM, "cuda: out of host memory creating the backend");
+    memcpy(&b->host, host, sizeof(h3_backend_host));
+    b->host.struct_size = sizeof(h3_backend_host);
+    int rc = create(b, device_ordinal);
+    if (rc) {
+        release_all(b);
+        return rc;
+    }
+    *out = &b->base;
+    return 0;
+}

@@ -1,0 +1,198 @@
+/*
+ * Shared internals of the CUDA backend (libh3_cuda): the backend object, error reporting through
+ * the host callbacks, and the launchers each .cu file provides to the ops table in
+ * cuda_backend.cu.
+ *
+ * The library is built apart from libh3 and loaded with dlopen, so it cannot call libh3's hidden
+ * helpers (h3_err, h3_noise): errors and host noise go through the h3_backend_host callbacks the
+ * loader hands to h3_backend_cuda_create.
+ */
+#ifndef H3_CUDA_COMMON_CUH
+#define H3_CUDA_COMMON_CUH
+
+#include "backend/backend.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace h3cuda {
+
+struct GemmCache; /* cuda_gemm.cu */
+
+/* Scratch buffers the ops reuse across calls (stream order makes reuse safe). */
+enum { SCR_XBF16 = 0, SCR_YF32 = 1, SCR_PARTIAL = 2, SCR_COUNT = 3 };
+
+/* Pinned staging for weight loads and noise: two slots so the host fills one while the copy
+   engine drains the other. */
+enum { STAGE_SLOTS = 2 };
+
+enum { ATTN_AUTO = 0, ATTN_OWN = 1, ATTN_CUDNN = 2 };
+
+struct Backend {
+    h3_backend base; /* first: the h3_backend * handed to libh3 points here */
+    h3_backend_host host;
+    int dev;
+    int cc_major, cc_minor, sm_count;
+    size_t smem_optin; /* largest dynamic shared memory a block may opt into */
+    uint64_t total_mem;
+    char name[256];
+
+    /* Which attention runs (H3_CUDA_ATTENTION, read once at create): cuDNN's fused SDPA where it
+       takes the call, else the own kernel (auto); always the own kernel (own); cuDNN or an error
+       (cudnn). Auto never times the two against each other: the choice, hence the bits, must not
+       depend on timing noise. */
+    int attn_impl;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    size_t lt_ws_bytes;
+    GemmCache *gemm;
+
+    void *scratch[SCR_COUNT];
+    size_t scratch_bytes[SCR_COUNT];
+
+    size_t stage_bytes;
+    void *stage_host[STAGE_SLOTS]; /* pinned */
+    void *stage_dev[STAGE_SLOTS];  /* raw f32/f16 weight bytes before conversion */
+    cudaEvent_t stage_done[STAGE_SLOTS];
+    bool stage_used[STAGE_SLOTS];
+    int stage_next;
+};
+
+static inline Backend *B(h3_backend *be) { return reinterpret_cast<Backend *>(be); }
+
+/* ---- errors (cuda_backend.cu) -------------------------------------------------------------- */
+
+/* Record a one-line message through the host and return -code. */
+int fail(const Backend *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* "cuda: <what>: <CUDA's description>"; H3_E_NOMEM for allocation failures. */
+int fail_cuda(const Backend *b, cudaError_t e, const char *what);
+int fail_cublas(const Backend *b, cublasStatus_t s, const char *what);
+/* After a launch: the launch error, if any, as a recorded failure. */
+int check_launch(const Backend *b, const char *kernel);
+/* Make the backend's GPU current for this thread (cheap when it already is). */
+int use_device(const Backend *b);
+/* Device memory with the standard out-of-memory message; NULL after recording an error. */
+void *dev_alloc(const Backend *b, size_t bytes, const char *what);
+/* A grow-only scratch buffer (slot SCR_*) of at least `bytes`; NULL after recording an error. */
+void *scratch(Backend *b, int slot, size_t bytes);
+/* Move `bytes` to the device through the pinned slots, in chunks (multiples of `align` bytes):
+   fill(ctx, pinned, offset, n) writes source bytes [offset, offset + n) into a pinned slot; with
+   `convert`, they land in a device staging buffer and convert(b, dst, staged, n, offset) turns
+   them into the final layout, otherwise they are copied straight to dst + offset. The host
+   fills one slot while the copy engine drains the other. */
+typedef void (*stage_fill_fn)(void *ctx, void *pinned, size_t offset, size_t bytes);
+typedef int (*stage_convert_fn)(Backend *b, void *dst, const void *staged, size_t bytes, size_t offset);
+int stage_upload(Backend *b, void *dst, size_t bytes, size_t align, stage_fill_fn fill, void *ctx,
+                 stage_convert_fn convert);
+
+/* ---- element access shared by the row kernels ---------------------------------------------- */
+
+static __device__ __forceinline__ float ld_elem(const void *p, int bf16, int64_t i)
+{
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]) : static_cast<const float *>(p)[i];
+}
+
+static __device__ __forceinline__ void st_elem(void *p, int bf16, int64_t i, float v)
+{
+    if (bf16)
+        static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
+    else
+        static_cast<float *>(p)[i] = v;
+}
+
+/* Sum over a block of NT threads in a fixed order: a butterfly inside each warp, then the warps'
+   partial sums in warp order; every thread gets the same total, the same bits on every run. sh
+   holds NT / 32 doubles; a second call in the same kernel needs a __syncthreads() first. */
+template <int NT>
+static __device__ __forceinline__ double block_sum(double v, double *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0.0;
+#pragma unroll
+    for (int i = 0; i < NT / 32; i++) t += sh[i];
+    return t;
+}
+
+/* Blocks for a grid-stride loop over n items, at most cap. */
+static inline unsigned blocks_for(int64_t n, int threads, unsigned cap)
+{
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    return b > (int64_t)cap ? cap : (unsigned)b;
+}
+
+/* ---- launchers (one per .cu file) ---------------------------------------------------------- */
+
+/* cuda_gemm.cu */
+int gemm_init(Backend *b);
+void gemm_destroy(Backend *b);
+int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
+
+/* cuda_attention.cu */
+int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D,
+              float scale, bool causal, const h3_bt *O);
+
+/* cuda_rows.cu */
+int norm_mod(Backend *b, const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod, float eps,
+             const h3_bt *y);
+int qk_norm_rope(Backend *b, const h3_bt *qin, const h3_bt *kin, const h3_bt *vin, int hs, const float *qn,
+                 const float *kn, const float *cos, const float *sin, int heads, int kv_heads, int D, int half,
+                 float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v);
+int gated_add(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *mod);
+int swiglu(Backend *b, const h3_bt *gate, const h3_bt *up, const h3_bt *out);
+int scatter_rows(Backend *b, const h3_bt *src, const int64_t *idx, const h3_bt *dst);
+int euler(Backend *b, float *x, const float *v, int64_t n, float t, float sigma, float sigma_next);
+/* cuda_extra.cu: the speed-knob ops (step reuse, core reuse, token reduction, step cache). */
+int extrapolate(Backend *b, float *out, const float *a, const float *bb, int64_t n, float r);
+int sub(Backend *b, float *out, const float *a, const float *bb, int64_t n);
+int pool_pairs(Backend *b, const h3_bt *src, const int64_t *pairs, const h3_bt *dst);
+int unpool_pairs(Backend *b, const h3_bt *red, const h3_bt *base, const int64_t *pairs, const h3_bt *full);
+int abs_diff_sum(Backend *b, const float *a, const float *bb, int64_t n, double *diff, double *ref);
+
+/* cuda_models.cu: the text encoder's and the decoders' ops. */
+int layernorm(Backend *b, const h3_bt *x, const float *w, const float *bb, float eps, const h3_bt *y);
+int copy_view(Backend *b, const h3_bt *src, const h3_bt *dst);
+int add_div(Backend *b, const h3_bt *y, const h3_bt *x, float div);
+int not_on_gpu(Backend *b, const char *op);
+
+/* dst bf16 [rows, cols] (ld elements) <- src f32 [rows, cols] (lds elements). */
+int convert_f32_bf16_2d(Backend *b, const float *src, int64_t lds, __nv_bfloat16 *dst, int64_t ldd, int64_t rows,
+                        int64_t cols);
+/* dst <- src (+ bias[col]) over rows x cols, src f32 (contiguous, ld = cols), dst f32 or bf16. */
+int bias_store(Backend *b, const float *src, const float *bias, void *dst, int dst_bf16, int64_t ldd, int64_t rows,
+               int64_t cols);
+/* n values of f32 or f16 to bf16, round to nearest even (weights). */
+int convert_to_bf16(Backend *b, const void *src, h3_dtype dt, __nv_bfloat16 *dst, int64_t n);
+/* Y[M, N] = X[M, K] W^T (+ bias): a plain tiled kernel, used only where cuBLASLt has no algorithm. */
+int gemm_fallback(Backend *b, const __nv_bfloat16 *X, int64_t ldx, const __nv_bfloat16 *W, const float *bias,
+                  void *Y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K);
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+static inline const char *dtname(h3_dtype t)
+{
+    switch (t) {
+    case H3_DT_F32: return "f32";
+    case H3_DT_BF16: return "bf16";
+    case H3_DT_F16: return "f16";
+    default: return "an unsupported dtype";
+    }
+}
+
+static inline bool is_act(h3_dtype t) { return t == H3_DT_F32 || t == H3_DT_BF16; }
+
+/* Checks a view's dtype is f32 or bf16 and its shape is sane (ld >= cols, no negative sizes). */
+int check_view(const Backend *b, const char *op, const char *name, const h3_bt *t);
+
+} /* namespace h3cuda */
+
+#endif /* H3_CUDA_COMMON_CUH */

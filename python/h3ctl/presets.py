@@ -1,0 +1,204 @@
+"""Speed presets: named settings of libh3's speed knobs, each with its measured cost and quality.
+
+The knobs (h3.h `h3_request`, `h3ctl render --help`) trade quality for transformer time:
+
+    reuse R            run the transformer at every R-th step only; extrapolate the velocity between
+    core_reuse K       run the block stack at every K-th call only; reuse its residual between
+    layers M           run M of the model's blocks (layer_policy "gate" or "uniform" picks them)
+    token_reduction    average horizontally adjacent video tokens over the middle blocks
+    render_size WxH    run the transformer and decoders on a smaller canvas; Lanczos-3 up to the output
+    cache_threshold X  skip steps while the first block's modulated input changes less than X
+    lora FILE[:SCALE]  LoRA files merged into the weights at load (not a speed knob, but set the same way)
+
+A preset is a set of these (`render_scale` stands for a render size of that fraction of the output, rounded
+down to a valid canvas of the same aspect). The `measured` numbers of each preset come from
+tests/bench_presets.py on h3-tiny (see the README's table): speed-up of transformer time against `reference`
+at the same seed, SSIM and PSNR of the frames and log-spectral distance of the audio against the reference
+render from the same noise, and the semantic pass rate on the held-out prompts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from ._lib import H3_LAYERS_GATE, H3_LAYERS_UNIFORM, H3Error
+
+LAYER_POLICIES = {"gate": H3_LAYERS_GATE, "uniform": H3_LAYERS_UNIFORM}
+KNOBS = ("reuse", "core_reuse", "layers", "layer_policy", "token_reduction", "render_size", "render_scale",
+         "cache_threshold", "lora")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    summary: str
+    knobs: dict = field(default_factory=dict)
+    # From tests/bench_presets.py on h3-tiny (128x128x22, 20 steps, 2 threads, the held-out prompts).
+    measured: dict = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "reference": Preset("reference", "every knob off: the exact render", {}, {
+        "speedup": 1.0, "ssim": 1.0, "psnr": math.inf, "lsd_db": 0.0, "semantic": 0.946}),
+    "balanced": Preset("balanced", "indistinguishable from the reference by every measure, 40 % less transformer time",
+                       {"reuse": 2}, {"speedup": 1.9, "ssim": 0.998, "psnr": 52.8, "lsd_db": 0.08, "semantic": 0.946}),
+    "fast": Preset("fast", "3x less transformer time at SSIM 0.98", {"reuse": 4},
+                   {"speedup": 3.2, "ssim": 0.985, "psnr": 39.7, "lsd_db": 0.37, "semantic": 0.935}),
+    "draft": Preset("draft", "4.75x less transformer time, for previews and iteration", {"reuse": 6},
+                    {"speedup": 4.75, "ssim": 0.937, "psnr": 29.4, "lsd_db": 1.10, "semantic": 0.935}),
+}
+
+# The preset `h3ctl render` uses when none is given: `balanced` costs nothing the measures can see (SSIM 0.998,
+# PSNR 53 dB, the reference's semantic pass rate) and cuts transformer time by 40 %. The Python API's default
+# stays the exact render (preset=None), which the parity suites and byte-identical reruns rely on.
+DEFAULT_PRESET = "balanced"
+
+
+def get(name: str) -> Preset:
+    p = PRESETS.get(name) if isinstance(name, str) else None
+    if p is None:
+        raise H3Error(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    return p
+
+
+def parse_size(text) -> tuple[int, int]:
+    """'96x96' or (96, 96) -> (96, 96)."""
+    if isinstance(text, (tuple, list)) and len(text) == 2:
+        return int(text[0]), int(text[1])
+    try:
+        w, h = str(text).lower().split("x")
+        return int(w), int(h)
+    except ValueError:
+        raise H3Error(f"render size must look like 96x96, got {text!r}") from None
+
+
+def parse_lora(spec) -> tuple[str, float]:
+    """'FILE[:SCALE]' or (FILE, SCALE) -> (path, scale). A path may itself hold ':' (the scale is the part
+    after the last one when it parses as a number)."""
+    if isinstance(spec, (tuple, list)) and len(spec) == 2:
+        path, scale = str(spec[0]), float(spec[1])
+    else:
+        path, scale = str(spec), 1.0
+        head, sep, tail = path.rpartition(":")
+        if sep and head:
+            try:
+                scale = float(tail)
+                path = head
+            except ValueError:
+                pass
+    if not path:
+        raise H3Error(f"LoRA must look like FILE or FILE:SCALE, got {spec!r}")
+    if not math.isfinite(scale):
+        raise H3Error(f"LoRA {path}: scale must be a finite number, got {scale}")
+    return os.fspath(path), scale
+
+
+def scaled_canvas(width: int, height: int, scale: float, multiple: int = 32) -> tuple[int, int] | None:
+    """The largest canvas of exactly the output's aspect whose sides are multiples of `multiple` and at most
+    `scale` times the output's; None when only the output itself fits."""
+    if not (0 < scale < 1):
+        return None
+    for rw in range(int(width * scale) // multiple * multiple, multiple - 1, -multiple):
+        if (rw * height) % width == 0:
+            rh = rw * height // width
+            if rh >= multiple and rh % multiple == 0:
+                return rw, rh
+    return None
+
+
+def resolve(preset: str | None = None, **given) -> dict:
+    """The knobs of a preset (None: none) with the caller's explicit values (those not None) on top."""
+    unknown = sorted(set(given) - set(KNOBS))
+    if unknown:
+        raise TypeError(f"unknown knob(s): {', '.join(unknown)}")
+    knobs = dict(get(preset).knobs) if preset is not None else {}
+    for k, v in given.items():
+        if v is not None:
+            knobs[k] = v
+    if "render_size" in knobs:
+        knobs.pop("render_scale", None)  # an explicit canvas wins over a preset's fraction
+    return knobs
+
+
+def apply(req, knobs: dict) -> None:
+    """Write resolved knobs into an H3Request (libh3 checks ranges and conflicts in h3_plan)."""
+    import ctypes
+
+    from . import _lib
+
+    def whole(name):
+        v = knobs.get(name, 0)
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                return int(v)
+            raise H3Error(f"{name.replace('_', ' ')} must be a whole number, got {v!r}")
+        return v
+
+    req.reuse = whole("reuse")
+    req.core_reuse = whole("core_reuse")
+    req.layers = whole("layers")
+    policy = knobs.get("layer_policy", "gate")
+    if policy not in LAYER_POLICIES:
+        raise H3Error(f"layer policy must be one of {', '.join(LAYER_POLICIES)}, got {policy!r}")
+    req.layer_policy = LAYER_POLICIES[policy]
+    req.token_reduction = 1 if knobs.get("token_reduction") else 0
+    size = None
+    if knobs.get("render_size") is not None:
+        size = parse_size(knobs["render_size"])
+    elif knobs.get("render_scale") is not None:
+        size = scaled_canvas(req.width, req.height, float(knobs["render_scale"]))
+    req.render_width, req.render_height = size if size else (0, 0)
+    try:
+        req.cache_threshold = float(knobs.get("cache_threshold") or 0.0)
+    except (TypeError, ValueError):
+        raise H3Error(f"cache threshold must be a number, got {knobs.get('cache_threshold')!r}") from None
+    loras = knobs.get("lora") or []
+    if isinstance(loras, (str, os.PathLike)):
+        loras = [loras]
+    specs = [parse_lora(os.fspath(x) if isinstance(x, os.PathLike) else x) for x in loras]
+    if specs:
+        paths = (ctypes.c_char_p * len(specs))(*[os.fsencode(p) for p, _ in specs])
+        scales = (ctypes.c_float * len(specs))(*[s for _, s in specs])
+        req.lora_paths = ctypes.cast(paths, ctypes.POINTER(ctypes.c_char_p))
+        req.lora_scales = ctypes.cast(scales, _lib.c_float_p)
+        req.n_lora = len(specs)
+        req._keep_lora = (paths, scales)  # alive as long as the request
+
+
+def describe(knobs: dict) -> str:
+    """One line naming a preset's settings."""
+    parts = []
+    if knobs.get("reuse", 0) > 1:
+        parts.append(f"reuse {knobs['reuse']}")
+    if knobs.get("core_reuse", 0) > 1:
+        parts.append(f"core reuse {knobs['core_reuse']}")
+    if knobs.get("layers"):
+        parts.append(f"layers {knobs['layers']} ({knobs.get('layer_policy', 'gate')})")
+    if knobs.get("token_reduction"):
+        parts.append("token reduction")
+    if knobs.get("render_size"):
+        parts.append(f"render size {knobs['render_size']}")
+    if knobs.get("render_scale"):
+        parts.append(f"render at {knobs['render_scale']:g} of the output size")
+    if knobs.get("cache_threshold"):
+        parts.append(f"cache threshold {knobs['cache_threshold']:g}")
+    return ", ".join(parts) or "every knob off"
+
+
+def table() -> str:
+    """`h3ctl presets`: each preset's settings with its measured speed-up and quality."""
+    rows = [("preset", "settings", "transformer speed-up", "SSIM", "PSNR dB", "audio LSD dB", "semantic")]
+    for name, p in PRESETS.items():
+        m = p.measured
+        fmt = lambda key, f: f.format(m[key]) if key in m else "-"  # noqa: E731
+        psnr = "exact" if m.get("psnr") == math.inf else fmt("psnr", "{:.1f}")
+        rows.append((name + (" (default)" if name == DEFAULT_PRESET else ""), describe(p.knobs),
+                     fmt("speedup", "{:.2f}x"), fmt("ssim", "{:.3f}"), psnr, fmt("lsd_db", "{:.2f}"),
+                     fmt("semantic", "{:.1%}")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append("measured on h3-tiny (128x128, 22 frames, 20 steps, 2 threads) against the reference render of the "
+                 "same noise; tests/bench_presets.py")
+    return "\n".join(lines)

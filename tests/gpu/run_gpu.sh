@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Every GPU check of h3ctl, on a machine with an NVIDIA GPU (compute capability 8.0+), from the repository root:
+#
+#   tests/gpu/run_gpu.sh [build] [ctest] [pytest] [bench]     (no argument: all four, in that order)
+#
+#   build   make lib cuda (the CUDA backend: python/h3ctl/libh3_cuda.so)
+#   ctest   the C op conformance test of the backends (build/tests/test_backend_ops)
+#   pytest  python3 -m pytest -q -s tests/gpu (CUDA vs diffusers bf16 and vs the CPU path, h3-tiny's semantic
+#           suite on CUDA, faults)
+#   bench   tests/bench_cuda_dit.py at the released widths (table + bench.json)
+#
+# Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
+# wheels in ./.whl when that folder exists. A failing stage does not stop the later ones (except the build, which
+# they all need); the exit status is non-zero when any stage failed, and summary.txt lists them.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+
+cd "$(dirname "$0")/../.." || exit 2
+LOG="${OUT:-./gpu-out}"
+mkdir -p "$LOG" || exit 2
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(build ctest pytest bench)
+PY="${PYTHON:-python3}"
+JOBS="$(nproc 2>/dev/null || echo 4)"
+
+# The CUDA backend links cuBLASLt by soname without an rpath: the loader must find it at run time.
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+export LD_LIBRARY_PATH="$CUDA_HOME/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+MAKE_CUBLAS=()
+if [ ! -f "$CUDA_HOME/include/cublasLt.h" ] || ! ls "$CUDA_HOME"/lib64/libcublasLt.so.* >/dev/null 2>&1; then
+    # No cuBLAS in the toolkit: use the one torch's nvidia-cublas wheel carries.
+    read -r CUBLAS_INC CUBLAS_LIBDIR < <("$PY" - <<'EOF'
+import glob, os, site
+inc = lib = ""
+for root in site.getsitepackages():
+    inc = inc or next((os.path.dirname(p) for p in glob.glob(f"{root}/nvidia/**/cublasLt.h", recursive=True)), "")
+    lib = lib or next((os.path.dirname(p) for p in glob.glob(f"{root}/nvidia/**/libcublasLt.so.*", recursive=True)), "")
+print(inc or "-", lib or "-")
+EOF
+)
+    if [ "$CUBLAS_INC" != "-" ] && [ "$CUBLAS_LIBDIR" != "-" ]; then
+        MAKE_CUBLAS=("CUBLAS_INC=$CUBLAS_INC" "CUBLAS_LIBDIR=$CUBLAS_LIBDIR")
+        export LD_LIBRARY_PATH="$CUBLAS_LIBDIR:$LD_LIBRARY_PATH"
+    fi
+fi
+
+# cuDNN's fused attention: the frontend headers (header-only; the GPU image lacks them, so a caller carries them
+# to build/cudnn-fe-include or sets CUDNN_FE_INC) and cuDNN itself from torch's nvidia-cudnn wheel, which the
+# backend opens through H3_CUDNN_LIB. Without them the backend runs its own attention kernel.
+CUDNN_FE_INC="${CUDNN_FE_INC:-build/cudnn-fe-include}"
+[ -f "$CUDNN_FE_INC/cudnn_frontend.h" ] && MAKE_CUBLAS+=("CUDNN_FE_INC=$CUDNN_FE_INC")
+if [ -z "${H3_CUDNN_LIB:-}" ]; then
+    H3_CUDNN_LIB="$("$PY" -c 'import glob, site; print(next(iter(sorted(p for r in site.getsitepackages() for p in glob.glob(r + "/nvidia/cudnn/lib/libcudnn.so.9"))), ""))' 2>/dev/null)"
+    [ -n "$H3_CUDNN_LIB" ] && export H3_CUDNN_LIB
+fi
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "installing the carried wheels in .whl failed"; exit 2; }
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+: >"$LOG/summary.txt"
+FAILED=0
+note() { echo "$*" | tee -a "$LOG/summary.txt"; }
+# run NAME COMMAND...: the command's output goes to the terminal and NAME.log; the result goes to summary.txt.
+run() {
+    local name=$1 t0=$SECONDS rc
+    shift
+    echo "==== $name: $*"
+    "$@" 2>&1 | tee "$LOG/$name.log"
+    rc=$?
+    note "$name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s"
+    [ $rc -eq 0 ] || FAILED=1
+    return $rc
+}
+
+note "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"
+for stage in "${STAGES[@]}"; do
+    case "$stage" in
+    build)
+        run build make -j"$JOBS" lib cuda "${MAKE_CUBLAS[@]}" || { note "stopping: nothing runs without the build"; exit 1; }
+        run backends "$PY" -c 'import json; from h3ctl import _lib; print(json.dumps(_lib.backends(), indent=1))'
+        ;;
+    ctest)
+        run ctest bash -c "make -j$JOBS build/tests/test_backend_ops ${MAKE_CUBLAS[*]} && build/tests/test_backend_ops"
+        ;;
+    pytest)
+        run pytest "$PY" -m pytest -q -s -rs -p no:cacheprovider tests/gpu
+        [ $? -eq 5 ] && note "pytest: every GPU test was skipped (exit 5): libh3 found no usable GPU, see below"
+        # the measured numbers, where a reader of the summary looks first
+        grep -oE '(parity|semantic|fault|skip): .*' "$LOG/pytest.log" >>"$LOG/summary.txt"
+        ;;
+    bench)
+        run bench "$PY" tests/bench_cuda_dit.py --out "$LOG/bench.json"
+        ;;
+    *)
+        note "unknown stage '$stage' (build, ctest, pytest, bench)"
+        FAILED=1
+        ;;
+    esac
+done
+echo "==== summary"
+cat "$LOG/summary.txt"
+exit $FAILED

@@ -1,0 +1,352 @@
+"""Choosing the device from Python and the CLI, on any machine (CI has no GPU).
+
+* `device="cpu"` is the exact path: the same bytes as before the device option existed, whatever `auto` picks.
+* Asking for `cuda` where libh3 cannot use it is one line naming the cause: H3Error from the API, exit 2 with that
+  line from the CLI, and nothing written.
+* `h3ctl info` reports every backend, with the reason when one is not available.
+* Packaging: the optional CUDA build never fails a CPU install, and a CPU install needs nothing new.
+
+The embedded h3-tiny is the model here, so these tests need neither torch nor diffusers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from h3ctl import _lib
+from h3ctl import transformer as tr
+from h3ctl._lib import H3Error
+from h3ctl.context import Context
+from h3ctl.engine import EMBEDDED_MODEL, Engine
+from tests.h3cli import assert_clean_error, run
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "a red circle moves right on a black background, a high beep"
+
+
+def _stable(backends: dict) -> dict:
+    """The backends without the GPU's free memory, which moves between two calls."""
+    return {k: {f: v for f, v in b.items() if f != "free_bytes"} for k, b in backends.items()}
+
+
+@pytest.fixture(scope="module")
+def backends():
+    return _lib.backends()
+
+
+@pytest.fixture(scope="module")
+def no_cuda(backends):
+    if backends["cuda"]["available"]:
+        pytest.skip("this machine has a usable CUDA backend; the GPU-less behaviour is tested where there is none")
+    return backends["cuda"]["reason"]
+
+
+def _cuda_error() -> str:
+    with pytest.raises(H3Error) as e:
+        Context(EMBEDDED_MODEL, device="cuda")
+    return str(e.value)
+
+
+def _denoise(ctx, seed=3):
+    """A small t2va loop on h3-tiny (2 x 4 x 4 latents, 5 audio latents, 3 grid points) from fixed noise."""
+    text_dim = ctx.info()["components"]["transformer"]["config"]["text_dim"]
+    pe = tr.noise(seed, 7, (4, text_dim))
+    lat = tr.noise(seed, 0, (24, 2, 4, 4))
+    aud = tr.noise(seed, 1, (2, 32, 5))
+    v, a, evals = tr.denoise(ctx, pe, lat, aud, 3)
+    assert evals == 2
+    return v, a
+
+
+# ---- bindings ------------------------------------------------------------------------------------------------------
+
+
+def test_options_struct_is_the_c_struct():
+    """h3_options_default writes sizeof(h3_options) into struct_size: the ctypes mirror must have the same size, or
+    h3_init would read device fields past what Python wrote."""
+    opts = _lib.H3Options()
+    _lib.lib().h3_options_default(ctypes.byref(opts))
+    assert opts.struct_size == ctypes.sizeof(_lib.H3Options) == 20
+    assert (opts.threads, opts.flags, opts.device, opts.device_index) == (0, 0, _lib.H3_DEVICE_AUTO, 0)
+    assert _lib.DEVICES == {"auto": 0, "cpu": 1, "cuda": 2}
+
+
+def test_backends_json(backends):
+    assert backends["cpu"]["available"] is True and backends["cpu"]["kernels"]
+    cuda = backends["cuda"]
+    assert isinstance(cuda["built"], bool) and isinstance(cuda["available"], bool)
+    if not Path(_lib._lib_path()).with_name(_lib._CUDA_LIBNAME).exists():
+        # libh3 finds its CUDA backend next to itself; with none there it can claim neither.
+        assert not cuda["built"] and not cuda["available"], cuda
+    if cuda["available"]:
+        assert cuda["built"] and cuda["device"] and cuda["memory_bytes"] > 0
+    else:
+        assert isinstance(cuda["reason"], str) and cuda["reason"].strip() and "\n" not in cuda["reason"]
+    # the same answer on a second call
+    assert _stable(_lib.backends()) == _stable(backends)
+
+
+# ---- the API -------------------------------------------------------------------------------------------------------
+
+
+def test_cpu_is_the_exact_path(backends):
+    with Context(EMBEDDED_MODEL, threads=2, device="cpu") as ctx:
+        assert ctx.device == "cpu"
+        desc = ctx.device_description
+        assert desc and "\n" not in desc
+        v_cpu, a_cpu = _denoise(ctx)
+    with Context(EMBEDDED_MODEL, threads=1) as ctx:  # the default, and another thread count
+        auto = ctx.device
+        v_auto, a_auto = _denoise(ctx)
+    # auto picks CUDA exactly when the backend says it is available (h3.h: built, and a GPU of cc >= 8.0 answers)
+    assert auto == ("cuda" if backends["cuda"]["available"] else "cpu")
+    if auto == "cpu":
+        assert v_cpu.tobytes() == v_auto.tobytes() and a_cpu.tobytes() == a_auto.tobytes()
+    assert np.isfinite(v_cpu).all() and np.isfinite(a_cpu).all() and np.abs(v_cpu).max() > 0
+
+
+def test_cuda_where_there_is_none_is_one_line(no_cuda):
+    msg = _cuda_error()
+    assert "\n" not in msg and "cuda" in msg.lower() and len(msg) > len("cuda: ") + 10, msg
+    with pytest.raises(H3Error) as e:
+        Engine(device="cuda")
+    assert str(e.value) == msg
+    # the failure leaves nothing behind: the CPU path works in the same process, with the same bytes
+    with Context(EMBEDDED_MODEL, threads=2, device="cpu") as ctx:
+        v1, a1 = _denoise(ctx)
+    with Context(EMBEDDED_MODEL, threads=2, device="cpu") as ctx:
+        v2, a2 = _denoise(ctx)
+    assert v1.tobytes() == v2.tobytes() and a1.tobytes() == a2.tobytes()
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, got 'gpu'"),
+    ({"device": None}, "device must be one of"),
+    ({"device": "CPU"}, "device must be one of"),
+    ({"device_index": -1}, "device_index must be a GPU number >= 0, got -1"),
+    ({"device_index": True}, "device_index must be"),
+    ({"device_index": 2**31}, "device_index must be"),
+    ({"device_index": "0"}, "device_index must be"),
+])
+def test_bad_device_arguments(kwargs, needle):
+    with pytest.raises(H3Error, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        Context(EMBEDDED_MODEL, **kwargs)
+
+
+def test_device_index_accepts_integer_types():
+    with Context(EMBEDDED_MODEL, device="cpu", device_index=np.int64(0)) as ctx:
+        assert ctx.device == "cpu"
+
+
+def test_engine_reports_its_device():
+    with Engine(threads=2, device="cpu") as eng:
+        assert eng.device == "cpu" and eng.device_description
+        res = eng.render(PROMPT, 64, 64, 22, steps=2, seed=1)
+    assert res.frames.shape == (22, 64, 64, 3) and np.isfinite(res.audio).all()
+
+
+def test_keep_adaln_flag_reaches_libh3():
+    """H3_OPT_KEEP_ADALN keeps the adaln_proj weights after the precompute (the profile says so) and changes no
+    result; h3.h lets the environment override it, so the variable is cleared for this check."""
+    env = {k: os.environ.pop(k) for k in ("H3_DIT_KEEP_ADALN", "H3_DIT_PRECOMPUTE") if k in os.environ}
+    try:
+        with Context(EMBEDDED_MODEL, threads=2, device="cpu") as ctx:
+            v1, a1 = _denoise(ctx)
+            released = tr.profile(ctx)["adaln_released"]
+        with Context(EMBEDDED_MODEL, threads=2, device="cpu", flags=_lib.H3_OPT_KEEP_ADALN) as ctx:
+            v2, a2 = _denoise(ctx)
+            kept = not tr.profile(ctx)["adaln_released"]
+    finally:
+        os.environ.update(env)
+    assert released and kept
+    assert v1.tobytes() == v2.tobytes() and a1.tobytes() == a2.tobytes()
+
+
+# ---- the CLI -------------------------------------------------------------------------------------------------------
+
+
+def test_render_cuda_where_there_is_none(no_cuda, tmp_path):
+    out = tmp_path / "x.mp4"
+    line = assert_clean_error(run("render", "-p", PROMPT, "--device", "cuda", "-o", out, "--wav", tmp_path / "x.wav",
+                                  "-q"), "cuda")
+    assert line == f"h3ctl: error: {_cuda_error()}"  # the CLI says exactly what the API says
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--device", "tpu"], ["--device", "invalid choice: 'tpu'"]),
+    (["--device-index", "-1"], ["device_index must be a GPU number >= 0, got -1"]),
+    (["--device-index", "x"], ["--device-index", "invalid int value"]),
+])
+def test_render_bad_device_arguments(tmp_path, args, needles):
+    assert_clean_error(run("render", "-p", PROMPT, "-o", tmp_path / "x.mp4", "-q", *args), *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_on_cpu_profile_names_the_device(tmp_path):
+    out = tmp_path / "a.mp4"
+    proc = run("render", "-p", PROMPT, "--size", "64x64", "--frames", "22", "--steps", "2", "--device", "cpu",
+               "--threads", "2", "-o", out, "--profile", "-q")
+    assert proc.returncode == 0, proc.stderr
+    with Context(EMBEDDED_MODEL, threads=2, device="cpu") as ctx:
+        desc = ctx.device_description
+    assert desc.startswith("cpu")
+    device_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("device: ")]
+    assert device_lines == [f"device: {desc}; text encoder and decoders on the cpu"], proc.stdout
+    assert out.stat().st_size > 0
+
+
+def test_info_reports_backends(backends):
+    proc = run("info", "-d", EMBEDDED_MODEL, "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert _stable(info["backends"]) == _stable(backends)
+    assert info["device"]["name"] == ("cuda" if backends["cuda"]["available"] else "cpu")
+    assert info["device"]["description"]
+    text = run("info", "-d", EMBEDDED_MODEL, "--device", "cpu")
+    assert text.returncode == 0, text.stderr
+    assert "cpu: available, kernels " + backends["cpu"]["kernels"] in text.stdout
+    with Context(EMBEDDED_MODEL, device="cpu") as ctx:
+        desc = ctx.device_description
+    assert f"The transformer runs on: {desc}; the text encoder and the decoders on the cpu." in text.stdout
+    cuda = backends["cuda"]
+    if cuda["available"]:
+        assert f"cuda: available: {cuda['device']}" in text.stdout
+    else:
+        built = "built" if cuda["built"] else "not built"
+        assert f"cuda: not available ({built}): {cuda['reason']}" in text.stdout, text.stdout
+
+
+def test_info_and_parity_refuse_cuda_where_there_is_none(no_cuda, tmp_path):
+    msg = _cuda_error()
+    assert assert_clean_error(run("info", "-d", EMBEDDED_MODEL, "--device", "cuda")) == f"h3ctl: error: {msg}"
+    with Context(EMBEDDED_MODEL, device="cpu") as ctx:
+        text_dim = ctx.info()["components"]["transformer"]["config"]["text_dim"]
+    from safetensors.numpy import save_file
+
+    save_file({"prompt_embeds": tr.noise(1, 7, (1, 4, text_dim)), "latents": tr.noise(1, 0, (1, 24, 2, 4, 4)),
+               "audio_latents": tr.noise(1, 1, (2, 32, 5)), "num_inference_steps": np.array([3], np.int64)},
+              str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out.safetensors"
+    base = ["parity", "denoise", "--model", EMBEDDED_MODEL, "--inputs", tmp_path / "in.safetensors", "--out", out,
+            "--threads", "2"]
+    assert assert_clean_error(run(*base, "--device", "cuda")) == f"h3ctl: error: {msg}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
+    # --device cpu gives what the API gives
+    proc = run(*base, "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    from safetensors.numpy import load_file
+
+    got = load_file(str(out))
+    with Context(EMBEDDED_MODEL, threads=2, device="cpu") as ctx:
+        v, a, _ = tr.denoise(ctx, tr.noise(1, 7, (4, text_dim)), tr.noise(1, 0, (24, 2, 4, 4)),
+                             tr.noise(1, 1, (2, 32, 5)), 3)
+    assert got["latents"][0].tobytes() == v.tobytes() and got["audio_latents"].tobytes() == a.tobytes()
+
+
+# ---- packaging -----------------------------------------------------------------------------------------------------
+
+
+def _hatch_build():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("h3_hatch_build", ROOT / "hatch_build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_nvcc(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    nvcc = folder / "nvcc"
+    nvcc.write_text("#!/bin/sh\nexit 0\n")
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+def test_cuda_build_plan(tmp_path):
+    hb = _hatch_build()
+    none = lambda cmd, path=None: None  # noqa: E731  (no nvcc on PATH)
+    on_path = lambda cmd, path=None: "/opt/cuda/bin/nvcc" if cmd == "nvcc" else None  # noqa: E731
+    assert hb.cuda_plan({}, none)[0] == "off"
+    assert hb.cuda_plan({}, on_path)[:2] == ("optional", "/opt/cuda/bin/nvcc")
+    assert hb.cuda_plan({"H3_CUDA": "0"}, on_path)[0] == "off"
+    assert hb.cuda_plan({"H3_CUDA": "1"}, on_path)[:2] == ("required", "/opt/cuda/bin/nvcc")
+    assert hb.cuda_plan({"H3_CUDA": "1"}, none)[:2] == ("required", None)
+    nvcc = _fake_nvcc(tmp_path / "cuda" / "bin")
+    assert hb.cuda_plan({"CUDA_HOME": str(tmp_path / "cuda")}, none)[:2] == ("optional", str(nvcc))
+    (tmp_path / "empty" / "bin").mkdir(parents=True)
+    assert hb.cuda_plan({"CUDA_HOME": str(tmp_path / "empty")}, none)[0] == "off"
+    with pytest.raises(ValueError, match="H3_CUDA must be 0"):
+        hb.cuda_plan({"H3_CUDA": "yes"}, none)
+
+
+def test_optional_cuda_build_failure_is_a_warning(tmp_path):
+    hb = _hatch_build()
+    root = tmp_path / "src"  # a stand-in tree: build_cuda removes stale output there, never in the checkout
+    stale = root / hb.CUDA_LIB
+    stale.parent.mkdir(parents=True)
+    nvcc = _fake_nvcc(tmp_path / "cuda" / "bin")
+    calls, warnings = [], []
+
+    def failing_make(cmd, env=None, **kw):
+        calls.append((cmd, env["PATH"]))
+        return subprocess.CompletedProcess(cmd, 2, "", "nvcc fatal: unsupported gpu architecture\n")
+
+    stale.write_bytes(b"old backend")
+    env = {"CUDA_HOME": str(tmp_path / "cuda"), "PATH": "/usr/bin"}
+    assert hb.build_cuda(str(root), env, run=failing_make, warn=warnings.append) is False
+    assert calls and calls[0][0][:4] == ["make", "-C", str(root), "cuda"] and f"NVCC={nvcc}" in calls[0][0]
+    assert calls[0][1].split(os.pathsep)[0] == str(nvcc.parent)  # make finds nvcc on PATH too
+    assert len(warnings) == 1 and "unsupported gpu architecture" in warnings[0] and "H3_CUDA" in warnings[0]
+    assert not stale.exists()  # a failed build ships no (stale) backend
+
+    stale.write_bytes(b"old backend")
+    with pytest.raises(RuntimeError, match="H3_CUDA=1"):
+        hb.build_cuda(str(root), dict(env, H3_CUDA="1"), run=failing_make, warn=warnings.append)
+    with pytest.raises(RuntimeError, match="no nvcc"):
+        hb.build_cuda(str(root), {"H3_CUDA": "1", "PATH": str(tmp_path / "nowhere")}, run=failing_make)
+    # H3_CUDA=0: no make call, and no backend left over from an earlier build
+    calls.clear()
+    assert hb.build_cuda(str(root), dict(env, H3_CUDA="0"), run=failing_make) is False
+    assert not calls and not stale.exists()
+
+    # an editable install runs from the tree: it keeps a backend left there, and says so
+    stale.write_bytes(b"old backend")
+    warnings.clear()
+    assert hb.build_cuda(str(root), env, run=failing_make, warn=warnings.append, remove_stale=False) is False
+    assert stale.read_bytes() == b"old backend"
+    assert len(warnings) == 2 and "left from an earlier build" in warnings[0], warnings
+    warnings.clear()
+
+    def good_make(cmd, env=None, **kw):
+        stale.write_bytes(b"new backend")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    assert hb.build_cuda(str(root), env, run=good_make, warn=warnings.append) is True
+    assert stale.read_bytes() == b"new backend" and not warnings
+
+
+def test_cpu_install_stays_light():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        pytest.skip("tomllib needs Python 3.11")
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert proj["project"]["dependencies"] == ["numpy", "safetensors", "rich", "imageio-ffmpeg"]
+    assert "python/h3ctl/libh3_cuda.so" in proj["tool"]["hatch"]["build"]["targets"]["wheel"]["artifacts"]
+    # Choosing a device and asking for the backends imports nothing heavy.
+    code = ("import sys; from h3ctl import Engine, _lib; _lib.backends(); Engine(device='cpu').close(); "
+            "heavy = [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr

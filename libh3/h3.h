@@ -503,7 +503,10 @@ typedef struct h3_request {
 #define H3_LAYERS_GATE 0
 #define H3_LAYERS_UNIFORM 1
 
-/* Defaults: 128x128, 22 frames, 20 steps, seed 42 (h3-tiny's render), the model's VAE tiles. */
+/* Defaults: 128x128, 22 frames, 20 steps, seed 42 (h3-tiny's render), the model's VAE tiles, every speed
+   knob off. Writes sizeof(h3_request) of this library's h3.h: a program built against an older, smaller
+   h3_request must fill its own struct (struct_size included) instead; h3_prepare and h3_plan read no more
+   than the caller's struct_size either way. */
 H3_API void h3_request_default(h3_request *r);
 
 /*

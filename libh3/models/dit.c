@@ -18,120 +18,12 @@
  * (a few rows) and the plans are computed on the host; the adaln_proj weights are brought to the
  * backend one block at a time for the precompute and dropped right after.
  */
-#include "models/dit.h"
-#include "models/lora.h"
+#include "models/dit_internal.h"
 
-#include <math.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
 static _Atomic uint64_t g_generation; /* see h3_dit_set_layout */
 
-/* The backends stage one head's q/k rows on the stack or in registers. */
-#define DIT_MAX_HEAD_DIM 1024
-
-typedef struct {
-    float *norm1, *norm2, *qn, *kn; /* backend f32 vectors */
-    h3_bw qkv, out, fc1, fc2;       /* backend weights */
-    bool loaded;                    /* qkv/out/fc1/fc2 are on the backend (see lazy_blocks) */
-    h3_mat ada;                     /* blocks only: adaln_proj.linear [18H, temb_dim], host mapping */
-    float *ada_b;                   /* host f32 */
-} dit_block;
-
-/* A LoRA-merged weight: an owned host copy that lives as long as the handle made from it (the CPU
-   backend's weights are views of host memory). */
-typedef struct {
-    char name[112];
-    void *data;
-} dit_owned;
-
-/* Which (timestep slot, modality) pairs of one forward get modulation rows, and per row which. */
-typedef struct {
-    int n_t, n_combo, n_fin;
-    int32_t *combo_of; /* [n_t * 3] -> combo or -1 */
-    int32_t *fin_of;   /* [n_t] -> final-layer row or -1 */
-    int32_t *combo_t, *combo_m, *fin_t;
-    int32_t *row_combo, *row_fin; /* [L]; row_fin is -1 on text rows */
-    int32_t *d_row_combo, *d_row_fin; /* the same on the backend */
-} dit_plan;
-
-struct h3_dit {
-    h3_model *m;
-    h3_store *st;
-    h3_pool *pool;   /* host work: the timestep embedding */
-    h3_backend *be;  /* everything else */
-    unsigned flags;  /* H3_OPT_* */
-    h3_dit_cfg c;
-    h3_lora *lora;     /* merged into every weight it targets as the weight loads */
-    dit_owned *owned;  /* the merged copies */
-    int n_owned;
-    bool lazy_blocks;  /* blocks' GEMM weights load when a schedule runs them (layer dropping) */
-    int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
-    size_t esz;   /* bytes per activation element on the backend */
-    bool time_parts; /* per-part timings need a synchronous backend (the CPU) */
-
-    h3_bw cond, vout, aout, vproj, aproj;
-    h3_mat te_in, te_out, fin_ada;                        /* host mappings */
-    float *te_in_b, *te_out_b, *fin_ada_b, *inv_freq;     /* host f32 */
-    float *cond_b, *fin_norm, *vout_b, *aout_b, *vproj_b, *aproj_b, *ref_final; /* backend f32 */
-    dit_block *ref, *blk;
-    bool adaln_released;
-    uint64_t adaln_weight_bytes;
-
-    /* request */
-    h3_dit_layout lay;
-    bool has_layout;
-    uint64_t generation;  /* bumped by every set_layout: callers detect a replaced request */
-    int64_t *d_text_idx, *d_video_idx, *d_audio_idx; /* backend copies of the layout's indices */
-    float *rcos, *rsin; /* [L][3F] backend */
-    float *text;        /* refined text rows [n_text][H], backend f32 */
-    bool has_text;
-    void *x, *nb, *tmp, *big, *qkv3, *ob, *vo, *ao; /* forward buffers (backend) */
-    int64_t buf_rows;
-
-    /* prepared schedule */
-    int n_steps;
-    float *sig[2], *ts[2]; /* [0] video, [1] audio (host) */
-    dit_plan plan;
-    bool has_plan;
-    float *tab_blk, *tab_fin; /* backend */
-    float *tvals;   /* [steps][H3_ROLES] timestep of every role at every step (host) */
-    bool per_step;  /* H3_OPT_DIT_PER_STEP: modulation computed at each step (the slow path) */
-    uint64_t table_bytes;
-    h3_dit_stats stats;
-
-    /* speed knobs (h3_dit_set_knobs; all off after every set_layout) */
-    h3_dit_knobs knobs;
-    int *run, n_run;             /* blocks a forward runs, in order; the tables follow this order */
-    /* step reuse and the step cache: the velocities of the last two evaluations per modality */
-    float *vel[2][2];            /* [video, audio][last, previous], backend */
-    int n_vel;                   /* evaluations held (0 to 2) */
-    float vel_sig[2][2];         /* their sigmas, [modality][last, previous] */
-    /* step cache: the first block's modulated input of this step and of the previous one */
-    float *mod_cur, *mod_prev;   /* [L][H] f32, backend */
-    bool has_mod_prev;
-    double cache_acc;            /* relative change accumulated since the last evaluation */
-    /* core reuse */
-    float *core_delta;           /* [L][H]: h_out - h_in of the last full block-stack run */
-    int core_calls;              /* forwards since the schedule was prepared */
-    /* token reduction: the reduced sequence of Lr rows as (p0, p1) pairs of full rows */
-    int64_t red_rows;
-    int64_t *d_pairs;            /* [Lr][2] backend */
-    float *red_cos, *red_sin;    /* [Lr][3F] backend: RoPE at each pair's mean position */
-    int32_t *d_red_combo;        /* [Lr] modulation entry of each reduced row (the plan's) */
-    float *snap, *red_base;      /* [L][H] entry state, [Lr][H] pooled entry state */
-    int tr_first, tr_end, tr_end_early; /* span of original block indices [first, end) */
-};
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 const char *h3_dit_part_name(int part)
 {
@@ -149,18 +41,9 @@ static void charge(h3_dit *d, int part, double *t)
     *t = n;
 }
 
-/* Element `i` of a backend buffer of activations. */
 static void *act_at(const h3_dit *d, void *base, int64_t i) { return (char *)base + (size_t)i * d->esz; }
 
-static h3_bt act(const h3_dit *d, void *p, int64_t rows, int64_t cols, int64_t ld)
-{
-    return h3_bt_make(p, d->be->act_dtype, rows, cols, ld);
-}
 
-static h3_bt f32(void *p, int64_t rows, int64_t cols, int64_t ld)
-{
-    return h3_bt_make(p, H3_DT_F32, rows, cols, ld);
-}
 
 /* ---- weights --------------------------------------------------------------------------- */
 
@@ -316,9 +199,9 @@ static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modu
     return 0;
 }
 
-static void bfree(h3_dit *d, void *p) { d->be->ops->release(d->be, p); }
+void dit_bfree(h3_dit *d, void *p) { d->be->ops->release(d->be, p); }
 
-static void wfree(h3_dit *d, h3_bw *w)
+void dit_wfree(h3_dit *d, h3_bw *w)
 {
     if (w->data || w->priv) d->be->ops->weight_free(d->be, w);
 }
@@ -328,10 +211,10 @@ static void unload_block_weights(h3_dit *d, int i)
 {
     dit_block *b = &d->blk[i];
     static const char *const parts[] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
-    wfree(d, &b->qkv);
-    wfree(d, &b->out);
-    wfree(d, &b->fc1);
-    wfree(d, &b->fc2);
+    dit_wfree(d, &b->qkv);
+    dit_wfree(d, &b->out);
+    dit_wfree(d, &b->fc1);
+    dit_wfree(d, &b->fc2);
     for (size_t k = 0; k < sizeof parts / sizeof *parts; k++) {
         char name[112];
         snprintf(name, sizeof name, "blocks.%d.%s.weight", i, parts[k]);
@@ -342,14 +225,14 @@ static void unload_block_weights(h3_dit *d, int i)
 
 static void free_block(h3_dit *d, dit_block *b)
 {
-    bfree(d, b->norm1);
-    bfree(d, b->norm2);
-    bfree(d, b->qn);
-    bfree(d, b->kn);
-    wfree(d, &b->qkv);
-    wfree(d, &b->out);
-    wfree(d, &b->fc1);
-    wfree(d, &b->fc2);
+    dit_bfree(d, b->norm1);
+    dit_bfree(d, b->norm2);
+    dit_bfree(d, b->qn);
+    dit_bfree(d, b->kn);
+    dit_wfree(d, &b->qkv);
+    dit_wfree(d, &b->out);
+    dit_wfree(d, &b->fc1);
+    dit_wfree(d, &b->fc2);
     h3_free_aligned(b->ada_b);
 }
 
@@ -463,8 +346,8 @@ static void plan_free_host(dit_plan *p)
 
 static void plan_free(h3_dit *d, dit_plan *p)
 {
-    bfree(d, p->d_row_combo);
-    bfree(d, p->d_row_fin);
+    dit_bfree(d, p->d_row_combo);
+    dit_bfree(d, p->d_row_fin);
     p->d_row_combo = p->d_row_fin = NULL;
     plan_free_host(p);
 }
@@ -473,17 +356,17 @@ static void free_buffers(h3_dit *d)
 {
     void **bufs[] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob, &d->vo, &d->ao};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
-        bfree(d, *bufs[i]);
+        dit_bfree(d, *bufs[i]);
         *bufs[i] = NULL;
     }
     float **fb[] = {&d->rcos, &d->rsin, &d->text};
     for (size_t i = 0; i < sizeof fb / sizeof *fb; i++) {
-        bfree(d, *fb[i]);
+        dit_bfree(d, *fb[i]);
         *fb[i] = NULL;
     }
     int64_t **ib[] = {&d->d_text_idx, &d->d_video_idx, &d->d_audio_idx};
     for (size_t i = 0; i < sizeof ib / sizeof *ib; i++) {
-        bfree(d, *ib[i]);
+        dit_bfree(d, *ib[i]);
         *ib[i] = NULL;
     }
     d->buf_rows = 0;
@@ -498,7 +381,7 @@ static void free_knob_state(h3_dit *d)
                      (void **)&d->red_cos,   (void **)&d->red_sin,   (void **)&d->d_red_combo, (void **)&d->snap,
                      (void **)&d->red_base};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
-        bfree(d, *bufs[i]);
+        dit_bfree(d, *bufs[i]);
         *bufs[i] = NULL;
     }
     d->n_vel = 0;
@@ -517,8 +400,8 @@ static void drop_schedule(h3_dit *d)
         d->sig[k] = d->ts[k] = NULL;
     }
     plan_free(d, &d->plan);
-    bfree(d, d->tab_blk);
-    bfree(d, d->tab_fin);
+    dit_bfree(d, d->tab_blk);
+    dit_bfree(d, d->tab_fin);
     free(d->tvals);
     d->tab_blk = d->tab_fin = d->tvals = NULL;
     d->table_bytes = 0;
@@ -540,13 +423,13 @@ void h3_dit_close(h3_dit *d)
     free(d->blk);
     free(d->run);
     h3_bw *ws[] = {&d->cond, &d->vout, &d->aout, &d->vproj, &d->aproj};
-    for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) wfree(d, ws[i]);
+    for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) dit_wfree(d, ws[i]);
     /* after every handle made from them is gone */
     for (int i = 0; i < d->n_owned; i++) h3_free_aligned(d->owned[i].data);
     free(d->owned);
     h3_lora_free(d->lora);
     float *bv[] = {d->cond_b, d->fin_norm, d->vout_b, d->aout_b, d->vproj_b, d->aproj_b, d->ref_final};
-    for (size_t i = 0; i < sizeof bv / sizeof *bv; i++) bfree(d, bv[i]);
+    for (size_t i = 0; i < sizeof bv / sizeof *bv; i++) dit_bfree(d, bv[i]);
     float *hv[] = {d->te_in_b, d->te_out_b, d->fin_ada_b, d->inv_freq};
     for (size_t i = 0; i < sizeof hv / sizeof *hv; i++) h3_free_aligned(hv[i]);
     free(d);
@@ -569,13 +452,13 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
     for (int i = 0; i < 6; i++) {
         nx[i] = d->be->ops->alloc(d->be, bytes[i]);
         if (!nx[i]) {
-            for (int k = 0; k < i; k++) bfree(d, nx[k]);
+            for (int k = 0; k < i; k++) dit_bfree(d, nx[k]);
             return -H3_E_NOMEM;
         }
     }
     void **dst[6] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob};
     for (int i = 0; i < 6; i++) {
-        bfree(d, *dst[i]);
+        dit_bfree(d, *dst[i]);
         *dst[i] = nx[i];
     }
     d->buf_rows = rows;
@@ -585,7 +468,7 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
 /* RoPE cos/sin rows [n][3F] for (t, h, w) positions pos [n][3]. diffusers MiniMaxH3RotaryPosEmbed:
    fp64 positions cast to f32, times inv_freq in f32, laid out [t | h | w] x F; cos/sin in f32. The
    table holds 3F columns: the second half of torch's cat((freqs, freqs)) repeats them. */
-static void rope_rows(const h3_dit *d, const double *pos, int64_t n, float *hc, float *hs)
+void dit_rope_rows(const h3_dit *d, const double *pos, int64_t n, float *hc, float *hs)
 {
     const int F = d->c.rope_freq;
     for (int64_t r = 0; r < n; r++)
@@ -599,7 +482,7 @@ static void rope_rows(const h3_dit *d, const double *pos, int64_t n, float *hc, 
         }
 }
 
-static void run_all_blocks(h3_dit *d)
+void dit_run_all_blocks(h3_dit *d)
 {
     for (int i = 0; i < d->c.layers; i++) d->run[i] = i;
     d->n_run = d->c.layers;
@@ -607,7 +490,7 @@ static void run_all_blocks(h3_dit *d)
 
 /* Exactly the blocks of the run list hold their GEMM weights: missing ones load (a lazy open, or a
    block an earlier schedule dropped), dropped ones let theirs go. */
-static int ensure_run_blocks(h3_dit *d)
+int dit_ensure_run_blocks(h3_dit *d)
 {
     const int L = d->c.layers;
     bool *keep = h3_calloc((size_t)(L ? L : 1), sizeof *keep);
@@ -631,7 +514,7 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
     d->generation = atomic_fetch_add(&g_generation, 1) + 1;
     /* a new request starts exact: knobs are set per prepared schedule */
     memset(&d->knobs, 0, sizeof d->knobs);
-    run_all_blocks(d);
+    dit_run_all_blocks(d);
     bool keep_text = d->has_text && d->has_layout && d->lay.n_text == l->n_text;
     float *text = keep_text ? d->text : NULL;
     if (keep_text) d->text = NULL;
@@ -654,7 +537,7 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
         const size_t n = (size_t)(l->seq * d->F3);
         float *hc = h3_alloc_aligned(sizeof(float) * n), *hs = h3_alloc_aligned(sizeof(float) * n);
         if (!hc || !hs) rc = -H3_E_NOMEM;
-        if (!rc) rope_rows(d, l->pos, l->seq, hc, hs);
+        if (!rc) dit_rope_rows(d, l->pos, l->seq, hc, hs);
         if (!rc) {
             d->rcos = h3_backend_dup(be, hc, sizeof(float) * n);
             d->rsin = h3_backend_dup(be, hs, sizeof(float) * n);
@@ -664,7 +547,7 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
         h3_free_aligned(hs);
     }
     if (rc) {
-        bfree(d, text);
+        dit_bfree(d, text);
         free_buffers(d);
         h3_dit_layout_free(&d->lay);
         return rc;
@@ -763,7 +646,7 @@ int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
     for (int i = 0; !rc && i < c->refiner_layers; i++) rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL);
     if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->ref_final, NULL, (float)c->final_eps, &txt);
     if (!rc) rc = be->ops->sync(be);
-    bfree(d, in);
+    dit_bfree(d, in);
     memcpy(d->stats.part_ms, saved, sizeof saved);
     if (rc) return rc;
     d->has_text = true;
@@ -826,7 +709,7 @@ static int plan_build(dit_plan *p, const h3_dit_layout *l, const int32_t *row_t,
  * The timestep embedding as diffusers computes it: Timesteps(flip_sin_to_cos=True, shift 0) in
  * f32 -> proj_in -> SiLU -> proj_out, then the SiLU every AdaLN projection applies (at f32).
  */
-static int time_embed(h3_dit *d, const float *t, int64_t M, float *out)
+int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out)
 {
     const h3_dit_cfg *c = &d->c;
     const int half = c->freq_dim / 2;
@@ -890,7 +773,7 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
     int rc = (!tv || !emb || !X || !Y || !Xd || !Yd || !bd) ? -H3_E_NOMEM : 0;
     if (!rc) {
         memcpy(tv, t_values, sizeof(float) * (size_t)M);
-        rc = time_embed(d, tv, M, emb);
+        rc = dit_time_embed(d, tv, M, emb);
     }
     for (int64_t b = 0; !rc && b < L; b++) {
         const dit_block *bk = &d->blk[d->run[b]];
@@ -909,7 +792,7 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
             if (!rc) rc = o->upload(be, bd, bk->ada_b + m * 6 * H, sizeof(float) * (size_t)(6 * H));
             if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
             if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 6 * H));
-            wfree(d, &W);
+            dit_wfree(d, &W);
             if (rc) break;
             rows = 0;
             for (int s = 0; s < n_sets && !rc; s++)
@@ -944,7 +827,7 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
         if (!rc) rc = o->upload(be, bd, d->fin_ada_b, sizeof(float) * (size_t)(2 * H));
         if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
         if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 2 * H));
-        wfree(d, &W);
+        dit_wfree(d, &W);
         for (int64_t r = 0; !rc && r < rows; r++)
             for (int64_t i = 0; i < H; i++) Y[r * 2 * H + H + i] = 1.0f + Y[r * 2 * H + H + i];
         if (!rc) rc = o->upload(be, fin, Y, sizeof(float) * (size_t)(rows * 2 * H));
@@ -958,9 +841,9 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
     h3_free_aligned(emb);
     h3_free_aligned(X);
     h3_free_aligned(Y);
-    bfree(d, Xd);
-    bfree(d, Yd);
-    bfree(d, bd);
+    dit_bfree(d, Xd);
+    dit_bfree(d, Yd);
+    dit_bfree(d, bd);
     return rc;
 }
 
@@ -1163,275 +1046,18 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
     float *ain = l->n_audio ? h3_backend_dup(be, audio_rows, abytes) : NULL;
     rc = (!blk || !fin || (l->n_video && !vin) || (l->n_audio && !ain)) ? -H3_E_NOMEM : plan_upload(d, &p);
     /* explicit timesteps run the whole model, whatever a previous schedule dropped */
-    run_all_blocks(d);
-    if (!rc) rc = ensure_run_blocks(d);
+    dit_run_all_blocks(d);
+    if (!rc) rc = dit_ensure_run_blocks(d);
     if (!rc) rc = ensure_ada_bias(d);
     if (!rc) rc = compute_tables(d, &p, t_values, 1, blk, fin, false);
     if (!rc) rc = forward(d, &p, blk, fin, vin, ain, d->vo, d->ao, false, -1, CORE_PLAIN);
     if (!rc && l->n_video) rc = be->ops->download(be, video_out, d->vo, vbytes);
     if (!rc && l->n_audio) rc = be->ops->download(be, audio_out, d->ao, abytes);
-    bfree(d, blk);
-    bfree(d, fin);
-    bfree(d, vin);
-    bfree(d, ain);
+    dit_bfree(d, blk);
+    dit_bfree(d, fin);
+    dit_bfree(d, vin);
+    dit_bfree(d, ain);
     plan_free(d, &p);
-    return rc;
-}
-
-/* ---- speed knobs ------------------------------------------------------------------------- */
-
-void h3_dit_token_span(int layers, int *first, int *end, int *end_early)
-{
-    /* the release's span (blocks 4..30 of 50, 4..40 during the first 10 steps), rounded to this depth */
-    *first = (4 * layers + 25) / 50;
-    *end = (30 * layers + 25) / 50;
-    *end_early = (40 * layers + 25) / 50;
-}
-
-int h3_dit_knobs_check(const h3_dit_cfg *c, const h3_dit_knobs *k)
-{
-    if (k->reuse < 0 || k->reuse > 1000)
-        return h3_err(H3_E_INVALID, "reuse must be between 0 (off) and 1000, got %d", k->reuse);
-    if (k->core_reuse < 0 || k->core_reuse > 1000)
-        return h3_err(H3_E_INVALID, "core reuse must be between 0 (off) and 1000, got %d", k->core_reuse);
-    if (k->reuse > 1 && k->core_reuse > 1)
-        return h3_err(H3_E_INVALID, "reuse %d and core reuse %d cannot be combined: step reuse already skips the "
-                                    "transformer calls whose block stack core reuse would skip", k->reuse, k->core_reuse);
-    const int min_layers = c->layers < 3 ? c->layers : 3;
-    if (k->layers != 0 && (k->layers < min_layers || k->layers > c->layers))
-        return h3_err(H3_E_INVALID, "layers %d: this model has %d blocks and runs at least %d (the first two and the last)",
-                      k->layers, c->layers, min_layers);
-    if (k->layer_policy != H3_LAYERS_GATE && k->layer_policy != H3_LAYERS_UNIFORM)
-        return h3_err(H3_E_INVALID, "layer policy must be %d (gate) or %d (uniform), got %d", H3_LAYERS_GATE,
-                      H3_LAYERS_UNIFORM, k->layer_policy);
-    if (k->token_reduction != 0 && k->token_reduction != 1)
-        return h3_err(H3_E_INVALID, "token reduction must be 0 (off) or 1 (on), got %d", k->token_reduction);
-    if (!isfinite(k->cache_threshold) || k->cache_threshold < 0 || k->cache_threshold > 100)
-        return h3_err(H3_E_INVALID, "cache threshold must be between 0 (off) and 100, got %g", (double)k->cache_threshold);
-    if (k->cache_threshold > 0 && k->reuse > 1)
-        return h3_err(H3_E_INVALID, "cache threshold %g and reuse %d cannot be combined: both choose which steps skip "
-                                    "the transformer", (double)k->cache_threshold, k->reuse);
-    return 0;
-}
-
-int h3_dit_set_knobs(h3_dit *d, const h3_dit_knobs *k)
-{
-    if (!d->has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before the speed knobs");
-    if (!k) {
-        memset(&d->knobs, 0, sizeof d->knobs);
-        return 0;
-    }
-    int rc = h3_dit_knobs_check(&d->c, k);
-    if (rc) return rc;
-    d->knobs = *k;
-    return 0;
-}
-
-/*
- * Layer score: mean |value| of a block's two AdaLN gates (slots 2 and 5: gate_msa, gate_mlp) over
- * the (timestep role, modality) rows of the plan at every step of the schedule. A block whose
- * gates are small adds little to the residual stream at the timesteps this request uses. Only the
- * gate rows of adaln_proj are multiplied (a third of the weight), one modality at a time.
- */
-static int score_layers(h3_dit *d, const dit_plan *p, const float *t_values, int n_sets, double *score)
-{
-    const h3_dit_cfg *c = &d->c;
-    h3_backend *be = d->be;
-    const h3_backend_ops *o = be->ops;
-    const int64_t H = c->hidden, E = c->temb_dim, nc = p->n_combo;
-    const int64_t M = (int64_t)n_sets * p->n_t, maxrows = (int64_t)n_sets * nc;
-    float *emb = h3_alloc_aligned(sizeof(float) * (size_t)(M * E));
-    float *X = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * E));
-    float *Y = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * H));
-    float *Xd = o->alloc(be, sizeof(float) * (size_t)(maxrows * E + 1));
-    float *Yd = o->alloc(be, sizeof(float) * (size_t)(maxrows * H + 1));
-    float *bd = o->alloc(be, sizeof(float) * (size_t)H);
-    int rc = (!emb || !X || !Y || !Xd || !Yd || !bd) ? -H3_E_NOMEM : 0;
-    if (!rc) rc = time_embed(d, t_values, M, emb);
-    for (int b = 0; !rc && b < c->layers; b++) {
-        const dit_block *bk = &d->blk[b];
-        const size_t wsz = h3_dtype_size(bk->ada.dtype);
-        double sum = 0;
-        int64_t count = 0;
-        for (int m = 0; !rc && m < H3_TAGS; m++) {
-            int64_t rows = 0;
-            for (int s = 0; s < n_sets; s++)
-                for (int64_t k = 0; k < nc; k++)
-                    if (p->combo_m[k] == m)
-                        memcpy(X + (rows++) * E, emb + ((int64_t)s * p->n_t + p->combo_t[k]) * E, sizeof(float) * (size_t)E);
-            if (!rows) continue;
-            rc = o->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
-            static const int gate_slots[2] = {2, 5};
-            for (int g = 0; g < 2 && !rc; g++) {
-                const int64_t row0 = ((int64_t)m * 6 + gate_slots[g]) * H;
-                h3_bw W = {0};
-                const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, H, H);
-                rc = o->weight_load(be, (const char *)bk->ada.data + (size_t)(row0 * E) * wsz, bk->ada.dtype, H, E, &W);
-                if (!rc) rc = o->upload(be, bd, bk->ada_b + row0, sizeof(float) * (size_t)H);
-                if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
-                if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * H));
-                wfree(d, &W);
-                for (int64_t i = 0; !rc && i < rows * H; i++) sum += fabs((double)Y[i]);
-                count += rows * H;
-            }
-        }
-        score[b] = count ? sum / (double)count : 0;
-    }
-    h3_free_aligned(emb);
-    h3_free_aligned(X);
-    h3_free_aligned(Y);
-    bfree(d, Xd);
-    bfree(d, Yd);
-    bfree(d, bd);
-    return rc;
-}
-
-/* The run list for knobs.layers: the first two blocks, the last, and the rest chosen by policy. */
-static int select_layers(h3_dit *d, const float *t_values, int n_sets, bool release)
-{
-    const int L = d->c.layers, M = d->knobs.layers;
-    if (M <= 0 || M >= L) {
-        run_all_blocks(d);
-        return 0;
-    }
-    bool *keep = h3_calloc((size_t)L, sizeof *keep);
-    double *score = h3_calloc((size_t)L, sizeof *score);
-    int rc = keep && score ? 0 : -H3_E_NOMEM;
-    const int fixed = L < 3 ? L : 3, want = M - fixed;
-    if (!rc) {
-        keep[0] = true;
-        if (L > 1) keep[1] = true;
-        keep[L - 1] = true;
-    }
-    if (!rc && want > 0 && d->knobs.layer_policy == H3_LAYERS_UNIFORM) {
-        /* the centres of `want` equal slices of blocks 2 .. L-2 (distinct: each slice is >= 1 block) */
-        for (int j = 0; j < want; j++) keep[2 + (int)(((int64_t)(2 * j + 1) * (L - 3)) / (2 * want))] = true;
-    } else if (!rc && want > 0) {
-        rc = score_layers(d, &d->plan, t_values, n_sets, score);
-        for (int j = 0; !rc && j < want; j++) {
-            int best = -1;
-            for (int b = 2; b < L - 1; b++)
-                if (!keep[b] && (best < 0 || score[b] > score[best])) best = b; /* ties: the earlier block */
-            keep[best] = true;
-        }
-    }
-    if (!rc) {
-        d->n_run = 0;
-        for (int b = 0; b < L; b++) {
-            if (keep[b]) {
-                d->run[d->n_run++] = b;
-            } else if (release) {
-                /* a dropped block's adaln_proj is never read again for this schedule */
-                char name[96];
-                snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.weight", b);
-                h3_store_release_tensor(d->st, name);
-            }
-        }
-    }
-    free(keep);
-    free(score);
-    return rc;
-}
-
-/* Token reduction's reduced sequence for the layout: generated video tokens (t, i, j) and
-   (t, i, j + 1) with j even become one row; every other row (text, audio, conditioning, an odd last
-   column) stays a row of its own. */
-static int build_reduction(h3_dit *d)
-{
-    const h3_dit_cfg *c = &d->c;
-    const h3_dit_layout *l = &d->lay;
-    const int64_t L = l->seq, H = c->hidden;
-    const int64_t Hp = c->patch[1] ? l->lat_h / c->patch[1] : 0, Wp = c->patch[2] ? l->lat_w / c->patch[2] : 0;
-    const int64_t n_gen = l->n_video - l->n_cond_video;
-    if (Wp < 2 || Hp < 1 || l->lat_t < 1 || n_gen != (int64_t)l->lat_t * Hp * Wp) return 0; /* nothing to pool */
-    int64_t *partner = h3_malloc(sizeof(int64_t) * (size_t)L);
-    int64_t *pairs = h3_malloc(sizeof(int64_t) * 2 * (size_t)L);
-    int32_t *combo = h3_malloc(sizeof(int32_t) * (size_t)L);
-    double *pos = h3_malloc(sizeof(double) * 3 * (size_t)L);
-    float *hc = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->F3 ? d->F3 : 1)));
-    float *hs = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->F3 ? d->F3 : 1)));
-    int rc = partner && pairs && combo && pos && hc && hs ? 0 : -H3_E_NOMEM;
-    for (int64_t r = 0; !rc && r < L; r++) partner[r] = -1;
-    for (int64_t g = 0; !rc && g < n_gen; g++) {
-        const int64_t j = g % Wp;
-        if (j % 2 || j + 1 >= Wp) continue;
-        const int64_t r0 = l->video_idx[l->n_cond_video + g], r1 = l->video_idx[l->n_cond_video + g + 1];
-        partner[r0] = r1;
-        partner[r1] = -2; /* consumed by its pair */
-    }
-    int64_t n = 0;
-    for (int64_t r = 0; !rc && r < L; r++) {
-        if (partner[r] == -2) continue;
-        const int64_t p1 = partner[r];
-        pairs[2 * n] = r;
-        pairs[2 * n + 1] = p1;
-        combo[n] = d->plan.row_combo[r]; /* a pair shares its (role, modality), so its table row */
-        for (int a = 0; a < 3; a++)
-            pos[n * 3 + a] = p1 >= 0 ? (l->pos[r * 3 + a] + l->pos[p1 * 3 + a]) * 0.5 : l->pos[r * 3 + a];
-        n++;
-    }
-    if (!rc && d->F3 > 0) rope_rows(d, pos, n, hc, hs);
-    if (!rc) {
-        h3_backend *be = d->be;
-        d->red_rows = n;
-        d->d_pairs = h3_backend_dup(be, pairs, sizeof(int64_t) * 2 * (size_t)n);
-        d->d_red_combo = h3_backend_dup(be, combo, sizeof(int32_t) * (size_t)n);
-        d->red_cos = d->F3 ? h3_backend_dup(be, hc, sizeof(float) * (size_t)(n * d->F3)) : NULL;
-        d->red_sin = d->F3 ? h3_backend_dup(be, hs, sizeof(float) * (size_t)(n * d->F3)) : NULL;
-        d->snap = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
-        d->red_base = be->ops->alloc(be, sizeof(float) * (size_t)(n * H));
-        if (!d->d_pairs || !d->d_red_combo || (d->F3 && (!d->red_cos || !d->red_sin)) || !d->snap || !d->red_base)
-            rc = -H3_E_NOMEM;
-    }
-    h3_dit_token_span(c->layers, &d->tr_first, &d->tr_end, &d->tr_end_early);
-    free(partner);
-    free(pairs);
-    free(combo);
-    free(pos);
-    h3_free_aligned(hc);
-    h3_free_aligned(hs);
-    return rc;
-}
-
-/* Everything the knobs need before the tables are computed: the run list (and the blocks' weights
-   to match), the reduced sequence, the velocity history and the caches' buffers. */
-static int apply_knobs(h3_dit *d, const float *t_values, int evals, bool release)
-{
-    const h3_dit_knobs *k = &d->knobs;
-    const h3_dit_layout *l = &d->lay;
-    h3_backend *be = d->be;
-    const int64_t H = d->c.hidden, L = l->seq;
-    /* A backend without the knobs' ops (one still being written) refuses the knob, not the render. */
-    const h3_backend_ops *o = be->ops;
-    const struct {
-        bool used, present;
-        const char *knob, *op;
-    } need[] = {{k->reuse > 1, o->extrapolate != NULL, "reuse", "extrapolate"},
-                {k->core_reuse > 1, o->extrapolate && o->sub && o->gated_add, "core reuse", "sub"},
-                {k->token_reduction != 0, o->extrapolate && o->pool_pairs && o->unpool_pairs, "token reduction",
-                 "pool_pairs/unpool_pairs"},
-                {k->cache_threshold > 0, o->abs_diff_sum != NULL, "cache threshold", "abs_diff_sum"}};
-    for (size_t i = 0; i < sizeof need / sizeof *need; i++)
-        if (need[i].used && !need[i].present)
-            return h3_err(H3_E_UNSUPPORTED, "%s needs the %s op, which the %s backend does not have yet", need[i].knob,
-                          need[i].op, o->name);
-    int rc = select_layers(d, t_values, evals, release);
-    if (!rc) rc = ensure_run_blocks(d);
-    if (!rc && k->token_reduction) rc = build_reduction(d);
-    if (!rc && (k->reuse > 1 || k->cache_threshold > 0)) {
-        const size_t bytes[2] = {sizeof(float) * (size_t)(l->n_video * d->P + 1),
-                                 sizeof(float) * (size_t)(l->n_audio * d->c.audio_ch + 1)};
-        for (int m = 0; m < 2 && !rc; m++)
-            for (int s = 0; s < 2 && !rc; s++)
-                if (!(d->vel[m][s] = be->ops->alloc(be, bytes[m]))) rc = -H3_E_NOMEM;
-    }
-    if (!rc && k->cache_threshold > 0) {
-        d->mod_cur = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
-        d->mod_prev = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
-        if (!d->mod_cur || !d->mod_prev) rc = -H3_E_NOMEM;
-    }
-    if (!rc && k->core_reuse > 1 && !(d->core_delta = be->ops->alloc(be, sizeof(float) * (size_t)(L * H))))
-        rc = -H3_E_NOMEM;
     return rc;
 }
 
@@ -1491,7 +1117,7 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     if (d->per_step) release_adaln = false;
     if (!rc) rc = ensure_ada_bias(d);
     /* The speed knobs decide which blocks run (only those get tables) and set up their caches. */
-    if (!rc) rc = apply_knobs(d, tv, evals, release_adaln);
+    if (!rc) rc = dit_apply_knobs(d, tv, evals, release_adaln);
     if (!rc) {
         const int64_t H = c->hidden;
         uint64_t blk_n = (uint64_t)sets * d->n_run * d->plan.n_combo * 6 * H;

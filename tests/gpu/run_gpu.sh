@@ -45,9 +45,9 @@ EOF
 fi
 
 # cuDNN's fused attention: the frontend headers (header-only; the GPU image lacks them, so a caller carries them
-# to build/cudnn-fe-include or sets CUDNN_FE_INC) and cuDNN itself from torch's nvidia-cudnn wheel, which the
+# to build/cudnn-fe/include, a folder named include as the headers' own includes expect, or sets CUDNN_FE_INC) and cuDNN itself from torch's nvidia-cudnn wheel, which the
 # backend opens through H3_CUDNN_LIB. Without them the backend runs its own attention kernel.
-CUDNN_FE_INC="${CUDNN_FE_INC:-build/cudnn-fe-include}"
+CUDNN_FE_INC="${CUDNN_FE_INC:-build/cudnn-fe/include}"
 [ -f "$CUDNN_FE_INC/cudnn_frontend.h" ] && MAKE_CUBLAS+=("CUDNN_FE_INC=$CUDNN_FE_INC")
 if [ -z "${H3_CUDNN_LIB:-}" ]; then
     H3_CUDNN_LIB="$("$PY" -c 'import glob, site; print(next(iter(sorted(p for r in site.getsitepackages() for p in glob.glob(r + "/nvidia/cudnn/lib/libcudnn.so.9"))), ""))' 2>/dev/null)"

@@ -1,0 +1,148 @@
+/*
+ * The transformer's internals shared by its two files: dit.c (weights, layout, blocks, forward, schedule,
+ * step) and dit_knobs.c (the speed knobs: step and core reuse, layer selection, token reduction, the step
+ * cache). Not included anywhere else.
+ */
+#ifndef H3_DIT_INTERNAL_H
+#define H3_DIT_INTERNAL_H
+
+#include "models/dit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "models/lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* The backends stage one head's q/k rows on the stack or in registers. */
+#define DIT_MAX_HEAD_DIM 1024
+
+typedef struct {
+    float *norm1, *norm2, *qn, *kn; /* backend f32 vectors */
+    h3_bw qkv, out, fc1, fc2;       /* backend weights */
+    bool loaded;                    /* qkv/out/fc1/fc2 are on the backend (see lazy_blocks) */
+    h3_mat ada;                     /* blocks only: adaln_proj.linear [18H, temb_dim], host mapping */
+    float *ada_b;                   /* host f32 */
+} dit_block;
+
+/* A LoRA-merged weight: an owned host copy that lives as long as the handle made from it (the CPU
+   backend's weights are views of host memory). */
+typedef struct {
+    char name[112];
+    void *data;
+} dit_owned;
+
+/* Which (timestep slot, modality) pairs of one forward get modulation rows, and per row which. */
+typedef struct {
+    int n_t, n_combo, n_fin;
+    int32_t *combo_of; /* [n_t * 3] -> combo or -1 */
+    int32_t *fin_of;   /* [n_t] -> final-layer row or -1 */
+    int32_t *combo_t, *combo_m, *fin_t;
+    int32_t *row_combo, *row_fin; /* [L]; row_fin is -1 on text rows */
+    int32_t *d_row_combo, *d_row_fin; /* the same on the backend */
+} dit_plan;
+
+struct h3_dit {
+    h3_model *m;
+    h3_store *st;
+    h3_pool *pool;   /* host work: the timestep embedding */
+    h3_backend *be;  /* everything else */
+    unsigned flags;  /* H3_OPT_* */
+    h3_dit_cfg c;
+    h3_lora *lora;     /* merged into every weight it targets as the weight loads */
+    dit_owned *owned;  /* the merged copies */
+    int n_owned;
+    bool lazy_blocks;  /* blocks' GEMM weights load when a schedule runs them (layer dropping) */
+    int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
+    size_t esz;   /* bytes per activation element on the backend */
+    bool time_parts; /* per-part timings need a synchronous backend (the CPU) */
+
+    h3_bw cond, vout, aout, vproj, aproj;
+    h3_mat te_in, te_out, fin_ada;                        /* host mappings */
+    float *te_in_b, *te_out_b, *fin_ada_b, *inv_freq;     /* host f32 */
+    float *cond_b, *fin_norm, *vout_b, *aout_b, *vproj_b, *aproj_b, *ref_final; /* backend f32 */
+    dit_block *ref, *blk;
+    bool adaln_released;
+    uint64_t adaln_weight_bytes;
+
+    /* request */
+    h3_dit_layout lay;
+    bool has_layout;
+    uint64_t generation;  /* bumped by every set_layout: callers detect a replaced request */
+    int64_t *d_text_idx, *d_video_idx, *d_audio_idx; /* backend copies of the layout's indices */
+    float *rcos, *rsin; /* [L][3F] backend */
+    float *text;        /* refined text rows [n_text][H], backend f32 */
+    bool has_text;
+    void *x, *nb, *tmp, *big, *qkv3, *ob, *vo, *ao; /* forward buffers (backend) */
+    int64_t buf_rows;
+
+    /* prepared schedule */
+    int n_steps;
+    float *sig[2], *ts[2]; /* [0] video, [1] audio (host) */
+    dit_plan plan;
+    bool has_plan;
+    float *tab_blk, *tab_fin; /* backend */
+    float *tvals;   /* [steps][H3_ROLES] timestep of every role at every step (host) */
+    bool per_step;  /* H3_OPT_DIT_PER_STEP: modulation computed at each step (the slow path) */
+    uint64_t table_bytes;
+    h3_dit_stats stats;
+
+    /* speed knobs (h3_dit_set_knobs; all off after every set_layout) */
+    h3_dit_knobs knobs;
+    int *run, n_run;             /* blocks a forward runs, in order; the tables follow this order */
+    /* step reuse and the step cache: the velocities of the last two evaluations per modality */
+    float *vel[2][2];            /* [video, audio][last, previous], backend */
+    int n_vel;                   /* evaluations held (0 to 2) */
+    float vel_sig[2][2];         /* their sigmas, [modality][last, previous] */
+    /* step cache: the first block's modulated input of this step and of the previous one */
+    float *mod_cur, *mod_prev;   /* [L][H] f32, backend */
+    bool has_mod_prev;
+    double cache_acc;            /* relative change accumulated since the last evaluation */
+    /* core reuse */
+    float *core_delta;           /* [L][H]: h_out - h_in of the last full block-stack run */
+    int core_calls;              /* forwards since the schedule was prepared */
+    /* token reduction: the reduced sequence of Lr rows as (p0, p1) pairs of full rows */
+    int64_t red_rows;
+    int64_t *d_pairs;            /* [Lr][2] backend */
+    float *red_cos, *red_sin;    /* [Lr][3F] backend: RoPE at each pair's mean position */
+    int32_t *d_red_combo;        /* [Lr] modulation entry of each reduced row (the plan's) */
+    float *snap, *red_base;      /* [L][H] entry state, [Lr][H] pooled entry state */
+    int tr_first, tr_end, tr_end_early; /* span of original block indices [first, end) */
+};
+
+static inline double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* Element `i` of a backend buffer of activations. */
+
+static inline h3_bt act(const h3_dit *d, void *p, int64_t rows, int64_t cols, int64_t ld)
+{
+    return h3_bt_make(p, d->be->act_dtype, rows, cols, ld);
+}
+
+static inline h3_bt f32(void *p, int64_t rows, int64_t cols, int64_t ld)
+{
+    return h3_bt_make(p, H3_DT_F32, rows, cols, ld);
+}
+
+
+H3_INTERNAL void dit_bfree(h3_dit *d, void *p);
+H3_INTERNAL void dit_wfree(h3_dit *d, h3_bw *w);
+H3_INTERNAL int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out);
+H3_INTERNAL void dit_run_all_blocks(h3_dit *d);
+H3_INTERNAL void dit_rope_rows(const h3_dit *d, const double *pos, int64_t n, float *hc, float *hs);
+H3_INTERNAL int dit_ensure_run_blocks(h3_dit *d);
+H3_INTERNAL int dit_apply_knobs(h3_dit *d, const float *t_values, int evals, bool release);
+
+#endif /* H3_DIT_INTERNAL_H */

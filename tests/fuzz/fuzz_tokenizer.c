@@ -19,24 +19,6 @@
 
 #define FAIL() __builtin_trap()
 
-/* Strict UTF-8, as h3_tokenize requires (NUL bytes allowed). */
-static bool utf8_ok(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-        if (!k || i + k > n) return false;
-        unsigned cp = k == 1 ? c : c & (0x7F >> k);
-        for (size_t j = 1; j < k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80) return false;
-            cp = cp << 6 | (s[i + j] & 0x3F);
-        }
-        static const unsigned min[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < min[k] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-        i += k;
-    }
-    return true;
-}
 
 static void encode_checked(h3_tokenizer *t, int32_t vocab, const char *text, size_t len)
 {

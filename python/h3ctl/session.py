@@ -515,6 +515,10 @@ class Session:
     def run(self) -> int:
         if self.interactive:
             self._setup_readline()
+            # A terminal's Ctrl-C must reach the prompt even when the session was started with SIGINT ignored (a
+            # shell's background job, some process managers): Python then leaves it ignored at start-up.
+            if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL):
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         self.say(f"h3ctl session: model {self.engine.model_dir}; renders go to {self.folder}"
                  + ("; !help lists the commands" if self.interactive else ""))
         if not folder_writable(self.folder):

@@ -74,21 +74,12 @@ def x0_estimate(prev: np.ndarray, cur: np.ndarray, sigma: float, sigma_next: flo
 
 
 def video_shift(engine) -> float:
-    """The video schedule's shift: the transformer config libh3 reads, else model_index.json, else 12."""
+    """The video schedule's shift, as libh3 reads it for the transformer (model_index.json's sigma_shift_scales,
+    else the release's 12): one rule, in libh3's config reader."""
     try:
-        cfg = engine._ctx.info()["components"]["transformer"]["config"]
-        if float(cfg.get("shift_video", 0)) > 0:
-            return float(cfg["shift_video"])
-    except (H3Error, KeyError, TypeError, ValueError):
-        pass
-    for cand in (Path(engine.model_dir) / "FL2VA" / "model_index.json", Path(engine.model_dir) / "model_index.json"):
-        try:
-            v = json.loads(cand.read_text())["_minimax_h3"]["sigma_shift_scales"]["video"]
-            if float(v) > 0:
-                return float(v)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return 12.0
+        return float(engine._ctx.info()["components"]["transformer"]["config"]["shift_video"])
+    except (KeyError, TypeError) as e:
+        raise H3Error(f"{engine.model_dir}: no transformer config to take the sampler's shift from") from e
 
 
 # -- latent geometry -------------------------------------------------------------------------------

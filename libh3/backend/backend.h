@@ -166,6 +166,11 @@ typedef struct h3_backend_ops {
                         int kv_heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v);
     /* x[r] += g[r] * y[r] (g from the modulation table, or 1 when mod->tab is NULL); x, y f32. */
     int (*gated_add)(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *mod);
+    /* gated_add(x, y, gate), then norm_mod(x, NULL, w, mod, eps, out) over out->rows = x->rows rows:
+       the same bits as the two calls, in one pass over x where the backend fuses them (the
+       transformer's residual add followed by the next norm reads the residual stream once). */
+    int (*gated_add_norm)(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *gate, const float *w,
+                          const h3_bmod *mod, float eps, const h3_bt *out);
     /* out = SiLU(gate) * up, element-wise over rows x cols (out may alias gate). */
     int (*swiglu)(h3_backend *be, const h3_bt *gate, const h3_bt *up, const h3_bt *out);
     /* dst[idx[i]] = src[i] for i < src->rows (f32 rows of equal width). */

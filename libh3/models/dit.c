@@ -562,10 +562,24 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
 
 /* ---- one transformer block (shared by the refiner and the main stack) ------------------ */
 
+/* x += gate * y, then out = the modulated norm of x: one backend pass where it fuses the two. */
+static int add_then_norm(h3_dit *d, const h3_bt *x, const h3_bt *y, const h3_bmod *gate, const float *w,
+                         const h3_bmod *mod, const h3_bt *out)
+{
+    const h3_backend_ops *o = d->be->ops;
+    const float eps = (float)d->c.norm_eps;
+    if (o->gated_add_norm) return o->gated_add_norm(d->be, x, y, gate, w, mod, eps, out);
+    int rc = o->gated_add(d->be, x, y, gate);
+    return rc ? rc : o->norm_mod(d->be, x, NULL, w, mod, eps, out);
+}
+
 /* Runs block b over the first `rows` rows of d->x. tab/row_mod: AdaLN table of this block and
-   the per-row entry (NULL for the plain refiner block); cos/sin: RoPE (NULL in the refiner). */
+   the per-row entry (NULL for the plain refiner block); cos/sin: RoPE (NULL in the refiner).
+   The last residual add may be left to the next block, which folds it into its first norm
+   (run_stack: the same sums, one pass over the residual stream less): `defer` leaves d->tmp
+   unadded; `pending` says the previous block did, with its table prev_tab (same row entries). */
 static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *tab, const int32_t *row_mod,
-                     const float *cos, const float *sin)
+                     const float *cos, const float *sin, bool pending, const float *prev_tab, bool defer)
 {
     const h3_dit_cfg *c = &d->c;
     const h3_backend_ops *o = d->be->ops;
@@ -575,7 +589,13 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     double t = now_ms();
     const h3_bt x = f32(d->x, rows, H, H), tmp = f32(d->tmp, rows, H, H), nb = act(d, d->nb, rows, H, H);
     h3_bmod mod = {tab, row_mod, 6, 0};
-    if ((rc = o->norm_mod(be, &x, NULL, b->norm1, &mod, (float)c->norm_eps, &nb))) return rc;
+    if (pending) {
+        const h3_bmod prev = {prev_tab, row_mod, 6, 5};
+        rc = add_then_norm(d, &x, &tmp, &prev, b->norm1, &mod, &nb);
+    } else {
+        rc = o->norm_mod(be, &x, NULL, b->norm1, &mod, (float)c->norm_eps, &nb);
+    }
+    if (rc) return rc;
     charge(d, H3_DIT_PART_NORM, &t);
     const h3_bt qkv = act(d, d->big, rows, 3 * A, 3 * A);
     if ((rc = o->linear(be, &nb, &b->qkv, NULL, &qkv))) return rc;
@@ -598,11 +618,9 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     charge(d, H3_DIT_PART_ATTENTION, &t);
     if ((rc = o->linear(be, &ob, &b->out, NULL, &tmp))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
-    mod.slot = 2;
-    if ((rc = o->gated_add(be, &x, &tmp, &mod))) return rc;
-    charge(d, H3_DIT_PART_ELTWISE, &t);
+    const h3_bmod gate1 = {tab, row_mod, 6, 2};
     mod.slot = 3;
-    if ((rc = o->norm_mod(be, &x, NULL, b->norm2, &mod, (float)c->norm_eps, &nb))) return rc;
+    if ((rc = add_then_norm(d, &x, &tmp, &gate1, b->norm2, &mod, &nb))) return rc;
     charge(d, H3_DIT_PART_NORM, &t);
     const h3_bt gu = act(d, d->big, rows, 2 * F, 2 * F);
     if ((rc = o->linear(be, &nb, &b->fc1, NULL, &gu))) return rc;
@@ -614,6 +632,7 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     charge(d, H3_DIT_PART_ELTWISE, &t);
     if ((rc = o->linear(be, &hid, &b->fc2, NULL, &tmp))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
+    if (defer) return 0;
     mod.slot = 5;
     if ((rc = o->gated_add(be, &x, &tmp, &mod))) return rc;
     charge(d, H3_DIT_PART_ELTWISE, &t);
@@ -643,7 +662,8 @@ int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
     memcpy(saved, d->stats.part_ms, sizeof saved);
     const h3_bt X = f32(in, n, c->text_dim, c->text_dim), x = f32(d->x, n, H, H), txt = f32(d->text, n, H, H);
     rc = be->ops->linear(be, &X, &d->cond, d->cond_b, &x);
-    for (int i = 0; !rc && i < c->refiner_layers; i++) rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL);
+    for (int i = 0; !rc && i < c->refiner_layers; i++)
+        rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL, false, NULL, false);
     if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->ref_final, NULL, (float)c->final_eps, &txt);
     if (!rc) rc = be->ops->sync(be);
     dit_bfree(d, in);
@@ -941,7 +961,7 @@ static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int ste
     const int64_t H = d->c.hidden, L = d->lay.seq, stride = (int64_t)p->n_combo * 6 * H;
     const bool reduce = d->red_rows > 0 && step >= 0;
     const int end = step >= 0 && step < 10 ? d->tr_end_early : d->tr_end;
-    bool in = false;
+    bool in = false, pending = false;
     int rc = 0;
     for (int k = 0; k < d->n_run && !rc; k++) {
         const int b = d->run[k];
@@ -950,9 +970,16 @@ static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int ste
             rc = want ? enter_reduced(d) : leave_reduced(d);
             in = want;
         }
+        /* The next block runs on the same rows: it takes this block's last residual add. */
+        const int nb = k + 1 < d->n_run ? d->run[k + 1] : -1;
+        const bool defer = nb >= 0 && (reduce && nb >= d->tr_first && nb < end) == want;
+        const float *prev = k > 0 ? tab_blk + (k - 1) * stride : NULL;
         if (!rc)
-            rc = in ? run_block(d, &d->blk[b], d->red_rows, tab_blk + k * stride, d->d_red_combo, d->red_cos, d->red_sin)
-                    : run_block(d, &d->blk[b], L, tab_blk + k * stride, p->d_row_combo, d->rcos, d->rsin);
+            rc = in ? run_block(d, &d->blk[b], d->red_rows, tab_blk + k * stride, d->d_red_combo, d->red_cos,
+                                d->red_sin, pending, prev, defer)
+                    : run_block(d, &d->blk[b], L, tab_blk + k * stride, p->d_row_combo, d->rcos, d->rsin, pending,
+                                prev, defer);
+        pending = defer;
     }
     if (!rc && in) rc = leave_reduced(d);
     return rc;

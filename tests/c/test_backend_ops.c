@@ -334,9 +334,9 @@ static void t_attention(bk *b, int64_t Lq, int64_t Lk, int H, int KVH, int D, bo
 /* rows_in input rows; `gather`: y has `rows_out` rows read through a shuffled index; `mod`: AdaLN
    table with stride 6 and slot 3 (dit.c's second norm); `w`: a weight (NULL = 1). */
 static void t_norm(bk *b, int64_t rows_in, int64_t rows_out, int64_t n, bool gather, bool mod, bool w, h3_dtype xdt,
-                   h3_dtype ydt)
+                   h3_dtype ydt, int64_t xpad)
 {
-    mat X = mk(b, xdt, rows_in, n, n + 3, 3.0f, true);
+    mat X = mk(b, xdt, rows_in, n, n + xpad, 3.0f, true);
     mat Y = mk(b, ydt, rows_out, n, n, 1.0f, false);
     float *wh = malloc(sizeof(float) * (size_t)n);
     for (int64_t i = 0; i < n; i++) wh[i] = rnd(1.0f) + 1.0f;
@@ -372,8 +372,9 @@ static void t_norm(bk *b, int64_t rows_in, int64_t rows_out, int64_t n, bool gat
     CHECK_MSG(rc == 0, "%s: norm_mod: %s", b->name, h3_last_error());
     float *y = mread(b, &Y, NULL);
     char what[192];
-    snprintf(what, sizeof what, "%lld->%lld rows x %lld%s%s%s x %s y %s", (long long)rows_in, (long long)rows_out,
-             (long long)n, gather ? " gather" : "", mod ? " mod" : "", w ? "" : " w=NULL", dn(xdt), dn(ydt));
+    snprintf(what, sizeof what, "%lld->%lld rows x %lld%s%s%s%s x %s y %s", (long long)rows_in, (long long)rows_out,
+             (long long)n, gather ? " gather" : "", mod ? " mod" : "", w ? "" : " w=NULL", xpad ? "" : " aligned",
+             dn(xdt), dn(ydt));
     report(b, "norm_mod", what, rel_l2(y, ref, rows_out * n), b->gpu && ydt == H3_DT_BF16 ? TOL_BF16 : TOL_F32);
     free(y);
     free(ref);
@@ -393,7 +394,7 @@ static void t_norm(bk *b, int64_t rows_in, int64_t rows_out, int64_t n, bool gat
    out); otherwise the text encoder's separate projections (hs = D, GQA, no v), normalised in
    place. `weights`: qn/kn given (NULL: no weight). */
 static void t_qkv(bk *b, int64_t L, int H, int KVH, int D, int half, bool rope, bool interleaved, bool weights,
-                  h3_dtype idt, h3_dtype odt)
+                  h3_dtype idt, h3_dtype odt, int pad)
 {
     const int64_t A = (int64_t)H * D, AK = (int64_t)KVH * D;
     const int hs = interleaved ? 3 * D : D;
@@ -403,17 +404,17 @@ static void t_qkv(bk *b, int64_t L, int H, int KVH, int D, int half, bool rope, 
     const float *qsrc, *ksrc, *vsrc = NULL; /* host values of the inputs, with their row strides */
     int64_t qld, kld;
     if (interleaved) {
-        QKV = mk(b, idt, L, 3 * A, 3 * A + 1, 2.0f, true);
+        QKV = mk(b, idt, L, 3 * A, 3 * A + pad, 2.0f, true);
         qin = h3_bt_make(QKV.t.data, idt, L, 3 * A, QKV.t.ld);
         kin = h3_bt_make((char *)QKV.t.data + (size_t)D * ies, idt, L, 3 * A - D, QKV.t.ld);
         vin = h3_bt_make((char *)QKV.t.data + (size_t)(2 * D) * ies, idt, L, 3 * A - 2 * D, QKV.t.ld);
         q = mk(b, odt, L, A, A, 1.0f, false);
-        k = mk(b, odt, L, AK, AK + 5, 1.0f, false);
+        k = mk(b, odt, L, AK, AK + 5 * pad, 1.0f, false);
         v = mk(b, odt, L, AK, AK, 1.0f, false);
         qsrc = QKV.v, ksrc = QKV.v + D, vsrc = QKV.v + 2 * D;
         qld = kld = QKV.t.ld;
     } else {
-        Qm = mk(b, idt, L, A, A + 2, 2.0f, true);
+        Qm = mk(b, idt, L, A, A + 2 * pad, 2.0f, true);
         Km = mk(b, idt, L, AK, AK, 2.0f, true);
         qin = Qm.t, kin = Km.t;
         qsrc = Qm.v, ksrc = Km.v;
@@ -465,8 +466,8 @@ static void t_qkv(bk *b, int64_t L, int H, int KVH, int D, int half, bool rope, 
     float *oq = mread(b, &qv, NULL), *ok = mread(b, &kv, interleaved ? &pk : NULL);
     char what[192];
     snprintf(what, sizeof what, "L %lld heads %d/%d D %d rope %d %s%s in %s out %s", (long long)L, H, KVH, D,
-             rope ? 2 * half : 0, interleaved ? "[q|k|v]" : "in place", weights ? "" : " qn=kn=NULL", dn(idt),
-             dn(odt));
+             rope ? 2 * half : 0, interleaved ? "[q|k|v]" : "in place", weights ? (pad ? "" : " aligned") : " qn=kn=NULL",
+             dn(idt), dn(odt));
     const double tol = b->gpu && odt == H3_DT_BF16 ? TOL_BF16 : TOL_F32;
     double e = rel_l2(oq, rq, L * A), e2 = rel_l2(ok, rk, L * AK);
     if (e2 > e) e = e2;
@@ -561,9 +562,9 @@ static void t_copy_add_div(bk *b, int64_t rows, int64_t n)
 
 /* ---- gated_add, swiglu, scatter_rows -------------------------------------------------------- */
 
-static void t_gated(bk *b, int64_t rows, int64_t n, bool mod, h3_dtype ydt)
+static void t_gated(bk *b, int64_t rows, int64_t n, bool mod, h3_dtype ydt, int64_t xpad)
 {
-    mat X = mk(b, H3_DT_F32, rows, n, n + 2, 1.0f, true), Y = mk(b, ydt, rows, n, n, 1.0f, true);
+    mat X = mk(b, H3_DT_F32, rows, n, n + xpad, 1.0f, true), Y = mk(b, ydt, rows, n, n, 1.0f, true);
     const int entries = 4, stride = 6, slot = 2;
     const size_t ntab = (size_t)entries * stride * (size_t)n;
     float *tab = malloc(sizeof(float) * ntab);
@@ -590,6 +591,53 @@ static void t_gated(bk *b, int64_t rows, int64_t n, bool mod, h3_dtype ydt)
     mfree(b, &X), mfree(b, &Y);
     if (tabd) b->be->ops->release(b->be, tabd);
     if (entd) b->be->ops->release(b->be, entd);
+}
+
+/* gated_add_norm: the residual add (gate slot 2 of a 6-slot table, or none) then the modulated
+   norm (slot 3), checked on both outputs: x after the add and the norm of it. xpad > 0 gives rows
+   no vector access can take (the GPU's two-kernel path); 0 the fused one. */
+static void t_gated_norm(bk *b, int64_t rows, int64_t n, bool gate, bool w, h3_dtype ydt, h3_dtype odt, int64_t xpad)
+{
+    mat X = mk(b, H3_DT_F32, rows, n, n + xpad, 2.0f, true), Y = mk(b, ydt, rows, n, n, 2.0f, true);
+    mat O = mk(b, odt, rows, n, n, 1.0f, false);
+    const int entries = 3, stride = 6;
+    const size_t ntab = (size_t)entries * stride * (size_t)n;
+    float *tab = malloc(sizeof(float) * ntab), *wh = malloc(sizeof(float) * (size_t)n);
+    for (size_t i = 0; i < ntab; i++) tab[i] = rnd(1.0f);
+    for (int64_t i = 0; i < n; i++) wh[i] = rnd(1.0f) + 1.0f;
+    int32_t *ent = malloc(sizeof(int32_t) * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++) ent[r] = (int32_t)((r * 5 + 1) % entries);
+    float *tabd = dup_host(b, tab, sizeof(float) * ntab), *wd = w ? dup_host(b, wh, sizeof(float) * (size_t)n) : NULL;
+    int32_t *entd = dup_host(b, ent, sizeof(int32_t) * (size_t)rows);
+    const h3_bmod gm = {gate ? tabd : NULL, gate ? entd : NULL, stride, 2}, nm = {tabd, entd, stride, 3};
+    const float eps = 1e-6f;
+    double *rx = malloc(sizeof(double) * (size_t)(rows * n)), *ro = malloc(sizeof(double) * (size_t)(rows * n));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = tab + ((int64_t)ent[r] * stride + 2) * n, *sh = tab + ((int64_t)ent[r] * stride + 3) * n;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) {
+            /* the add rounds to f32 (x is stored f32) before the norm reads it */
+            const float xv = (float)(X.v[r * X.t.ld + i] + (gate ? (double)g[i] : 1.0) * Y.v[r * Y.t.ld + i]);
+            rx[r * n + i] = xv;
+            ss += (double)xv * xv;
+        }
+        const double inv = 1.0 / sqrt(ss / (double)n + eps);
+        for (int64_t i = 0; i < n; i++) ro[r * n + i] = rx[r * n + i] * inv * (w ? wh[i] : 1.0) * sh[n + i] + sh[i];
+    }
+    int rc = b->be->ops->gated_add_norm(b->be, &X.t, &Y.t, &gm, wd, &nm, eps, &O.t);
+    CHECK_MSG(rc == 0, "%s: gated_add_norm: %s", b->name, h3_last_error());
+    float *x = mread(b, &X, NULL), *o = mread(b, &O, NULL);
+    char what[192];
+    snprintf(what, sizeof what, "%lld x %lld%s%s%s y %s out %s", (long long)rows, (long long)n, gate ? " gate" : "",
+             w ? "" : " w=NULL", xpad ? "" : " aligned", dn(ydt), dn(odt));
+    report(b, "gated_add_norm", what, rel_l2(x, rx, rows * n), TOL_F32);
+    report(b, "gated_add_norm", what, rel_l2(o, ro, rows * n),
+           b->gpu && odt == H3_DT_BF16 ? TOL_BF16 : TOL_F32);
+    free(x), free(o), free(rx), free(ro), free(tab), free(wh), free(ent);
+    mfree(b, &X), mfree(b, &Y), mfree(b, &O);
+    b->be->ops->release(b->be, tabd);
+    b->be->ops->release(b->be, entd);
+    if (wd) b->be->ops->release(b->be, wd);
 }
 
 /* gate and up side by side in one [rows, 2n] buffer (dit.c's layout); with `alias`, out is gate. */
@@ -1071,31 +1119,46 @@ static void run_all(bk *b)
     }
 
     /* norm_mod: rows 1, 7, 333; widths 5, 64, 130, and long rows (1500, 6200). */
-    t_norm(b, 1, 1, 5, false, false, true, H3_DT_F32, act);
-    t_norm(b, 7, 7, 64, false, true, true, H3_DT_F32, act);
-    t_norm(b, 333, 200, 130, true, true, true, H3_DT_F32, act);
-    t_norm(b, 9, 9, 1500, false, true, true, H3_DT_F32, H3_DT_F32);
-    t_norm(b, 3, 5, 6200, true, true, true, H3_DT_F32, H3_DT_F32);
-    t_norm(b, 7, 7, 130, false, false, false, H3_DT_F32, act); /* w = NULL */
-    t_norm(b, 7, 7, 130, false, true, false, H3_DT_F32, act);  /* w = NULL, modulated */
+    t_norm(b, 1, 1, 5, false, false, true, H3_DT_F32, act, 3);
+    t_norm(b, 7, 7, 64, false, true, true, H3_DT_F32, act, 3);
+    t_norm(b, 333, 200, 130, true, true, true, H3_DT_F32, act, 3);
+    t_norm(b, 9, 9, 1500, false, true, true, H3_DT_F32, H3_DT_F32, 3);
+    t_norm(b, 3, 5, 6200, true, true, true, H3_DT_F32, H3_DT_F32, 3);
+    t_norm(b, 7, 7, 130, false, false, false, H3_DT_F32, act, 3); /* w = NULL */
+    t_norm(b, 7, 7, 130, false, true, false, H3_DT_F32, act, 3);  /* w = NULL, modulated */
     if (b->gpu) {
-        t_norm(b, 33, 33, 64, false, true, true, H3_DT_BF16, H3_DT_F32);
-        t_norm(b, 33, 33, 1500, true, false, true, H3_DT_F32, H3_DT_BF16);
+        t_norm(b, 33, 33, 64, false, true, true, H3_DT_BF16, H3_DT_F32, 3);
+        t_norm(b, 33, 33, 1500, true, false, true, H3_DT_F32, H3_DT_BF16, 3);
+        t_norm(b, 9, 9, 64, false, true, true, H3_DT_BF16, H3_DT_BF16, 0);
+    }
+    /* Rows a GPU reads 4 values at a time: the transformer's width (5376) and h3-tiny's (192). */
+    t_norm(b, 37, 37, 5376, false, true, true, H3_DT_F32, act, 0);
+    t_norm(b, 11, 7, 192, true, true, false, H3_DT_F32, act, 0);
+    t_norm(b, 5, 5, 6200, false, false, true, H3_DT_F32, H3_DT_F32, 0);
+    if (b->gpu) {
     }
 
     /* qk_norm_rope: head dims 14, 18, 64, 128; partial and no rotation; the transformer's
        interleaved rows and the text encoder's in-place GQA heads. */
-    t_qkv(b, 1, 3, 3, 14, 6, true, true, true, H3_DT_F32, act);
-    t_qkv(b, 17, 3, 3, 64, 30, true, true, true, H3_DT_F32, act);
-    t_qkv(b, 33, 2, 2, 128, 60, true, true, true, H3_DT_F32, act);
-    t_qkv(b, 7, 2, 2, 64, 0, false, true, true, H3_DT_F32, act);
-    t_qkv(b, 5, 2, 2, 18, 9, true, true, true, H3_DT_F32, H3_DT_F32);
-    t_qkv(b, 17, 4, 2, 64, 32, true, false, true, H3_DT_F32, H3_DT_F32);
-    t_qkv(b, 33, 6, 2, 128, 64, true, false, true, act, act);
-    t_qkv(b, 9, 4, 1, 64, 32, true, false, false, H3_DT_F32, act); /* qn = kn = NULL */
+    t_qkv(b, 1, 3, 3, 14, 6, true, true, true, H3_DT_F32, act, 1);
+    t_qkv(b, 17, 3, 3, 64, 30, true, true, true, H3_DT_F32, act, 1);
+    t_qkv(b, 33, 2, 2, 128, 60, true, true, true, H3_DT_F32, act, 1);
+    t_qkv(b, 7, 2, 2, 64, 0, false, true, true, H3_DT_F32, act, 1);
+    t_qkv(b, 5, 2, 2, 18, 9, true, true, true, H3_DT_F32, H3_DT_F32, 1);
+    t_qkv(b, 17, 4, 2, 64, 32, true, false, true, H3_DT_F32, H3_DT_F32, 1);
+    t_qkv(b, 33, 6, 2, 128, 64, true, false, true, act, act, 1);
+    t_qkv(b, 9, 4, 1, 64, 32, true, false, false, H3_DT_F32, act, 1); /* qn = kn = NULL */
     if (b->gpu) {
-        t_qkv(b, 17, 3, 3, 128, 60, true, true, true, H3_DT_BF16, H3_DT_BF16);
-        t_qkv(b, 9, 2, 2, 64, 30, true, true, true, H3_DT_F32, H3_DT_F32);
+        t_qkv(b, 17, 3, 3, 128, 60, true, true, true, H3_DT_BF16, H3_DT_BF16, 1);
+        t_qkv(b, 9, 2, 2, 64, 30, true, true, true, H3_DT_F32, H3_DT_F32, 1);
+        t_qkv(b, 19, 3, 3, 128, 48, true, true, true, H3_DT_BF16, H3_DT_BF16, 0); /* the transformer's */
+    }
+    /* Heads a GPU warp holds in registers (2, 4, 8 values per lane), partial and full rotation. */
+    t_qkv(b, 19, 3, 3, 128, 48, true, true, true, H3_DT_F32, act, 0);
+    t_qkv(b, 17, 4, 2, 64, 32, true, false, true, act, act, 0);
+    t_qkv(b, 9, 2, 2, 256, 64, true, true, true, H3_DT_F32, H3_DT_F32, 0);
+    t_qkv(b, 9, 2, 1, 128, 64, true, false, false, H3_DT_F32, act, 0);
+    if (b->gpu) {
     }
 
     /* The text encoder's and decoders' ops, where this backend's table has them. */
@@ -1110,13 +1173,22 @@ static void run_all(bk *b)
         printf("%-5s %-13s %-52s skipped: not in this backend's table yet\n", b->name, "layernorm", "copy, add_div");
     }
 
-    t_gated(b, 1, 5, true, H3_DT_F32);
-    t_gated(b, 7, 64, false, H3_DT_F32);
-    t_gated(b, 333, 130, true, H3_DT_F32);
+    t_gated(b, 1, 5, true, H3_DT_F32, 2);
+    t_gated(b, 7, 64, false, H3_DT_F32, 2);
+    t_gated(b, 333, 130, true, H3_DT_F32, 2);
+    t_gated(b, 37, 5376, true, H3_DT_F32, 0);
+    t_gated(b, 9, 64, false, act, 0);
+    t_gated_norm(b, 37, 5376, true, true, H3_DT_F32, act, 0);
+    t_gated_norm(b, 37, 5376, true, true, H3_DT_F32, act, 2);
+    t_gated_norm(b, 7, 192, false, false, H3_DT_F32, H3_DT_F32, 0);
+    t_gated_norm(b, 5, 130, true, true, H3_DT_F32, act, 0); /* 130: no 4-wide access */
+    if (b->gpu) t_gated_norm(b, 9, 64, true, true, H3_DT_BF16, H3_DT_F32, 0);
 
     t_swiglu(b, 1, 5, false, act);
     t_swiglu(b, 7, 64, true, act);
     t_swiglu(b, 333, 130, false, H3_DT_F32);
+    t_swiglu(b, 9, 14336 / 8, true, act); /* rows of whole 8-value groups */
+    t_swiglu(b, 5, 64, true, H3_DT_F32);
     if (b->gpu) t_swiglu(b, 33, 130, true, H3_DT_F32);
 
     t_scatter(b, 7, 20, 5);

@@ -254,6 +254,17 @@ static int cpu_gated_add(h3_backend *be, const h3_bt *x, const h3_bt *y, const h
     return 0;
 }
 
+/* The CPU gains nothing from fusing the two passes (its rows stay in cache): the two ops, whose
+   bits the fused GPU kernel reproduces. */
+static int cpu_gated_add_norm(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *gate, const float *w,
+                              const h3_bmod *mod, float eps, const h3_bt *out)
+{
+    if (out->rows != x->rows) return h3_err(H3_E_INVALID, "gated_add_norm: %lld output rows for %lld rows",
+                                            (long long)out->rows, (long long)x->rows);
+    int rc = cpu_gated_add(be, x, y, gate);
+    return rc ? rc : cpu_norm_mod(be, x, NULL, w, mod, eps, out);
+}
+
 static int cpu_swiglu(h3_backend *be, const h3_bt *gate, const h3_bt *up, const h3_bt *out)
 {
     int rc;
@@ -317,6 +328,7 @@ static const h3_backend_ops cpu_ops = {
     .norm_mod = cpu_norm_mod,
     .qk_norm_rope = cpu_qk_norm_rope,
     .gated_add = cpu_gated_add,
+    .gated_add_norm = cpu_gated_add_norm,
     .swiglu = cpu_swiglu,
     .scatter_rows = cpu_scatter_rows,
     .euler = cpu_euler,

@@ -402,6 +402,14 @@ static int be_gated_add(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3
     return rc ? rc : gated_add(b, x, y, mod);
 }
 
+static int be_gated_add_norm(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *gate, const float *w,
+                             const h3_bmod *mod, float eps, const h3_bt *out)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : gated_add_norm(b, x, y, gate, w, mod, eps, out);
+}
+
 static int be_swiglu(h3_backend *be, const h3_bt *gate, const h3_bt *up, const h3_bt *out)
 {
     Backend *b = B(be);
@@ -574,7 +582,7 @@ static const h3_backend_ops cuda_ops = {
     "cuda",          be_destroy,      be_alloc,      be_release,        be_upload,
     be_download,     be_zero,         be_sync,       be_mem_info,       be_weight_load,
     be_weight_free,  be_linear,       be_attention,  be_norm_mod,       be_qk_norm_rope,
-    be_gated_add,    be_swiglu,       be_scatter_rows, be_euler,        be_noise,
+    be_gated_add,    be_gated_add_norm, be_swiglu,     be_scatter_rows, be_euler,        be_noise,
     be_extrapolate,  be_sub,          be_pool_pairs, be_unpool_pairs,   be_abs_diff_sum,
     be_layernorm,    be_copy,         be_add_div,    be_channels_last,  be_unpatchify,
     be_vae_stitch,   be_snake_aa,     be_conv_gemm,  be_conv1_clamp,
@@ -649,6 +657,12 @@ static int create(Backend *b, int ord)
         b->attn_impl = ATTN_CUDNN;
     else
         return fail(b, H3_E_INVALID, "cuda: H3_CUDA_ATTENTION=%s (expected auto, own or cudnn)", impl);
+    /* H3_CUDA_ROWS=scalar keeps the row kernels on their element-at-a-time versions and the
+       transformer's residual add apart from the next norm (the path before vectorisation). */
+    const char *rows = getenv("H3_CUDA_ROWS");
+    if (rows && *rows && strcmp(rows, "scalar") && strcmp(rows, "auto"))
+        return fail(b, H3_E_INVALID, "cuda: H3_CUDA_ROWS=%s (expected auto or scalar)", rows);
+    b->rows_scalar = rows && !strcmp(rows, "scalar");
     char why[300] = "";
     const bool cudnn = b->attn_impl != ATTN_OWN && h3_cudnn_sdpa_available(why, sizeof why);
     if (b->attn_impl == ATTN_CUDNN && !cudnn)

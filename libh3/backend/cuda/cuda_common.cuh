@@ -47,6 +47,7 @@ struct Backend {
        (cudnn). Auto never times the two against each other: the choice, hence the bits, must not
        depend on timing noise. */
     int attn_impl;
+    bool rows_scalar; /* H3_CUDA_ROWS=scalar: the element-at-a-time row kernels only */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_ws;
@@ -148,6 +149,8 @@ int qk_norm_rope(Backend *b, const h3_bt *qin, const h3_bt *kin, const h3_bt *vi
                  const float *kn, const float *cos, const float *sin, int heads, int kv_heads, int D, int half,
                  float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v);
 int gated_add(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *mod);
+int gated_add_norm(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *gate, const float *w,
+                   const h3_bmod *mod, float eps, const h3_bt *out);
 int swiglu(Backend *b, const h3_bt *gate, const h3_bt *up, const h3_bt *out);
 int scatter_rows(Backend *b, const h3_bt *src, const int64_t *idx, const h3_bt *dst);
 int euler(Backend *b, float *x, const float *v, int64_t n, float t, float sigma, float sigma_next);

@@ -81,6 +81,171 @@ __global__ void __launch_bounds__(NT) norm_mod_kernel(NormArgs a)
         st_elem(a.y, a.y_bf16, yo + i, norm_out(ld_elem(a.x, a.x_bf16, xo + i), inv, a.w, shift, n, i));
 }
 
+/* ---- vectorised paths ----------------------------------------------------------------------
+   The transformer's rows are thousands of values wide and 16-byte aligned; these kernels move
+   them 4 (8 for SwiGLU) values per thread per access, which the scalar kernels above cannot:
+   their 2- and 4-byte accesses leave most of the bandwidth unused. Same arithmetic, operation
+   for operation; only which thread sums which squares changes (the double sums of bf16 squares
+   are exact; of f32 squares they may differ from the scalar kernel's in the last bit, as the
+   scalar kernel's may from the CPU's). The scalar kernels remain for any view that is not
+   aligned, and H3_CUDA_ROWS=scalar (read at create) keeps them for everything. */
+
+/* v[0..N) <- N consecutive elements from p[i] (f32 or bf16), i a multiple of N, p aligned. */
+template <int N>
+static __device__ __forceinline__ void ld_vec(const void *p, int bf16, int64_t i, float *v)
+{
+    if (bf16) {
+        const __nv_bfloat162 *q = reinterpret_cast<const __nv_bfloat162 *>(static_cast<const __nv_bfloat16 *>(p) + i);
+        if (N == 2) {
+            const float2 f = __bfloat1622float2(q[0]);
+            v[0] = f.x, v[1] = f.y;
+        } else if (N == 4) {
+            const uint2 u = *reinterpret_cast<const uint2 *>(q);
+            const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+            const float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+            v[0] = a.x, v[1] = a.y, v[2] = c.x, v[3] = c.y;
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; k += 8) {
+                const uint4 u = *reinterpret_cast<const uint4 *>(q + k / 2);
+                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[e]));
+                    v[k + 2 * e] = f.x, v[k + 2 * e + 1] = f.y;
+                }
+            }
+        }
+    } else {
+        const float *f = static_cast<const float *>(p) + i;
+        if (N == 2) {
+            const float2 a = *reinterpret_cast<const float2 *>(f);
+            v[0] = a.x, v[1] = a.y;
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; k += 4) {
+                const float4 a = *reinterpret_cast<const float4 *>(f + k);
+                v[k] = a.x, v[k + 1] = a.y, v[k + 2] = a.z, v[k + 3] = a.w;
+            }
+        }
+    }
+}
+
+/* N consecutive elements to p[i], rounded to nearest even when bf16 (as st_elem). */
+template <int N>
+static __device__ __forceinline__ void st_vec(void *p, int bf16, int64_t i, const float *v)
+{
+    if (bf16) {
+        __nv_bfloat162 h[N / 2];
+#pragma unroll
+        for (int e = 0; e < N / 2; e++) h[e] = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+        __nv_bfloat162 *q = reinterpret_cast<__nv_bfloat162 *>(static_cast<__nv_bfloat16 *>(p) + i);
+        if (N == 2)
+            q[0] = h[0];
+        else if (N == 4)
+            *reinterpret_cast<uint2 *>(q) = *reinterpret_cast<const uint2 *>(h);
+        else
+#pragma unroll
+            for (int k = 0; k < N / 8; k++) reinterpret_cast<uint4 *>(q)[k] = reinterpret_cast<const uint4 *>(h)[k];
+    } else {
+        float *f = static_cast<float *>(p) + i;
+        if (N == 2)
+            *reinterpret_cast<float2 *>(f) = make_float2(v[0], v[1]);
+        else
+#pragma unroll
+            for (int k = 0; k < N; k += 4)
+                *reinterpret_cast<float4 *>(f + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+    }
+}
+
+/* Whether a view's rows can be read N elements at a time from element offset `off`. */
+static bool vec_ok(const void *p, int bf16, int64_t ld, int64_t off, int N)
+{
+    const size_t es = bf16 ? 2 : 4;
+    return ((uintptr_t)p % (es * (size_t)N)) == 0 && ld % N == 0 && off % N == 0;
+}
+
+/* The residual add folded into the norm (gated_add_norm): x[r] += g * y[r] first. */
+struct AddArgs {
+    const void *y;
+    int64_t ldy;
+    int y_bf16;
+    const float *tab;
+    const int32_t *entry;
+    int64_t stride, slot;
+};
+
+/* norm_mod (and gated_add_norm when ad.y is set) with 4 values per thread access: one block of
+   NT threads per output row, the row in registers between the sum of squares and the output
+   (V float4 groups per thread: n <= 4 * V * NT). */
+template <int NT, int V>
+__global__ void __launch_bounds__(NT) norm4_kernel(NormArgs a, AddArgs ad)
+{
+    __shared__ double sh[NT / 32];
+    const int64_t k = blockIdx.x;
+    const int64_t r = a.rows ? a.rows[k] : k;
+    const int64_t xo = r * a.ldx, n = a.n;
+    const float *g = ad.tab ? ad.tab + ((int64_t)ad.entry[r] * ad.stride + ad.slot) * n : nullptr;
+    float v[V][4];
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int64_t i = 4 * (threadIdx.x + (int64_t)j * NT);
+        if (i < n) {
+            ld_vec<4>(a.x, a.x_bf16, xo + i, v[j]);
+            if (ad.y) {
+                float yv[4], gv[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                ld_vec<4>(ad.y, ad.y_bf16, r * ad.ldy + i, yv);
+                if (g) ld_vec<4>(g, 0, i, gv);
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[j][e] = g ? __fadd_rn(v[j][e], __fmul_rn(gv[e], yv[e])) : __fadd_rn(v[j][e], yv[e]);
+                st_vec<4>(const_cast<void *>(a.x), 0, xo + i, v[j]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) ss += (double)v[j][e] * (double)v[j][e];
+        }
+    }
+    ss = block_sum<NT>(ss, sh);
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)a.eps));
+    const float *shift = a.tab ? a.tab + ((int64_t)a.entry[r] * a.stride + a.slot) * n : nullptr;
+    const int64_t yo = k * a.ldy;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int64_t i = 4 * (threadIdx.x + (int64_t)j * NT);
+        if (i < n) {
+            float o[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[e] = norm_out(v[j][e], inv, a.w, shift, n, i + e);
+            st_vec<4>(a.y, a.y_bf16, yo + i, o);
+        }
+    }
+}
+
+/* Launch norm4_kernel when the views allow it; 1 = launched (or failed: *rc), 0 = not eligible. */
+static int norm4_launch(Backend *b, const NormArgs &a, const AddArgs &ad, int64_t rows, int *rc)
+{
+    if (b->rows_scalar || a.n % 4 || a.n > 4 * 8 * 256) return 0;
+    if (!vec_ok(a.x, a.x_bf16, a.ldx, 0, 4) || !vec_ok(a.y, a.y_bf16, a.ldy, 0, 4)) return 0;
+    if ((a.w && (uintptr_t)a.w % 16) || (a.tab && (uintptr_t)a.tab % 16)) return 0;
+    if (ad.y && (!vec_ok(ad.y, ad.y_bf16, ad.ldy, 0, 4) || (ad.tab && (uintptr_t)ad.tab % 16))) return 0;
+    const int64_t groups = a.n / 4;
+    const unsigned grid = (unsigned)rows;
+    if (groups <= 128)
+        norm4_kernel<128, 1><<<grid, 128, 0, b->stream>>>(a, ad);
+    else if (groups <= 256)
+        norm4_kernel<128, 2><<<grid, 128, 0, b->stream>>>(a, ad);
+    else if (groups <= 512)
+        norm4_kernel<256, 2><<<grid, 256, 0, b->stream>>>(a, ad);
+    else if (groups <= 1024)
+        norm4_kernel<256, 4><<<grid, 256, 0, b->stream>>>(a, ad);
+    else if (groups <= 1536)
+        norm4_kernel<256, 6><<<grid, 256, 0, b->stream>>>(a, ad);
+    else
+        norm4_kernel<256, 8><<<grid, 256, 0, b->stream>>>(a, ad);
+    *rc = check_launch(b, "norm4_kernel");
+    return 1;
+}
+
 int norm_mod(Backend *b, const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod, float eps,
              const h3_bt *y)
 {
@@ -111,6 +276,9 @@ int norm_mod(Backend *b, const h3_bt *x, const int64_t *rows, const float *w, co
     a.eps = eps;
     a.x_bf16 = x->dtype == H3_DT_BF16;
     a.y_bf16 = y->dtype == H3_DT_BF16;
+    AddArgs none;
+    memset(&none, 0, sizeof none);
+    if (norm4_launch(b, a, none, y->rows, &rc)) return rc;
     if (a.n <= 1024)
         norm_mod_kernel<128, 8><<<(unsigned)y->rows, 128, 0, b->stream>>>(a);
     else
@@ -191,6 +359,88 @@ __global__ void __launch_bounds__(QKV_WARPS * 32) qk_norm_rope_kernel(QkvArgs a)
     }
 }
 
+/* qk_norm_rope with one warp per (row, head) job and the head in registers: lane l holds the VL
+   = D / 32 consecutive values [l VL, (l+1) VL), read and written VL at a time; the rotate-half
+   partner i +- half lives half / VL lanes away and comes over a shuffle (half a multiple of VL).
+   The arithmetic is qk_norm_rope_kernel's. A warp reads its whole head before writing, so q may
+   be qin and k may be kin. */
+template <int VL>
+__global__ void __launch_bounds__(256) qk_warp_kernel(QkvArgs a, int64_t total, int jobs)
+{
+    const int64_t gw = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (gw >= total) return; /* whole warps leave together */
+    const int lane = threadIdx.x & 31, half = a.half;
+    const int64_t r = gw / jobs;
+    const int j = (int)(gw - r * jobs);
+    const int s = j < a.heads ? 0 : j < a.heads + a.kv_heads ? 1 : 2;
+    const int h = s == 0 ? j : s == 1 ? j - a.heads : j - a.heads - a.kv_heads;
+    const void *in = s == 0 ? a.qin : s == 1 ? a.kin : a.vin;
+    const int ibf = s == 0 ? a.qi_bf16 : s == 1 ? a.ki_bf16 : a.vi_bf16;
+    const int64_t src = r * (s == 0 ? a.ldqi : s == 1 ? a.ldki : a.ldvi) + (int64_t)h * a.hs + lane * VL;
+    void *out = s == 0 ? a.q : s == 1 ? a.k : a.v;
+    const int obf = s == 0 ? a.q_bf16 : s == 1 ? a.k_bf16 : a.v_bf16;
+    const int64_t dst = r * (s == 0 ? a.ldq : s == 1 ? a.ldk : a.ldv) + (int64_t)h * a.D + lane * VL;
+    float t[VL];
+    ld_vec<VL>(in, ibf, src, t);
+    if (s == 2) {
+        st_vec<VL>(out, obf, dst, t);
+        return;
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int e = 0; e < VL; e++) ss += (double)t[e] * (double)t[e];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = (float)(1.0 / sqrt(ss / (double)a.D + (double)a.eps));
+    const float *wt = s ? a.kn : a.qn;
+#pragma unroll
+    for (int e = 0; e < VL; e++) {
+        float yv = __fmul_rn(t[e], inv);
+        if (wt) yv = __fmul_rn(yv, wt[lane * VL + e]);
+        t[e] = yv;
+    }
+    if (a.cos) {
+        const int base = lane * VL, hl = half / VL;
+        const int from = base < half ? lane + hl : base < 2 * half ? lane - hl : lane;
+        float p[VL];
+#pragma unroll
+        for (int e = 0; e < VL; e++) p[e] = __shfl_sync(0xffffffffu, t[e], from);
+        const float *cs = a.cos + r * half, *sn = a.sin + r * half;
+#pragma unroll
+        for (int e = 0; e < VL; e++) {
+            const int i = base + e;
+            if (i < half)
+                t[e] = __fadd_rn(__fmul_rn(t[e], cs[i]), __fmul_rn(-p[e], sn[i]));
+            else if (i < 2 * half)
+                t[e] = __fadd_rn(__fmul_rn(t[e], cs[i - half]), __fmul_rn(p[e], sn[i - half]));
+        }
+    }
+    st_vec<VL>(out, obf, dst, t);
+}
+
+/* Launch qk_warp_kernel when D = 32 VL (VL 2, 4 or 8), the rotation splits on lane boundaries and
+   every view is aligned for VL-wide access; 1 = launched (or failed: *rc), 0 = not eligible. */
+static int qk_warp_launch(Backend *b, const QkvArgs &a, int64_t rows, int *rc)
+{
+    const int VL = a.D / 32;
+    if (b->rows_scalar || a.D % 32 || (VL != 2 && VL != 4 && VL != 8) || a.half % VL || a.hs % VL) return 0;
+    if (!vec_ok(a.qin, a.qi_bf16, a.ldqi, 0, VL) || !vec_ok(a.kin, a.ki_bf16, a.ldki, 0, VL) ||
+        !vec_ok(a.q, a.q_bf16, a.ldq, 0, VL) || !vec_ok(a.k, a.k_bf16, a.ldk, 0, VL) ||
+        (a.vin && (!vec_ok(a.vin, a.vi_bf16, a.ldvi, 0, VL) || !vec_ok(a.v, a.v_bf16, a.ldv, 0, VL))))
+        return 0;
+    const int jobs = a.heads + a.kv_heads + (a.vin ? a.kv_heads : 0);
+    const int64_t total = rows * jobs, blocks = (total + 7) / 8;
+    if (blocks > 0x7fffffffLL) return 0;
+    if (VL == 2)
+        qk_warp_kernel<2><<<(unsigned)blocks, 256, 0, b->stream>>>(a, total, jobs);
+    else if (VL == 4)
+        qk_warp_kernel<4><<<(unsigned)blocks, 256, 0, b->stream>>>(a, total, jobs);
+    else
+        qk_warp_kernel<8><<<(unsigned)blocks, 256, 0, b->stream>>>(a, total, jobs);
+    *rc = check_launch(b, "qk_warp_kernel");
+    return 1;
+}
+
 int qk_norm_rope(Backend *b, const h3_bt *qin, const h3_bt *kin, const h3_bt *vin, int hs, const float *qn,
                  const float *kn, const float *cos, const float *sin, int heads, int kv_heads, int D, int half,
                  float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v)
@@ -244,6 +494,7 @@ int qk_norm_rope(Backend *b, const h3_bt *qin, const h3_bt *kin, const h3_bt *vi
     a.q_bf16 = q->dtype == H3_DT_BF16;
     a.k_bf16 = k->dtype == H3_DT_BF16;
     a.v_bf16 = vin && v->dtype == H3_DT_BF16;
+    if (qk_warp_launch(b, a, rows, &rc)) return rc;
     const size_t smem = sizeof(float) * QKV_WARPS * (size_t)D;
     if (smem > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(qk_norm_rope_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -269,6 +520,25 @@ __global__ void gated_add_kernel(float *x, int64_t ldx, const void *y, int y_bf1
     }
 }
 
+/* gated_add with 4 values per access (rows aligned as vec_ok checks). */
+__global__ void gated_add4_kernel(float *x, int64_t ldx, const void *y, int y_bf16, int64_t ldy, const float *tab,
+                                  const int32_t *entry, int64_t stride, int64_t slot, int64_t rows, int64_t n)
+{
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float *g = tab ? tab + ((int64_t)entry[r] * stride + slot) * n : nullptr;
+        for (int64_t i = 4 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x); i < n;
+             i += 4 * (int64_t)gridDim.x * blockDim.x) {
+            float xv[4], yv[4], gv[4];
+            ld_vec<4>(x, 0, r * ldx + i, xv);
+            ld_vec<4>(y, y_bf16, r * ldy + i, yv);
+            if (g) ld_vec<4>(g, 0, i, gv);
+#pragma unroll
+            for (int e = 0; e < 4; e++) xv[e] = g ? __fadd_rn(xv[e], __fmul_rn(gv[e], yv[e])) : __fadd_rn(xv[e], yv[e]);
+            st_vec<4>(x, 0, r * ldx + i, xv);
+        }
+    }
+}
+
 int gated_add(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *mod)
 {
     int rc;
@@ -281,11 +551,66 @@ int gated_add(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *mod)
         return fail(b, H3_E_INVALID, "cuda: gated_add: a modulation table without row entries");
     if (x->rows == 0 || x->cols == 0) return 0;
     const bool m = mod && mod->tab;
+    if (!b->rows_scalar && x->cols % 4 == 0 && vec_ok(x->data, 0, x->ld, 0, 4) &&
+        vec_ok(y->data, y->dtype == H3_DT_BF16, y->ld, 0, 4) && (!m || (uintptr_t)mod->tab % 16 == 0)) {
+        dim3 g4(blocks_for(x->cols / 4, 256, 64), (unsigned)(x->rows < 65535 ? x->rows : 65535));
+        gated_add4_kernel<<<g4, 256, 0, b->stream>>>((float *)x->data, x->ld, y->data, y->dtype == H3_DT_BF16, y->ld,
+                                                     m ? mod->tab : nullptr, m ? mod->row_entry : nullptr,
+                                                     m ? mod->stride : 0, m ? mod->slot : 0, x->rows, x->cols);
+        return check_launch(b, "gated_add4_kernel");
+    }
     dim3 grid(blocks_for(x->cols, 256, 64), (unsigned)(x->rows < 65535 ? x->rows : 65535));
     gated_add_kernel<<<grid, 256, 0, b->stream>>>((float *)x->data, x->ld, y->data, y->dtype == H3_DT_BF16, y->ld,
                                                   m ? mod->tab : nullptr, m ? mod->row_entry : nullptr,
                                                   m ? mod->stride : 0, m ? mod->slot : 0, x->rows, x->cols);
     return check_launch(b, "gated_add_kernel");
+}
+
+/* The residual add and the next norm in one pass where norm4_kernel takes the views (x is read
+   once, the sum stays in registers); otherwise the two kernels in turn. */
+int gated_add_norm(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *gate, const float *w,
+                   const h3_bmod *mod, float eps, const h3_bt *out)
+{
+    int rc;
+    if ((rc = check_view(b, "gated_add_norm", "x", x)) || (rc = check_view(b, "gated_add_norm", "y", y)) ||
+        (rc = check_view(b, "gated_add_norm", "out", out)))
+        return rc;
+    if (x->dtype != H3_DT_F32) return fail(b, H3_E_UNSUPPORTED, "cuda: gated_add_norm: the residual x must be f32");
+    if (y->rows < x->rows || y->cols < x->cols || out->rows != x->rows || out->cols != x->cols)
+        return fail(b, H3_E_INVALID, "cuda: gated_add_norm: x %lld x %lld, y %lld x %lld, out %lld x %lld",
+                    (long long)x->rows, (long long)x->cols, (long long)y->rows, (long long)y->cols,
+                    (long long)out->rows, (long long)out->cols);
+    if (((gate && gate->tab) && !gate->row_entry) || ((mod && mod->tab) && !mod->row_entry))
+        return fail(b, H3_E_INVALID, "cuda: gated_add_norm: a modulation table without row entries");
+    if (x->rows == 0 || x->cols == 0) return 0;
+    if (x->rows > 0x7fffffffLL) return fail(b, H3_E_UNSUPPORTED, "cuda: gated_add_norm: too many rows");
+    NormArgs a;
+    memset(&a, 0, sizeof a);
+    a.x = x->data;
+    a.ldx = x->ld;
+    a.w = w;
+    a.tab = mod ? mod->tab : nullptr;
+    a.entry = mod ? mod->row_entry : nullptr;
+    a.stride = mod ? mod->stride : 0;
+    a.slot = mod ? mod->slot : 0;
+    a.y = out->data;
+    a.ldy = out->ld;
+    a.n = x->cols;
+    a.eps = eps;
+    a.y_bf16 = out->dtype == H3_DT_BF16;
+    AddArgs ad;
+    memset(&ad, 0, sizeof ad);
+    ad.y = y->data;
+    ad.ldy = y->ld;
+    ad.y_bf16 = y->dtype == H3_DT_BF16;
+    const bool g = gate && gate->tab;
+    ad.tab = g ? gate->tab : nullptr;
+    ad.entry = g ? gate->row_entry : nullptr;
+    ad.stride = g ? gate->stride : 0;
+    ad.slot = g ? gate->slot : 0;
+    if (norm4_launch(b, a, ad, x->rows, &rc)) return rc;
+    if ((rc = gated_add(b, x, y, gate))) return rc;
+    return norm_mod(b, x, nullptr, w, mod, eps, out);
 }
 
 /* out = up * (gate / (1 + exp(-gate))), the CPU's expression (out may alias gate: each element
@@ -300,6 +625,22 @@ __global__ void swiglu_kernel(const void *g, int g_bf16, int64_t ldg, const void
         }
 }
 
+/* swiglu with 8 values per access (all three views bf16 or all f32, rows aligned). */
+__global__ void swiglu8_kernel(const void *g, const void *u, void *o, int bf16, int64_t ldg, int64_t ldu, int64_t ldo,
+                               int64_t rows, int64_t n)
+{
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t i = 8 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x); i < n;
+             i += 8 * (int64_t)gridDim.x * blockDim.x) {
+            float gv[8], uv[8];
+            ld_vec<8>(g, bf16, r * ldg + i, gv);
+            ld_vec<8>(u, bf16, r * ldu + i, uv);
+#pragma unroll
+            for (int e = 0; e < 8; e++) gv[e] = __fmul_rn(uv[e], __fdiv_rn(gv[e], __fadd_rn(1.0f, expf(-gv[e]))));
+            st_vec<8>(o, bf16, r * ldo + i, gv);
+        }
+}
+
 int swiglu(Backend *b, const h3_bt *gate, const h3_bt *up, const h3_bt *out)
 {
     int rc;
@@ -310,6 +651,14 @@ int swiglu(Backend *b, const h3_bt *gate, const h3_bt *up, const h3_bt *out)
         return fail(b, H3_E_INVALID, "cuda: swiglu: gate/up smaller than out (%lld x %lld)", (long long)out->rows,
                     (long long)out->cols);
     if (out->rows == 0 || out->cols == 0) return 0;
+    const int bf = out->dtype == H3_DT_BF16;
+    if (!b->rows_scalar && out->cols % 8 == 0 && gate->dtype == out->dtype && up->dtype == out->dtype &&
+        vec_ok(gate->data, bf, gate->ld, 0, 8) && vec_ok(up->data, bf, up->ld, 0, 8) && vec_ok(out->data, bf, out->ld, 0, 8)) {
+        dim3 g8(blocks_for(out->cols / 8, 256, 64), (unsigned)(out->rows < 65535 ? out->rows : 65535));
+        swiglu8_kernel<<<g8, 256, 0, b->stream>>>(gate->data, up->data, out->data, bf, gate->ld, up->ld, out->ld,
+                                                  out->rows, out->cols);
+        return check_launch(b, "swiglu8_kernel");
+    }
     dim3 grid(blocks_for(out->cols, 256, 64), (unsigned)(out->rows < 65535 ? out->rows : 65535));
     swiglu_kernel<<<grid, 256, 0, b->stream>>>(gate->data, gate->dtype == H3_DT_BF16, gate->ld, up->data,
                                                up->dtype == H3_DT_BF16, up->ld, out->data, out->dtype == H3_DT_BF16,

@@ -71,7 +71,24 @@ typedef struct h3_options {
     uint32_t flags;       /* H3_OPT_* */
     int32_t device;       /* H3_DEVICE_*: where the transformer and sampler run */
     int32_t device_index; /* GPU ordinal for H3_DEVICE_CUDA / AUTO (default 0) */
+    int32_t precision;    /* H3_PRECISION_*: how GEMM weights are held (default: as the backend does) */
 } h3_options;
+
+/*
+ * Weight precision of the transformer's block GEMMs (h3_options.precision).
+ * DEFAULT is the exact path: f32 compute over the stored weights on the CPU, bf16 weights on a GPU.
+ * FP8: e4m3 weights with one f32 scale per output channel and per-token e4m3 activations
+ * (cuBLASLt's fp8 GEMMs; CUDA on compute capability 8.9+ only). INT8: weight-only int8 with one f32
+ * scale per output channel, f32 activations (the CPU backend only). A precision the chosen backend
+ * cannot run fails h3_init with the reason, before any work.
+ * Both reduced precisions apply to the main transformer blocks' four GEMM weights (qkv, out, fc1, fc2),
+ * quantised as they load; every other weight, and the text encoder (its layers streamed as stored),
+ * keep the exact path. INT8 on the CPU: s = max|w| / 127 per output channel, q = w / s rounded to
+ * nearest even; the GEMM gives the bits of the f32 GEMM over the weights (float)q * s.
+ */
+#define H3_PRECISION_DEFAULT 0
+#define H3_PRECISION_FP8 1
+#define H3_PRECISION_INT8 2
 
 /* Use the Ref2VA partition instead of FL2VA when the directory holds both. */
 #define H3_OPT_REF2VA 1u
@@ -84,19 +101,25 @@ typedef struct h3_options {
  *  H3_OPT_NO_TEXT_PREFETCH  read text-encoder layers synchronously (H3_TEXT_PREFETCH=0)
  *  H3_OPT_DROP_PAGE_CACHE   drop the page cache when a phase releases its weights
  *                           (H3_DROP_PAGE_CACHE=1)
- * Results are identical with and without each. H3_NO_SIMD=1 (baseline-ISA CPU kernels) is
- * process-wide and read once, at the first kernel call.
+ *  H3_OPT_STAGES_CPU        on a GPU device, keep the text encoder and both decoders on the CPU:
+ *                           their exact f32 path, as on a CPU context (H3_STAGES_CPU=1); the
+ *                           transformer and the sampler stay on the GPU
+ * Results are identical with and without each of the first four; H3_OPT_STAGES_CPU trades the
+ * GPU's bf16 GEMMs of those stages for the CPU's f32 (it changes nothing on a CPU context).
+ * H3_NO_SIMD=1 (baseline-ISA CPU kernels) is process-wide and read once, at the first kernel call.
  */
 #define H3_OPT_DIT_PER_STEP 2u
 #define H3_OPT_KEEP_ADALN 4u
 #define H3_OPT_NO_TEXT_PREFETCH 8u
 #define H3_OPT_DROP_PAGE_CACHE 16u
+#define H3_OPT_STAGES_CPU 32u
 
 /*
  * Devices. AUTO runs on CUDA when the CUDA backend was built (libh3_cuda next to libh3) and a
  * GPU of compute capability 8.0 or newer answers, else on the CPU. CUDA fails h3_init with a
- * one-line reason when that is not so. Only the transformer and the sampler run on the GPU
- * today; the text encoder and the decoders run on the CPU.
+ * one-line reason when that is not so. On CUDA the text encoder of text prompts, the transformer and
+ * the sampler, and both decoders run on the GPU (H3_OPT_STAGES_CPU keeps the text encoder and the
+ * decoders on the CPU; keyframe prompts are encoded on the CPU).
  */
 #define H3_DEVICE_AUTO 0
 #define H3_DEVICE_CPU 1
@@ -120,6 +143,9 @@ H3_API const char *h3_backends_json(void);
    description (device, memory, kernels). Owned by the context. */
 H3_API const char *h3_device_name(h3_ctx *ctx);
 H3_API const char *h3_device_description(h3_ctx *ctx);
+/* Where the text encoder (text prompts) and the two decoders run: "cuda" on a CUDA context, "cpu" on
+   a CPU one or with H3_OPT_STAGES_CPU. Owned by the library. */
+H3_API const char *h3_stages_device(h3_ctx *ctx);
 
 /*
  * Open a model directory: the official MiniMaxAI/MiniMax-H3 layout (a root holding FL2VA/ and
@@ -256,6 +282,45 @@ H3_API int h3_text_cache_stats_get(h3_ctx *ctx, h3_text_cache_stats *out);
 H3_API int h3_text_cache_set_budget(h3_ctx *ctx, uint64_t bytes);
 /* Drop every entry (the counters stay). */
 H3_API void h3_text_cache_clear(h3_ctx *ctx);
+
+/*
+ * Keyframe conditioning (FL2VA), as diffusers' MiniMaxH3FL2VATextEncoderStep builds it: for keyframe
+ * k = 1..n_images (first frame, then last frame) the text "<Picture k>: ", then <|vision_start|>,
+ * one <|image_pad|> per merged patch and <|vision_end|>; then the prompt (UTF-8, may be empty when
+ * images are given). Each image rgb[i] is [heights[i]][widths[i]][3] uint8 RGB, row-major, already
+ * on the render canvas; it goes through the Qwen3-VL image processor (smart_resize, bicubic
+ * antialiased resize, normalisation; settings from the model's processor/preprocessor_config.json,
+ * else Qwen3-VL's published values) and the vision tower, whose rows replace the placeholders;
+ * the deepstack rows are added after the first language layers; positions are Qwen3-VL's 3-D
+ * rotary ones. Progress phases "vision_encoder" (per tower block) and "text_encoder" (per layer).
+ */
+
+/* Rows the presentation has (its token count) for these image sizes, without reading pixels or
+   running anything; or a negative H3_E* code (a size the processor refuses, an unusable prompt). */
+H3_API int h3_text_image_rows(h3_ctx *ctx, const char *prompt, int n_images, const int *widths, const int *heights);
+
+/*
+ * out[n * hidden] (f32, [n, hidden]) = hidden_states[K] of the presentation, ids_out[n] its token
+ * ids and tags_out[n] diffusers' per-row tags (1 text, 0 a vision block's row); ids_out and
+ * tags_out may be NULL. Returns n (>= 1), or a negative H3_E* code: cap_rows < n is H3_E_INVALID
+ * naming n (h3_text_image_rows tells it beforehand); an empty or oversized image is H3_E_INVALID.
+ * Served from the prompt cache when the same ids, processor settings and image bytes were encoded
+ * before. n_images = 0 encodes the prompt alone (the rows h3_text_encode gives for its ids).
+ */
+H3_API int h3_text_encode_images(h3_ctx *ctx, const char *prompt, int n_images, const uint8_t *const *rgb,
+                                 const int *widths, const int *heights, float *out, int cap_rows, int32_t *ids_out,
+                                 uint8_t *tags_out);
+
+/*
+ * The image processor alone (parity): pixel_values of one image, grid_h * grid_w rows of
+ * patch_dim floats ([channel][time][py][px], rows in 2x2-merge-block order), exactly as
+ * transformers' Qwen2VLImageProcessor returns them. grid_thw (may be NULL) gets (1, grid_h,
+ * grid_w), patch_dim (may be NULL) the row width. Returns the number of floats, writing them only
+ * when out is not NULL and cap (floats) holds them all (rgb may be NULL when out is NULL); or a
+ * negative H3_E* code.
+ */
+H3_API int64_t h3_image_preprocess(h3_ctx *ctx, const uint8_t *rgb, int width, int height, float *out, int64_t cap,
+                                   int32_t *grid_thw, int32_t *patch_dim);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Transformer                                                                                 */
@@ -411,6 +476,46 @@ H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int 
                            const h3_video_decode_opts *opts, uint8_t *rgb, float *pixels);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Video encoder                                                                               */
+/*
+ * The video VAE's encoder, exactly as diffusers' AutoencoderKLMiniMaxH3.encode: the causal 3-D
+ * CNN and quant_conv, in spatial tiles blended over their overlaps (tiling on, the config's
+ * vae_tile_size / vae_tile_overlap_min, 256 / 64 px, as diffusers ships it) and temporal clips:
+ * one frame -> one latent frame (the clip is that frame alone); more frames are encoded in
+ * clip_length-frame clips (17; the last padded by repeating its last frame) and the last
+ * token_drop (3) latent frames of the whole are dropped: 17n + 5 frames -> 5n + 2 latent frames,
+ * one 17-frame clip -> 2. Needs the encoder weights (encoder.*, quant_conv.*) in
+ * video_vae/source; a model without them fails here with "model has no video VAE encoder
+ * weights" (rendering from text never reads them). Results do not depend on the thread count.
+ */
+
+/* Latent shape [C, latent_frames, h, w] of an encode of T frames of H x W pixels with this tiling
+   (tile_px / overlap_px as in h3_video_decode_opts, 0 = the config's; flags 0 or
+   H3_VIDEO_UNTILED). Any output may be NULL. Validates the request. */
+H3_API int h3_video_encode_shape(h3_ctx *ctx, int T, int H, int W, int tile_px, int overlap_px, uint32_t flags,
+                                 int *C, int *latent_frames, int *h, int *w);
+
+/*
+ * Encode pixels [3, T, H, W] f32, normalised as diffusers feeds vae.encode (ImageNet: (rgb / 255
+ * - mean) / std), into the posterior's mean and log-variance [C, latent_frames, h, w] (the
+ * log-variance clamped to [-30, 20]); either output may be NULL, not both. Progress phase
+ * "video_encode" through the context's hook: one unit per (clip, tile).
+ */
+H3_API int h3_video_encode(h3_ctx *ctx, const float *pixels, int T, int H, int W, int tile_px, int overlap_px,
+                           uint32_t flags, float *mean, float *logvar);
+
+/*
+ * A visual condition as diffusers' encode_vae_condition computes it (the FL2VA keyframe latent):
+ * rgb uint8 [T, H, W, 3] at the target size -> ImageNet normalisation -> encode (config tiling)
+ * -> posterior sample mean + exp(logvar / 2) * eps -> rounded through float16 -> (z -
+ * latents_mean) / latents_std, into out [C, latent_frames, h, w]. eps [C, latent_frames, h, w]
+ * is the posterior noise (diffusers draws it from a CPU generator seeded 42); NULL draws libh3's
+ * noise (h3_noise_fill) under `seed`, stream 16, from offset 0.
+ */
+H3_API int h3_video_encode_condition(h3_ctx *ctx, const uint8_t *rgb, int T, int H, int W, const float *eps,
+                                     uint64_t seed, float *out);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Audio decoder                                                                               */
 
 /*
@@ -497,6 +602,43 @@ typedef struct h3_request {
     const char *const *lora_paths;
     const float *lora_scales;
     int32_t n_lora;
+    /*
+     * First / last frame conditioning (FL2VA), as diffusers' fl2va workflow: uint8 RGB keyframes
+     * [height][width][3] of any size within 1:4 .. 4:1 and 64 megapixels. The first frame is
+     * stretched onto the canvas, the last one cover-cropped when a first frame is given (stretched
+     * when alone), both with PIL's Lanczos (h3_keyframe_resize). With a keyframe, width = height = 0
+     * takes the canvas from the first given keyframe's aspect (h3_keyframe_canvas). Each keyframe
+     * is encoded by the video VAE's encoder into one latent frame of conditioning rows (after the
+     * prompt rows, first then last) that the sampler holds at t = 0.999 and never updates, and is
+     * shown to the text encoder's vision tower as "<Picture k>: " + a vision block before the
+     * prompt. With render_width/height the keyframes are put onto that smaller canvas.
+     */
+    const uint8_t *first_frame;
+    int32_t first_width, first_height;
+    const uint8_t *last_frame;
+    int32_t last_width, last_height;
+    /*
+     * Injected tensors for parity checks (all optional; shapes in latent units of the canvas,
+     * [C, 1, H/16, W/16]):
+     *  first_noise / last_noise: the conditioning noise eps of each keyframe, mixed as
+     *    0.999 z + 0.001 eps (default: libh3's generator, stream 2 + k for condition k in packed
+     *    order, under `seed`);
+     *  first_posterior_noise / last_posterior_noise: the noise the encoder samples its posterior
+     *    with (default: seed 42, stream 16, the same for every request, as diffusers samples each
+     *    keyframe under a fresh generator seeded 42);
+     *  first_latent / last_latent: normalised conditioning latents used instead of encoding the
+     *    keyframe (then the keyframe image is needed only by the text side); a keyframe is present
+     *    when its image or its latent is given, and width/height must then be given;
+     *  text_states [text_rows, text hidden] with text_tags [text_rows] (1 text, 0 vision rows;
+     *    NULL = all text): the conditioning used instead of tokenizing and encoding the prompt
+     *    (diffusers' prompt_embeds and text_token_tags); `prompt` is then ignored.
+     */
+    const float *first_noise, *last_noise;
+    const float *first_posterior_noise, *last_posterior_noise;
+    const float *first_latent, *last_latent;
+    const float *text_states;
+    const uint8_t *text_tags;
+    int32_t text_rows;
 } h3_request;
 
 /* h3_request.layer_policy */
@@ -555,6 +697,23 @@ H3_API int h3_decode(h3_ctx *ctx, uint8_t *rgb, float *pcm);
 /* The video as floats [frames, height, width, 3] in [0, 1] before the uint8 rounding (what
    diffusers' decode step returns with output_type="np"); for parity checks. */
 H3_API int h3_decode_video_f32(h3_ctx *ctx, float *pixels);
+
+/*
+ * FL2VA keyframe preprocessing, as diffusers' MiniMaxH3ResizeStep (what h3_prepare does with
+ * h3_request.first_frame / last_frame):
+ * h3_keyframe_canvas: the canvas (multiples of 32 for H3) a keyframe of image_width x
+ *   image_height implies on this model: diffusers' resolve_canvas_size with the model's canvas
+ *   rule (the release: short edge 768, area at most 768 x 1344 before rounding; a model's
+ *   model_index.json "h3ctl" block may set canvas_short_edge / canvas_max_pixels, else the short
+ *   edge of its default canvas and its max_pixels apply). Refuses empty images, more than 64
+ *   megapixels and aspects outside 1:4 .. 4:1.
+ * h3_keyframe_resize: uint8 RGB [height][width][3] onto out [out_height][out_width][3] with PIL's
+ *   Image.resize(LANCZOS) arithmetic, bit for bit: stretched (cover = 0) or cover-cropped
+ *   (cover = 1: scaled by max(out_w / w, out_h / h) with round()ed sides, centred window).
+ */
+H3_API int h3_keyframe_canvas(h3_ctx *ctx, int image_width, int image_height, int *width, int *height);
+H3_API int h3_keyframe_resize(const uint8_t *rgb, int width, int height, int out_width, int out_height, int cover,
+                              uint8_t *out);
 
 #ifdef __cplusplus
 }

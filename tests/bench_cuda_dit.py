@@ -247,6 +247,38 @@ def bench_vendor(torch, cfg, L: int, repeats: int) -> dict:
     return out
 
 
+def bench_vendor_fp8(torch, cfg, L: int, repeats: int) -> dict:
+    """The block's four GEMMs as torch's rowwise-scaled fp8 matmuls (e4m3, one scale per row of each operand, bf16
+    out): the fp8 GEMM floor, in the same run."""
+    H, A, Fd = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"]
+    f8 = torch.float8_e4m3fn
+    gen = torch.Generator(device=DEV).manual_seed(4)
+
+    def q(rows, cols):
+        return (torch.randn(rows, cols, generator=gen, device=DEV) * 0.1).to(f8)
+
+    def s(n, col):
+        return torch.ones((n, 1) if col else (1, n), device=DEV, dtype=torch.float32)
+
+    mats = [(q(L, H), q(3 * A, H)), (q(L, A), q(H, A)), (q(L, H), q(2 * Fd, H)), (q(L, Fd), q(H, Fd))]
+
+    def gemms():
+        for a, w in mats:
+            torch._scaled_mm(a, w.t(), scale_a=s(a.shape[0], True), scale_b=s(w.shape[0], False),
+                             out_dtype=torch.bfloat16)
+
+    try:
+        return {"fp8_gemm_ms": statistics.median(cuda_ms(torch, gemms, repeats, warmup=2))}
+    except (RuntimeError, AttributeError) as e:  # a torch without rowwise fp8 on this GPU: reported
+        return {"fp8_gemm_ms": None, "fp8_gemm_error": str(e).splitlines()[0]}
+
+
+def rel_l2(a, b) -> float:
+    import numpy as np
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=2, help="transformer blocks in the checkpoint (default 2)")
@@ -258,6 +290,9 @@ def main() -> int:
                                    "default: a temporary folder, removed at the end")
     ap.add_argument("--threads", type=int, default=8, help="libh3 CPU threads (prompt/layout work)")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also libh3 with fp8 block weights (h3_options.precision): ms per block, the velocity's "
+                         "rel-L2 against the bf16 path, and torch's rowwise fp8 GEMMs as the fp8 floor")
     ap.add_argument("--dry-run", action="store_true",
                     help=f"toy widths on the CPU (torch and libh3), shapes {DRY_SHAPES}: checks the script, no GPU")
     args = ap.parse_args()
@@ -312,6 +347,9 @@ def main() -> int:
             t0 = time.perf_counter()
             r = {"shape": g, "tokens": L, "flops_per_block": block_flops(cfg, L)}
             r["libh3"] = bench_libh3(ctx, tr, host, args.steps, args.blocks)
+            if args.fp8:  # one forward's velocity (output latents minus input) on the bf16 path, for the fp8 check
+                v, a, _ = tr.denoise(ctx, host[0], host[1], host[2], 2)
+                r["_ref"] = (v - host[1], a - host[2])
             r["diffusers"] = bench_diffusers(torch, model, kw, args.repeats, not args.no_compile)
             del kw
             r["vendor"] = bench_vendor(torch, cfg, L, args.repeats)
@@ -321,6 +359,23 @@ def main() -> int:
             rows.append(r)
             print(f"{g['spec']} ({L} tokens) measured in {r['wall_s']:.1f} s: libh3 {r['libh3']['block_ms']:.2f} "
                   f"ms/block, diffusers eager {r['diffusers']['eager_block_ms']:.2f}", flush=True)
+
+    if args.fp8 and not args.dry_run:
+        with Context(root, threads=args.threads, device="cuda", precision="fp8") as ctx8:
+            for r in rows:
+                g = r["shape"]
+                _, host = diffusers_inputs(torch, model, g, seed=1)
+                r["libh3_fp8"] = bench_libh3(ctx8, tr, host, args.steps, args.blocks)
+                v, a, _ = tr.denoise(ctx8, host[0], host[1], host[2], 2)
+                rv, ra = r.pop("_ref")
+                r["libh3_fp8"]["rel_l2_video"] = rel_l2(v - host[1], rv)
+                r["libh3_fp8"]["rel_l2_audio"] = rel_l2(a - host[2], ra)
+                r["vendor"].update(bench_vendor_fp8(torch, cfg, r["tokens"], args.repeats))
+                print(f"{g['spec']} fp8: libh3 {r['libh3_fp8']['block_ms']:.2f} ms/block, velocity rel-L2 vs bf16 "
+                      f"{r['libh3_fp8']['rel_l2_video']:.2e} (video) {r['libh3_fp8']['rel_l2_audio']:.2e} (audio)",
+                      flush=True)
+    for r in rows:
+        r.pop("_ref", None)
 
     def tf(ms, fl):
         return fl / (ms * 1e-3) / 1e12 if ms else float("nan")
@@ -334,6 +389,12 @@ def main() -> int:
             ("SDPA cuDNN", lambda r: r["vendor"]["sdpa_cudnn_ms"]),
             ("SDPA flash", lambda r: r["vendor"]["sdpa_flash_ms"]),
             ("floor GEMMs+SDPA", lambda r: r["vendor"]["floor_ms"])]
+    if args.fp8 and not args.dry_run:
+        cols += [(f"libh3 {DEV} fp8 blocks", lambda r: r.get("libh3_fp8", {}).get("block_ms")),
+                 ("fp8 GEMMs (torch)", lambda r: r["vendor"].get("fp8_gemm_ms")),
+                 ("fp8 floor GEMMs+SDPA", lambda r: (r["vendor"]["fp8_gemm_ms"] + min(
+                     t for t in (r["vendor"]["sdpa_cudnn_ms"], r["vendor"]["sdpa_flash_ms"]) if t))
+                  if r["vendor"].get("fp8_gemm_ms") else None)]
     env = {"gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else "none (--dry-run)",
            "libh3_device": device_desc, "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
@@ -365,7 +426,7 @@ def main() -> int:
             fl = r["flops_per_block"]
             if label.startswith("SDPA"):
                 fl = 4.0 * r["tokens"] ** 2 * cfg["num_attention_heads"] * cfg["attention_head_dim"]
-            elif label.startswith("GEMMs"):
+            elif label.startswith("GEMMs") or label.startswith("fp8 GEMMs"):
                 fl = 2.0 * r["tokens"] * gemm_w
             cells.append(f"{ms:>10.2f} ms ({tf(ms, fl):6.1f} TF/s)" if ms else f"{'n/a':>28}")
         print(f"{label:22}" + "".join(f"{c:>30}" for c in cells))

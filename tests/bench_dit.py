@@ -20,6 +20,15 @@ attention) for the engine's work, so both columns are comparable "useful" rates.
 run: libh3's GEMM (h3_bench_gemm) and torch.mm on a 2048^3 f32 product with the same thread count. So is the
 arithmetic (FMA) peak of the threads (h3_bench_fma_peak: register-only multiply-adds), the ceiling no f32 engine can
 pass: the last columns give both engines' rates as a share of it, and the speed-up that ceiling would allow.
+
+    PYTHONPATH=python python tests/bench_dit.py --precisions [--shapes 256x256x22] [--threads 2]
+
+libh3 alone with the same model's weights held three ways: f32 (an all-f32 checkpoint), bf16 (the release's dtypes:
+block weights bf16) and int8 (h3_options.precision = int8 over the bf16 checkpoint: the blocks' four GEMM weights
+quantised at load, per output channel). One shape (the first of --shapes), forwards timed as above (best of
+`rounds` x `repeats`). Resident weight bytes per precision: the transformer's weights as the memory estimate counts
+them (AdaLN weights excluded: the precompute releases them), and the block GEMM weights alone; plus the process's
+measured growth from opening the context to after the loop (RssAnon: memory libh3 owns, RssFile: mapped weight pages).
 """
 
 from __future__ import annotations
@@ -67,9 +76,13 @@ def main():
                     help="forwards per round (>= 2: diffusers' forward is timed at the schedule's second step)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="128x128x22,256x256x22,256x256x56")
+    ap.add_argument("--precisions", action="store_true",
+                    help="libh3 only: f32, bf16 and int8 weights at the first shape, with resident weight bytes")
     args = ap.parse_args()
     if args.repeats < 2:
         ap.error("--repeats must be at least 2")
+    if args.precisions:
+        return precisions(args)
 
     import torch
 
@@ -157,6 +170,130 @@ def main():
         print(f"{spec:>12} " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()))
 
 
+def _rss() -> dict:
+    """RssAnon and RssFile of this process in bytes (Linux; zeros elsewhere)."""
+    out = {"RssAnon": 0, "RssFile": 0}
+    try:
+        for line in open("/proc/self/status"):
+            key = line.split(":", 1)[0]
+            if key in out:
+                out[key] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def precisions(args) -> int:
+    """The --precisions table (see the module docstring)."""
+    from tests import dit_support as ds
+
+    model = ds.build_dit(BENCH_CONFIG, seed=0)
+    params = sum(p.numel() for p in model.parameters())
+    tmp = Path(tempfile.mkdtemp(prefix="h3_bench_dit_prec_"))
+    try:
+        return _precisions(args, model, params, tmp)
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # two checkpoints of the model: hundreds of MiB
+
+
+def _precisions(args, model, params, tmp) -> int:
+    from tests import dit_support as ds
+
+    roots = {"f32": ds.write_checkpoint(model, tmp / "f32", "f32"),
+             "bf16": ds.write_checkpoint(model, tmp / "bf16", "official")}
+    spec = args.shapes.split(",")[0]
+    lat_t, lat_h, lat_w, audio = shape_geometry(spec)
+    rng = np.random.default_rng(1)
+    pe = rng.standard_normal((N_TEXT, BENCH_CONFIG["text_dim"])).astype(np.float32)
+    lat = rng.standard_normal((BENCH_CONFIG["in_channels"], lat_t, lat_h, lat_w)).astype(np.float32)
+    aud = rng.standard_normal((2, BENCH_CONFIG["audio_in_channels"], audio)).astype(np.float32)
+    configs = [("f32", "f32", "default"), ("bf16", "bf16", "default"), ("int8", "bf16", "int8")]
+    rows, outs = [], {}
+    # Each precision in a fresh process: its resident memory is then its own (a heap reused from an earlier
+    # context would hide the growth), and no earlier run leaves caches warm for the next.
+    import multiprocessing as mp
+
+    # Rounds alternate the precisions (f32, bf16, int8, f32, ...) so that load on a shared machine hits them alike;
+    # the best forward of each is kept, the memory of its first round.
+    best: dict = {}
+    with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        for _ in range(args.rounds):
+            for name, ckpt, prec in configs:
+                r = pool.apply(_measure, (str(roots[ckpt]), prec, args.threads, args.repeats, 1, spec, pe, lat, aud))
+                if name not in best:
+                    best[name] = r
+                elif r["ms"] < best[name]["ms"]:
+                    best[name].update(ms=r["ms"], parts=r["parts"])
+    for name, ckpt, _ in configs:
+        r = best[name]
+        outs[name] = (r["v"], r["a"])
+        bg = r["est"].get("block_gemm_weights")
+        gemm = bg["resident"] if bg else _block_gemm_bytes(roots[ckpt])
+        rows.append((name, r["ms"], r["est"]["denoise_precomputed_adaln"]["weights"], gemm, r["anon"], r["file"],
+                     r["parts"]))
+        prof = r["prof"]
+    from h3ctl import _lib
+    from h3ctl.context import Context
+
+    with Context(roots["f32"], threads=args.threads, device="cpu") as ctx:  # how fast the machine is right now
+        fma = _lib.lib().h3_bench_fma_peak(ctx.ptr, 3)
+    print(f"machine: {platform.machine()} {_cpu_name()}, {os.cpu_count()} cpus; threads={args.threads}; "
+          f"libh3 kernels {prof['kernels']}; model {params / 1e6:.1f}M params; shape {spec}; "
+          f"{args.repeats} forwards x {args.rounds} rounds, best forward; FMA peak after the runs {fma:.1f} GFLOP/s")
+    f32 = rows[0][1]
+    print(f"{'weights':>8} {'forward ms':>10} {'vs f32':>7} {'weights MiB':>11} {'block GEMMs MiB':>15} "
+          f"{'RssAnon +MiB':>12} {'RssFile +MiB':>12} {'update rel-L2 vs f32':>20}")
+    v0, a0 = outs["f32"]
+    for name, ms, w, g, anon, filed, _ in rows:
+        v, a = outs[name]
+        err = max(_rel(v - lat, v0 - lat), _rel(a - aud, a0 - aud))
+        print(f"{name:>8} {ms:>10.1f} {f32 / ms:>6.2f}x {w / 2**20:>11.1f} {g / 2**20:>15.1f} {anon / 2**20:>12.1f} "
+              f"{filed / 2**20:>12.1f} {err:>20.2e}")
+    print("forward time by part (ms):")
+    for name, *_, parts in rows:
+        print(f"{name:>8} " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+    return 0
+
+
+def _measure(root, prec, threads, repeats, rounds, spec, pe, lat, aud) -> dict:
+    """One precision's forwards and memory growth (run in a child process by `precisions`)."""
+    from h3ctl import transformer as tr
+    from h3ctl.context import Context
+
+    _, lat_h, lat_w, _ = shape_geometry(spec)
+    before = _rss()
+    with Context(root, threads=threads, device="cpu", precision=prec) as ctx:
+        est = ctx.memory_estimate(lat_w * 16, lat_h * 16, int(spec.split("x")[2]), N_TEXT)["phases"]
+        best, parts = 1e9, {}
+        for _ in range(rounds):
+            v, a, _ = tr.denoise(ctx, pe, lat, aud, repeats + 1)
+            prof = tr.profile(ctx)
+            if prof["forward_ms_min"] < best:
+                best, parts = prof["forward_ms_min"], prof["forward_parts_ms"]
+        after = _rss()
+    return {"ms": best, "parts": parts, "prof": prof, "est": est, "v": v, "a": a,
+            "anon": after["RssAnon"] - before["RssAnon"], "file": after["RssFile"] - before["RssFile"]}
+
+
+def _block_gemm_bytes(root) -> int:
+    """Stored bytes of the blocks' four GEMM weights (from the safetensors header)."""
+    import struct
+
+    path = next((Path(root) / "FL2VA" / "transformer").glob("*.safetensors"))
+    with open(path, "rb") as f:
+        hdr = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    parts = (".attn.qkv_proj.weight", ".attn.out_proj.weight", ".mlp.fc1.weight", ".mlp.fc2.weight")
+    return sum(h["data_offsets"][1] - h["data_offsets"][0] for n, h in hdr.items()
+               if n.startswith("blocks.") and n.endswith(parts))
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
 def _cpu_name():
     try:
         for line in open("/proc/cpuinfo"):
@@ -168,4 +305,4 @@ def _cpu_name():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

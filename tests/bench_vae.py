@@ -62,7 +62,7 @@ def video(threads: int, reps: int) -> list[dict]:
     import torch
     from diffusers import AutoencoderKLMiniMaxH3
 
-    from h3ctl import parity_vae_video as PV
+    from h3ctl.parity import vae_video as PV
     from h3ctl.context import Context
     from tests import vvae_oracle as O
     from tests.fixtures import official as F

@@ -49,7 +49,7 @@ def run(config="release", frames=(8, 40), threads=(1, 2), repeat=1, workdir=None
     import numpy as np
 
     from h3ctl.context import Context
-    from h3ctl.parity_vae_audio import audio_decode
+    from h3ctl.parity.vae_audio import audio_decode
     from tests.audio_vae_oracle import diffusers_decode, latents_for, rel_l2
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="h3_bench_avae_"))
@@ -80,7 +80,7 @@ def table(rows: list[dict]) -> str:
 _MEM_CHILD = r"""
 import sys, time, numpy as np
 from h3ctl.context import Context
-from h3ctl.parity_vae_audio import audio_decode, audio_info
+from h3ctl.parity.vae_audio import audio_decode, audio_info
 def hwm():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):

@@ -20,7 +20,7 @@ import diffusers  # noqa: E402,F401
 
 from h3ctl._lib import H3Error  # noqa: E402
 from h3ctl.context import Context  # noqa: E402
-from h3ctl.parity_vae_audio import audio_decode, audio_info, audio_samples  # noqa: E402
+from h3ctl.parity.vae_audio import audio_decode, audio_info, audio_samples  # noqa: E402
 from tests.audio_vae_oracle import build_audio_vae, diffusers_decode, latents_for, rel_l2, write_audio_vae  # noqa: E402
 
 REL_TOL = 1e-5

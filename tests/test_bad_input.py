@@ -261,3 +261,128 @@ def test_bad_safetensors_file_check(tmp_path):
 
 def test_impossible_memory_estimate_shape(good):
     assert_clean_error(run("info", "-d", good, "--width", "0"), "positive")
+
+
+# ---- keyframe images (h3ctl render --first-frame / --last-frame) ---------------------------------------------
+
+def _still(tmp, name, size=(64, 48), **kw):
+    from PIL import Image
+
+    p = tmp / name
+    Image.linear_gradient("L").resize(size).convert("RGB").save(p, **kw)
+    return p
+
+
+def kf_missing(tmp):
+    return tmp / "nope.png", ["nope.png", "no such file"]
+
+
+def kf_directory(tmp):
+    (tmp / "dir.png").mkdir()
+    return tmp / "dir.png", ["dir.png", "is a directory"]
+
+
+def kf_empty(tmp):
+    (tmp / "empty.png").write_bytes(b"")
+    return tmp / "empty.png", ["empty.png", "empty"]
+
+
+def kf_random_bytes(tmp):
+    (tmp / "noise.jpg").write_bytes(bytes(range(256)) * 8)
+    return tmp / "noise.jpg", ["noise.jpg", "not an image"]
+
+
+def kf_text(tmp):
+    (tmp / "notes.webp").write_text("not a picture\n")
+    return tmp / "notes.webp", ["notes.webp", "not an image"]
+
+
+def kf_truncated_png(tmp):
+    p = _still(tmp, "cut.png")
+    p.write_bytes(p.read_bytes()[:-40])
+    return p, ["cut.png"]
+
+
+def kf_truncated_jpeg(tmp):
+    p = _still(tmp, "cut.jpg", quality=90)
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    return p, ["cut.jpg", "truncated"]
+
+
+def kf_truncated_webp(tmp):
+    p = _still(tmp, "cut.webp", lossless=True)
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    return p, ["cut.webp"]
+
+
+def kf_animated(tmp):
+    from PIL import Image
+
+    p = tmp / "anim.gif"
+    frames = [Image.new("RGB", (40, 40), c) for c in ("red", "blue")]
+    frames[0].save(p, save_all=True, append_images=frames[1:])
+    return p, ["anim.gif", "animated"]
+
+
+def kf_aspect(tmp):
+    return _still(tmp, "strip.png", size=(200, 40)), ["strip.png", "200x40", "1:4 to 4:1"]
+
+
+def kf_too_large(tmp):
+    from PIL import Image
+
+    p = tmp / "huge.png"
+    Image.new("1", (9000, 8000)).save(p)
+    return p, ["huge.png", "9000x8000", "megapixels"]
+
+
+KF_CASES = [kf_missing, kf_directory, kf_empty, kf_random_bytes, kf_text, kf_truncated_png, kf_truncated_jpeg,
+            kf_truncated_webp, kf_animated, kf_aspect, kf_too_large]
+
+
+@pytest.mark.parametrize("case", KF_CASES, ids=[c.__name__ for c in KF_CASES])
+@pytest.mark.parametrize("flag", ["--first-frame", "--last-frame"])
+def test_bad_keyframe_image(case, flag, tmp_path):
+    image, needles = case(tmp_path)
+    out = tmp_path / "out.mp4"
+    before = sorted(str(q) for q in tmp_path.rglob("*"))
+    proc = run("render", "-p", "a red circle", flag, image, "-o", out, "-q")
+    assert_clean_error(proc, flag.strip("-").replace("-", " "), *needles)
+    assert sorted(str(q) for q in tmp_path.rglob("*")) == before  # nothing written
+
+
+def _without(src: Path, dst: Path, component: str, prefix: str) -> Path:
+    """A copy of a model whose `component` shards lack every tensor starting with `prefix`."""
+    shutil.copytree(src, dst, symlinks=True)
+    folder = dst / "FL2VA" / component
+    for f in folder.rglob("*.safetensors"):
+        header, data = read_st(f)
+        kept, blob = {k: v for k, v in header.items() if k == "__metadata__"}, b""
+        for k in tensors(header):
+            if not k.startswith(prefix):  # repacked: the data area stays gap-free
+                b, e = header[k]["data_offsets"]
+                kept[k] = {**header[k], "data_offsets": [len(blob), len(blob) + e - b]}
+                blob += data[b:e]
+        f.unlink()  # a symlinked shard is replaced, never written through
+        write_st(f, kept, blob)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        idx = json.loads(index.read_text())
+        idx["weight_map"] = {k: v for k, v in idx["weight_map"].items() if not k.startswith(prefix)}
+        index.write_text(json.dumps(idx))
+    return dst
+
+
+@pytest.mark.parametrize("component,prefix,needle", [("video_vae", "encoder.", "no encoder weights"),
+                                                     ("text_encoder", "model.visual.", "no vision tower")])
+def test_keyframes_need_encoder_weights(component, prefix, needle, good, tmp_path):
+    model = _without(good, tmp_path / "model", component, prefix)
+    image = _still(tmp_path, "k.png")
+    out = tmp_path / "out.mp4"
+    proc = run("render", "-d", model, "-p", "a red circle", "--first-frame", image, "-o", out, "-q",
+               "--size", "64x64")
+    assert_clean_error(proc, needle)
+    assert not out.exists()
+    # a text-only render of the same model still works
+    assert run("render", "-d", model, "-p", "a red circle", "-o", out, "-q", "--size", "64x64",
+               "--steps", "2").returncode == 0

@@ -74,9 +74,11 @@ def test_options_struct_is_the_c_struct():
     h3_init would read device fields past what Python wrote."""
     opts = _lib.H3Options()
     _lib.lib().h3_options_default(ctypes.byref(opts))
-    assert opts.struct_size == ctypes.sizeof(_lib.H3Options) == 20
-    assert (opts.threads, opts.flags, opts.device, opts.device_index) == (0, 0, _lib.H3_DEVICE_AUTO, 0)
+    assert opts.struct_size == ctypes.sizeof(_lib.H3Options) == 24
+    assert (opts.threads, opts.flags, opts.device, opts.device_index, opts.precision) == (0, 0, _lib.H3_DEVICE_AUTO, 0,
+                                                                                          0)
     assert _lib.DEVICES == {"auto": 0, "cpu": 1, "cuda": 2}
+    assert _lib.PRECISIONS == {"default": 0, "bf16": 0, "fp8": 1, "int8": 2}
 
 
 def test_backends_json(backends):
@@ -151,6 +153,17 @@ def test_engine_reports_its_device():
         assert eng.device == "cpu" and eng.device_description
         res = eng.render(PROMPT, 64, 64, 22, steps=2, seed=1)
     assert res.frames.shape == (22, 64, 64, 3) and np.isfinite(res.audio).all()
+
+
+def test_stages_cpu_flag_on_a_cpu_context_changes_nothing():
+    """H3_OPT_STAGES_CPU keeps the text encoder and the decoders on the CPU of a GPU context; on a CPU context they
+    are there already: h3_stages_device says "cpu" either way and the render is byte-identical."""
+    outs = []
+    for flags in (0, _lib.H3_OPT_STAGES_CPU):
+        with Context(EMBEDDED_MODEL, threads=2, device="cpu", flags=flags) as ctx:
+            assert ctx.stages_device == "cpu"
+            outs.append(_denoise(ctx))
+    assert outs[0][0].tobytes() == outs[1][0].tobytes() and outs[0][1].tobytes() == outs[1][1].tobytes()
 
 
 def test_keep_adaln_flag_reaches_libh3():
@@ -350,3 +363,21 @@ def test_cpu_install_stays_light():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_precision_the_backend_cannot_run_is_refused_at_init():
+    """fp8 weights need the CUDA backend (compute capability 8.9+): on a CPU context h3_init refuses them with the
+    reason, before any work; an unknown precision is refused by the binding and by h3_init."""
+    from h3ctl.context import Context
+    from h3ctl.engine import default_model_dir
+
+    with pytest.raises(H3Error, match="precision fp8 runs on the CUDA backend only"):
+        Context(default_model_dir(), device="cpu", precision="fp8")
+    with pytest.raises(H3Error, match="precision must be one of default, bf16, fp8, int8"):
+        Context(default_model_dir(), device="cpu", precision="fp16")
+    opts = _lib.H3Options()
+    _lib.lib().h3_options_default(ctypes.byref(opts))
+    opts.device = _lib.H3_DEVICE_CPU
+    opts.precision = 7
+    assert not _lib.lib().h3_init(str(default_model_dir()).encode(), ctypes.byref(opts))
+    assert "precision must be 0 (default), 1 (fp8) or 2 (int8), got 7" in _lib.last_error()

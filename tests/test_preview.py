@@ -93,7 +93,7 @@ def test_map_preview_matches_the_decoded_video(eng, capsys):
     """The map applied to the last step's x0 (what the last preview shows) against the real decoded frames,
     averaged over each latent voxel's pixels; and at step 4 of 9, the map's picture of the x0 estimate against
     the decoder's picture of the same latents."""
-    from h3ctl.parity_vae_video import decode
+    from h3ctl.parity.vae_video import decode
 
     pmap = preview.load_map(eng)
     random_only = preview.fit_map(eng, calibrate=False)

@@ -29,7 +29,7 @@ for p in (ROOT, PYDIR):
 import torch  # noqa: E402  (test extra)
 import diffusers  # noqa: E402,F401
 
-from h3ctl import parity_vae_video as PV  # noqa: E402
+from h3ctl.parity import vae_video as PV  # noqa: E402
 from h3ctl._lib import H3Error  # noqa: E402
 from h3ctl.context import Context  # noqa: E402
 from tests import vvae_oracle as O  # noqa: E402
@@ -197,7 +197,7 @@ def test_peak_memory_measured(tiny):
         import ctypes, json, re, numpy as np
         import h3ctl._lib as L
         from h3ctl.context import Context
-        from h3ctl import parity_vae_video as PV
+        from h3ctl.parity import vae_video as PV
 
         def kib(key):
             return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))

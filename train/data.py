@@ -96,6 +96,44 @@ def encode_video(vae, frames_u8: np.ndarray, batch: int = 32, device="cpu", auto
     return torch.cat(out)
 
 
+def keyframe_posterior_noise(shape=(1, 24, 1, 8, 8)) -> torch.Tensor:
+    """The draw of ``encode_vae_condition``'s ``posterior.sample(torch.Generator().manual_seed(42))``: a fresh CPU
+    generator per keyframe, so every keyframe of one latent shape gets this same tensor."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    return randn_tensor(tuple(shape), generator=torch.Generator().manual_seed(42), device=torch.device("cpu"),
+                        dtype=torch.float32)
+
+
+@torch.no_grad()
+def encode_keyframes(vae, frames_u8: np.ndarray, batch: int = 256, device="cpu") -> torch.Tensor:
+    """diffusers' ``encode_vae_condition`` for single keyframes, batched: uint8 [N, H, W, 3] -> normalised conditioning
+    latents [N, C, 1, h, w] float32 on CPU. pixels / 255, ImageNet normalisation, the spatial encoder alone (one
+    frame), the posterior *sampled* with the seed-42 draw, rounded through float16, then (z - latents_mean) /
+    latents_std. Runs in float32 with TF32 off (inference's arithmetic), whatever the caller's settings."""
+    dev = torch.device(device)
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    out = []
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        eps = None
+        for s in range(0, len(frames_u8), batch):
+            x = torch.from_numpy(np.ascontiguousarray(frames_u8[s:s + batch])).to(dev)
+            x = x.permute(0, 3, 1, 2)[:, :, None]                                   # [b, 3, 1, H, W] uint8
+            x = (x.to(torch.float32).div(255.0) - torch.tensor(IMAGENET_MEAN, device=dev).view(1, -1, 1, 1, 1)) \
+                / torch.tensor(IMAGENET_STD, device=dev).view(1, -1, 1, 1, 1)
+            post = vae.encode(x, return_dict=False)[0]
+            if eps is None:
+                eps = keyframe_posterior_noise((1,) + tuple(post.mean.shape[1:])).to(dev)
+            z = (post.mean + post.std * eps).to(torch.float16).float().cpu()
+            out.append((z - mean) / std)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return torch.cat(out)
+
+
 @torch.no_grad()
 def encode_audio(vae, audio: np.ndarray, batch: int = 64, device="cpu") -> torch.Tensor:
     """Posterior means (un-normalised) [N, 2, 32, T_a] float32 on CPU; stereo sides folded into the batch."""

@@ -13,6 +13,14 @@
 ``batched_forward`` is diffusers' ``MiniMaxH3Transformer3DModel.forward`` with per-item timesteps (diffusers shares
 one layout *and* one timestep table across the batch); it uses the model's own submodules and is checked against
 ``model.forward`` item by item in ``tests``/``--selftest``.
+
+FL2VA (first/last-frame anchors): ``Layout(L, dev, anchors=("first", "last"), text_tags=...)`` is diffusers'
+``build_packed_sequence(..., keyframe_anchors)``: ``[text | keyframe rows (16 per keyframe at 8x8 latents) | audio |
+video]``, the keyframe rows on the target (h, w) grid at rotary time L ("first") / L + (5/3)(F-1) ("last"), tag video;
+the text tags mark the vision blocks of the presentation as video (see ``train/vision.py``). The rows read three
+timesteps: video (target video + text), audio, and the conditioning one ``max(t_video, 0.999)``
+(``MiniMaxH3SetTimestepsStep``), asked of ``build_row_timesteps`` with sentinels. ``condition_rows`` noises keyframe
+latents with the scheduler's own ``scale_noise`` at ``keyframe_noise_aug`` = 0.999 and patchifies them.
 """
 
 from __future__ import annotations
@@ -44,27 +52,44 @@ def _steps():
     return MiniMaxH3PrepareLayoutStep, MiniMaxH3SetTimestepsStep
 
 
+KEYFRAME_NOISE_AUG = 0.999  # MiniMaxH3ModularPipeline.keyframe_noise_aug
+_SENTINELS = {0: 0.25, 1: 0.75, 2: 0.5}  # slot -> distinct value asked of build_row_timesteps
+
+
 class Layout:
-    """Packed layout for text length ``L`` at the h3-tiny shape (7 x 8 x 8 video latents, 37 audio latents)."""
+    """Packed layout for text length ``L`` at the h3-tiny shape (7 x 8 x 8 video latents, 37 audio latents), with
+    optional keyframe anchors (diffusers' ``keyframe_anchors``: "first" / "last", packed order) and per-row text tags
+    (default: all text)."""
 
     def __init__(self, num_text: int, device, num_latent_frames=LATENT_FRAMES, latent_hw=LATENT_HW,
-                 num_audio=AUDIO_LATENTS):
+                 num_audio=AUDIO_LATENTS, anchors: tuple = (), text_tags=None):
         layout_step, ts_step = _steps()
-        tags = torch.full((num_text,), TEXT_TAG, dtype=torch.long)
+        if text_tags is None:
+            tags = torch.full((num_text,), TEXT_TAG, dtype=torch.long)
+        else:
+            tags = torch.as_tensor(text_tags, dtype=torch.long).cpu()
+            assert tags.shape == (num_text,)
+        anchors = tuple(anchors)
         (pos, token_tags, video_idx, audio_idx, text_idx, n_cond_v, n_cond_a) = layout_step.build_packed_sequence(
-            tags, num_latent_frames, latent_hw, latent_hw, num_audio, PATCH, AUDIO_CHANNELS, AUDIO_TAG, VIDEO_TAG)
-        assert n_cond_v == 0 and n_cond_a == 0
-        # Which rows read which timestep: ask diffusers' planner with two distinct sentinel values.
-        uniq, inv = ts_step.build_row_timesteps(video_idx, audio_idx, 0, 0, num_text, 0.25, 0.75, 0.25, 1.0)
-        assert uniq.tolist() == [0.25, 0.75]
+            tags, num_latent_frames, latent_hw, latent_hw, num_audio, PATCH, AUDIO_CHANNELS, AUDIO_TAG, VIDEO_TAG,
+            anchors)
+        assert n_cond_a == 0
+        # Which rows read which timestep: ask diffusers' planner with distinct sentinel values.
+        uniq, inv = ts_step.build_row_timesteps(video_idx, audio_idx, n_cond_v, 0, num_text, _SENTINELS[0],
+                                                _SENTINELS[1], _SENTINELS[2], 1.0)
+        slot_of = {v: k for k, v in _SENTINELS.items()}
+        lut = torch.tensor([slot_of[float(u)] for u in uniq.tolist()], dtype=torch.long)
         self.num_text = num_text
+        self.anchors = anchors
+        self.num_cond_rows = int(n_cond_v)
         self.seq_len = pos.shape[0]
         self.position_ids = pos.to(device)
         self.token_tags = token_tags.to(device)
         self.video_indices = video_idx.to(device)
         self.audio_indices = audio_idx.to(device)
         self.text_indices = text_idx.to(device)
-        self.row_slot = inv.to(device)  # 0: video timestep (video + text rows), 1: audio timestep
+        # 0: video timestep (target video + text rows), 1: audio timestep, 2: conditioning rows
+        self.row_slot = lut[inv].to(device)
         self.shape = (num_latent_frames, latent_hw, latent_hw, num_audio)
 
     def kwargs(self) -> dict:
@@ -74,9 +99,21 @@ class Layout:
     def row_timesteps(self, t_video: float, t_audio: float):
         """The (timestep, timestep_indices) pair diffusers' SetTimesteps step builds for one step."""
         _, ts_step = _steps()
-        u, i = ts_step.build_row_timesteps(self.video_indices.cpu(), self.audio_indices.cpu(), 0, 0, self.num_text,
-                                           float(t_video), float(t_audio), float(t_video), 1.0)
+        u, i = ts_step.build_row_timesteps(self.video_indices.cpu(), self.audio_indices.cpu(), self.num_cond_rows, 0,
+                                           self.num_text, float(t_video), float(t_audio),
+                                           max(float(t_video), KEYFRAME_NOISE_AUG), 1.0)
         return u.to(self.position_ids.device), i.to(self.position_ids.device)
+
+
+def condition_rows(keyframe_latents: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """[B, K, 24, 1, h, w] normalised keyframe latents + noise of the same shape -> [B, K * (h/2) * (w/2), 96]: each
+    keyframe noised to t = 0.999 by ``MiniMaxH3Scheduler.scale_noise`` and patchified, in packed order
+    (MiniMaxH3PrepareConditionLatentsStep)."""
+    from diffusers import MiniMaxH3Scheduler
+
+    b, k = keyframe_latents.shape[:2]
+    noised = MiniMaxH3Scheduler(shift=12.0).scale_noise(keyframe_latents.float(), KEYFRAME_NOISE_AUG, noise.float())
+    return patchify(noised.reshape(b * k, *noised.shape[2:])).reshape(b, -1, noised.shape[2] * 4)
 
 
 class LayoutCache(dict):
@@ -84,9 +121,14 @@ class LayoutCache(dict):
         super().__init__()
         self.device = device
 
-    def __missing__(self, num_text: int) -> Layout:
-        lay = Layout(num_text, self.device)
-        self[num_text] = lay
+    def __missing__(self, key) -> Layout:
+        """key: text length (text-only) or (text length, anchors, text tags tuple)."""
+        if isinstance(key, tuple):
+            num_text, anchors, tags = key
+            lay = Layout(num_text, self.device, anchors=anchors, text_tags=list(tags))
+        else:
+            lay = Layout(key, self.device)
+        self[key] = lay
         return lay
 
 
@@ -140,7 +182,8 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
                     t_video: torch.Tensor, t_audio: torch.Tensor, layout: Layout):
     """diffusers' MiniMaxH3Transformer3DModel.forward, with one (video t, audio t) pair per batch item.
 
-    video_rows [B, Nv, 96], audio_rows [B, Na, 32], text [B, L, text_dim], t_video/t_audio [B] (t = 1 - sigma).
+    video_rows [B, Nv, 96] (keyframe condition rows first, as the layout orders them), audio_rows [B, Na, 32],
+    text [B, L, text_dim], t_video/t_audio [B] (t = 1 - sigma); condition rows read max(t_video, 0.999).
     Returns (video velocity [B, Nv, 96], audio velocity [B, Na, 32]).
     """
     B = video_rows.shape[0]
@@ -157,14 +200,16 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
     hidden = hidden.index_copy(1, layout.video_indices, video_embeds.to(text_embeds.dtype))
     hidden = hidden.index_copy(1, layout.audio_indices, audio_embeds.to(text_embeds.dtype))
 
-    timesteps = torch.stack([t_video, t_audio], dim=1).reshape(-1).float()          # [B*2], item-major
+    t_video, t_audio = t_video.float(), t_audio.float()
+    t_cond = t_video.clamp_min(KEYFRAME_NOISE_AUG)
+    timesteps = torch.stack([t_video, t_audio, t_cond], dim=1).reshape(-1)           # [B*3], item-major
     with torch.autocast(dev_type, enabled=False):
         temb = model.time_embedder(model.time_proj(timesteps).to(_param_dtype(model.time_embedder)))
     item = torch.arange(B, device=hidden.device)[:, None]
-    ts_index = item * 2 + layout.row_slot[None, :]                                   # [B, S]
+    ts_index = item * 3 + layout.row_slot[None, :]                                   # [B, S]
     adaln_index = (ts_index * MODALITIES + layout.token_tags[None, :]).reshape(-1)   # [B*S]
 
-    def pick(table):  # [B*2*3, H] -> [B, S, H]
+    def pick(table):  # [B*3*3, H] -> [B, S, H]
         return table.index_select(0, adaln_index).view(B, S, -1)
 
     for block in model.transformer_blocks:
@@ -175,7 +220,7 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
         hidden = hidden + pick(gate_mlp) * block.ff(norm)
 
     no = model.norm_out
-    shift, scale = no.linear(F.silu(temb).to(_param_dtype(no.linear))).chunk(2, dim=-1)   # [B*2, H]
+    shift, scale = no.linear(F.silu(temb).to(_param_dtype(no.linear))).chunk(2, dim=-1)   # [B*3, H]
     ts_flat = ts_index.reshape(-1)
     hidden = no.norm(hidden) * (1.0 + scale.index_select(0, ts_flat).view(B, S, -1)) + shift.index_select(
         0, ts_flat).view(B, S, -1)
@@ -187,7 +232,8 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
 
 
 def selftest(model=None, device="cpu", atol=2e-5) -> float:
-    """Check batched_forward against diffusers' forward, item by item (different t per item). Returns max error."""
+    """Check batched_forward against diffusers' forward, item by item (different t per item), for a text-only layout
+    and for anchored ones (first, last, both; vision-block tags in the text). Returns the max error."""
     from train.models import build_transformer
 
     torch.manual_seed(0)
@@ -196,25 +242,38 @@ def selftest(model=None, device="cpu", atol=2e-5) -> float:
         with torch.no_grad():  # non-trivial AdaLN / heads
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.02)
-    L = 5
-    lay = Layout(L, device)
     B = 3
-    video = torch.randn(B, 24, LATENT_FRAMES, LATENT_HW, LATENT_HW, device=device)
-    audio = torch.randn(B, 2, 32, AUDIO_LATENTS, device=device)
-    text = torch.randn(B, L, model.config.text_dim, device=device)
-    tv = torch.tensor([0.1, 0.5, 0.9], device=device)
+    tv = torch.tensor([0.1, 0.5, 0.9995], device=device)
     ta = torch.tensor([0.3, 0.5, 0.0], device=device)
-    vr, ar = patchify(video), audio_to_rows(audio)
-    with torch.no_grad():
-        bv, ba = batched_forward(model, vr, ar, text, tv, ta, lay)
-        err = 0.0
-        for b in range(B):
-            u, idx = lay.row_timesteps(float(tv[b]), float(ta[b]))
-            ov, oa = model(hidden_states=vr[b:b + 1], audio_hidden_states=ar[b:b + 1],
-                           encoder_hidden_states=text[b:b + 1], timestep=u, timestep_indices=idx,
-                           return_dict=False, **lay.kwargs())
-            err = max(err, float((ov - bv[b:b + 1]).abs().max()), float((oa - ba[b:b + 1]).abs().max()))
-    assert torch.equal(unpatchify(vr), video) and torch.equal(rows_to_audio(ar), audio)
+    err = 0.0
+    for anchors in ((), ("first",), ("last",), ("first", "last")):
+        L = 5 if not anchors else 9
+        tags = None if not anchors else [1, 1, 0, 0, 0, 0, 1, 1, 1]
+        lay = Layout(L, device, anchors=anchors, text_tags=tags)
+        assert lay.num_cond_rows == 16 * len(anchors)
+        video = torch.randn(B, 24, LATENT_FRAMES, LATENT_HW, LATENT_HW, device=device)
+        audio = torch.randn(B, 2, 32, AUDIO_LATENTS, device=device)
+        text = torch.randn(B, L, model.config.text_dim, device=device)
+        vr, ar = patchify(video), audio_to_rows(audio)
+        if anchors:
+            kf = torch.randn(B, len(anchors), 24, 1, LATENT_HW, LATENT_HW, device=device)
+            vr = torch.cat([condition_rows(kf, torch.randn_like(kf)), vr], dim=1)
+        with torch.no_grad():
+            bv, ba = batched_forward(model, vr, ar, text, tv, ta, lay)
+            for b in range(B):
+                u, idx = lay.row_timesteps(float(tv[b]), float(ta[b]))
+                ov, oa = model(hidden_states=vr[b:b + 1], audio_hidden_states=ar[b:b + 1],
+                               encoder_hidden_states=text[b:b + 1], timestep=u, timestep_indices=idx,
+                               return_dict=False, **lay.kwargs())
+                err = max(err, float((ov - bv[b:b + 1]).abs().max()), float((oa - ba[b:b + 1]).abs().max()))
+    assert torch.equal(unpatchify(patchify(video)), video) and torch.equal(rows_to_audio(ar), audio)
+    # condition rows: diffusers' PrepareConditionLatents arithmetic on one keyframe
+    from diffusers import MiniMaxH3Scheduler
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
+
+    z, e = torch.randn(1, 24, 1, 8, 8), torch.randn(1, 24, 1, 8, 8)
+    ref = patchify_video_latents(MiniMaxH3Scheduler(shift=12.0).scale_noise(z, 0.999, e), PATCH)
+    assert torch.equal(condition_rows(z[:, None], e[:, None])[0], ref)
     if err > atol:
         raise AssertionError(f"batched_forward differs from diffusers forward by {err}")
     return err

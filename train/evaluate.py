@@ -13,6 +13,16 @@ These approximate the semantic suite the lead will run later (through the C engi
   and the foreground x centroid >= 0.5 (over frames with audio energy);
 * ``clicks``  - bounces: >= 1 click detected (high-passed envelope peak) and at least half of the video's floor
   contacts (local maxima of the centroid y) have a click within +-3 frames.
+
+Anchored requests (FL2VA, :func:`check_anchored`): all of the above (so the motion between the anchors must follow the
+prompt), plus for each anchor (``first`` -> frame 0, ``last`` -> the last frame) against the keyframe it was given:
+
+* ``{a}_psnr``   - PSNR of the whole frame against the keyframe >= 25 dB (at the output size, 128x128);
+* ``{a}_colour`` - the frame's foreground colour (as for ``colour``) is the keyframe's;
+* ``{a}_place``  - the frame's foreground centroid lies within 10 % of the canvas side (Euclidean) of the keyframe's.
+
+``measures`` also holds ``{a}_psnr_ceiling``: the PSNR of the video VAE's own reconstruction of that reference frame
+(when given), the best any DiT can reach through the shipped decoder.
 """
 
 from __future__ import annotations
@@ -168,11 +178,62 @@ def check(spec: world.Spec, frames: np.ndarray, audio: np.ndarray) -> dict:
     return {"checks": res, "measures": meas}
 
 
-def summarize(results: list) -> dict:
-    """results: [{"checks": {...}}] -> pass counts per check and overall."""
+ANCHOR_PSNR_DB = 25.0
+ANCHOR_PLACE = 0.10
+
+
+def psnr_u8(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float(10 * np.log10(255.0 ** 2 / max(mse, 1e-12)))
+
+
+def frame_object(frame: np.ndarray, bg_rgb) -> tuple:
+    """(nearest colour name or None, centroid (x, y) or None) of one frame's foreground."""
+    mask = fg_mask(frame[None], bg_rgb)[0]
+    area = float(mask.mean())
+    if not 0.0 < area < 0.4:
+        return None, None
+    colour = nearest_colour(np.median(frame[mask].reshape(-1, 3), axis=0))
+    return colour, centroids(mask[None])[0]
+
+
+def is_anchor_check(name: str) -> bool:
+    return name.startswith(("first_", "last_"))
+
+
+def check_anchored(spec: world.Spec, frames: np.ndarray, audio: np.ndarray, ref_frames: np.ndarray, anchors,
+                   ceiling_frames: np.ndarray | None = None) -> dict:
+    """:func:`check` plus the anchor checks (module docstring). ``ref_frames``: the reference clip the keyframes are
+    its first / last frames of; ``anchors``: ("first",), ("last",) or ("first", "last")."""
+    r = check(spec, frames, audio)
+    res, meas = r["checks"], r["measures"]
+    bg = world.BACKGROUND_RGB[spec.background]
+    H, W = frames.shape[1:3]
+    for a in anchors:
+        f = 0 if a == "first" else -1
+        key, gen_f = ref_frames[f], frames[f]
+        p = psnr_u8(gen_f, key)
+        kc, kxy = frame_object(key, bg)
+        gc, gxy = frame_object(gen_f, bg)
+        dist = float(np.hypot(*(gxy - kxy)) / max(W, H)) if gxy is not None and kxy is not None else float("inf")
+        meas[f"{a}_psnr"] = p
+        meas[f"{a}_colour"] = gc
+        meas[f"{a}_offset"] = dist
+        if ceiling_frames is not None:
+            meas[f"{a}_psnr_ceiling"] = psnr_u8(ceiling_frames[f], key)
+        res[f"{a}_psnr"] = bool(p >= ANCHOR_PSNR_DB)
+        res[f"{a}_colour"] = bool(gc is not None and gc == kc)
+        res[f"{a}_place"] = bool(dist <= ANCHOR_PLACE)
+    return r
+
+
+def summarize(results: list, keep=None) -> dict:
+    """results: [{"checks": {...}}] -> pass counts per check and overall (only the checks ``keep(name)`` accepts)."""
     per: dict = {}
     for r in results:
         for k, v in r["checks"].items():
+            if keep is not None and not keep(k):
+                continue
             a = per.setdefault(k, [0, 0])
             a[0] += int(v)
             a[1] += 1

@@ -1,5 +1,8 @@
 """Local helper between device calls: unpack what a call returned (the folder the device tool copies $OUT into) into ``train/runs/`` and make
-the BF16 VAE copies that fit a cold call's 64 MiB carry (``train/runs/vae16``). Usage: python -m train.prep_carry DIR"""
+the BF16 VAE copies that fit a cold call's 64 MiB carry (``train/runs/vae16``). Usage: python -m train.prep_carry DIR
+
+Stage 7 returns ema-*.safetensors + meta7.tar: the EMA weights and dit7/{tokenizer,latent_stats,dit-meta}.json land in
+``train/runs/transport``, ready for ``train.export --weights train/runs/transport --meta train/runs/transport``."""
 
 import shutil
 import sys
@@ -24,7 +27,8 @@ ret = runs / "returned"
 for name in ("vae/latent_stats.json", "vae/video_vae-meta.json", "vae/audio_vae-meta.json"):
     if (ret / name).exists():
         shutil.copy(ret / name, runs / name)
-for name in ("dit/tokenizer.json", "dit/latent_stats.json", "dit/dit-meta.json"):
+for name in ("dit/tokenizer.json", "dit/latent_stats.json", "dit/dit-meta.json",
+             "dit7/tokenizer.json", "dit7/latent_stats.json", "dit7/dit-meta.json"):   # dit7: stage 7 (meta7.tar)
     if (ret / name).exists():
         shutil.copy(ret / name, runs / "transport" / Path(name).name)
 if "--vae16" in sys.argv:

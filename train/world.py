@@ -113,6 +113,7 @@ __all__ = [
     "audio_samples", "pan_gains", "make_clip", "caption_line", "caption_ir", "parse_caption",
     "sample_spec", "spec_item", "dataset_item", "iter_specs", "iter_dataset", "is_heldout",
     "heldout_pairs", "heldout_specs", "describe_attributes", "caption_words", "CAPTION_PUNCT",
+    "ANCHOR_MODES", "anchor_names", "keyframes", "AnchorCase", "heldout_anchor_cases",
 ]
 
 FPS = 24
@@ -734,3 +735,70 @@ def make_clip(spec: Spec, width: int = 128, height: int = 128, frames: int = 22,
                   click_samples=tuple(s for _, s in clicks), overlap=overlap)
     return Clip(spec=spec, seed=int(seed), frames=video, audio=audio,
                 caption=caption_line(spec), caption_ir=caption_ir(spec), truth=truth)
+
+
+# ---------------------------------------------------------------------------------------------
+# First/last-frame anchors (FL2VA)
+# ---------------------------------------------------------------------------------------------
+#
+# An anchored request gives the first and/or the last frame of the clip besides the prompt. For a
+# rendered clip the keyframes are simply its own first and last frames, at the clip's size (no
+# resize), so an anchored training example is (caption, keyframes of the same clip, the clip).
+# Nothing above changes: the text-only data and the held-out split are the same specs and clips.
+
+#: Anchor modes in a fixed order; ``anchor_names(mode)`` is diffusers' ``keyframe_anchors`` tuple
+#: (the packed order of the keyframe blocks: first, then last).
+ANCHOR_MODES = ("first", "last", "both")
+
+
+def anchor_names(mode: Optional[str]) -> tuple:
+    """``None``/``"none"`` -> ``()``; ``"first"`` -> ``("first",)``; ``"last"`` -> ``("last",)``;
+    ``"both"`` -> ``("first", "last")``."""
+    if mode in (None, "none", "text"):
+        return ()
+    if mode == "both":
+        return ("first", "last")
+    if mode in ("first", "last"):
+        return (mode,)
+    raise ValueError(f"bad anchor mode {mode!r}")
+
+
+def keyframes(clip: Clip) -> tuple:
+    """(first frame, last frame) of a rendered clip, uint8 ``[H, W, 3]`` each (copies)."""
+    return clip.frames[0].copy(), clip.frames[-1].copy()
+
+
+@dataclass(frozen=True)
+class AnchorCase:
+    """One held-out anchored test request: the prompt of ``spec`` (one-line or Context-IR form),
+    the anchors of mode ``mode`` taken from ``make_clip(spec, W, H, F, clip_seed)``."""
+    spec: Spec
+    mode: str
+    clip_seed: int
+    form: str  # "line" | "ir"
+
+    @property
+    def prompt(self) -> str:
+        return caption_line(self.spec) if self.form == "line" else caption_ir(self.spec)
+
+    @property
+    def anchors(self) -> tuple:
+        return anchor_names(self.mode)
+
+    def clip(self, width: int = 128, height: int = 128, frames: int = 22) -> Clip:
+        """The reference clip the anchors come from (one of the videos the request describes)."""
+        return make_clip(self.spec, width, height, frames, self.clip_seed)
+
+
+def heldout_anchor_cases(n: int = 27) -> list:
+    """``n`` (<= 27) fixed anchored test requests on the held-out specs (:func:`heldout_specs`):
+    case ``k`` uses spec ``k``, anchor mode ``ANCHOR_MODES[k % 3]`` (9 first-only, 9 last-only,
+    9 both for n = 27; every motion meets at least two modes, five of the six all three) and
+    the one-line caption for even ``k``, Context-IR for odd ``k`` (as the text-only eval does).
+    The keyframes come from clip seed ``7000 + k``, a seed no training clip is drawn from (training
+    clip seeds come from ``spec_item``'s generator, not from this series)."""
+    specs = heldout_specs()
+    if not 0 < n <= len(specs):
+        raise ValueError(f"n must be in 1..{len(specs)}")
+    return [AnchorCase(specs[k], ANCHOR_MODES[k % 3], 7000 + k, "line" if k % 2 == 0 else "ir")
+            for k in range(n)]

@@ -47,7 +47,8 @@ static unsigned env_flags(unsigned flags)
     } vars[] = {{"H3_DIT_PRECOMPUTE", H3_OPT_DIT_PER_STEP, true},
                 {"H3_DIT_KEEP_ADALN", H3_OPT_KEEP_ADALN, false},
                 {"H3_TEXT_PREFETCH", H3_OPT_NO_TEXT_PREFETCH, true},
-                {"H3_DROP_PAGE_CACHE", H3_OPT_DROP_PAGE_CACHE, false}};
+                {"H3_DROP_PAGE_CACHE", H3_OPT_DROP_PAGE_CACHE, false},
+                {"H3_STAGES_CPU", H3_OPT_STAGES_CPU, false}};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
         const char *v = getenv(vars[i].name);
         if (!v || !v[0]) continue;
@@ -74,6 +75,26 @@ static int open_device(h3_ctx *ctx, int device, int index)
     if (rc) return rc;
     ctx->device = H3_DEVICE_CUDA;
     snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s", ctx->rt.gpu->desc);
+    return 0;
+}
+
+/* Refuse a weight precision the context's backend cannot run, before any work. */
+static int check_precision(h3_ctx *ctx, int precision)
+{
+    ctx->rt.precision = precision;
+    if (precision == H3_PRECISION_FP8) {
+        if (ctx->device != H3_DEVICE_CUDA)
+            return h3_err(H3_E_UNSUPPORTED, "precision fp8 runs on the CUDA backend only (this context runs on the "
+                                            "CPU: use int8 there, or a GPU)");
+        if (ctx->rt.gpu->compute_capability < 89)
+            return h3_err(H3_E_UNSUPPORTED,
+                          "precision fp8 needs a GPU of compute capability 8.9 or newer (fp8 tensor cores); "
+                          "this one is %d.%d",
+                          ctx->rt.gpu->compute_capability / 10, ctx->rt.gpu->compute_capability % 10);
+    }
+    if (precision == H3_PRECISION_INT8 && ctx->device != H3_DEVICE_CPU)
+        return h3_err(H3_E_UNSUPPORTED, "precision int8 runs on the CPU backend only (use fp8 on a GPU, or "
+                                        "--device cpu)");
     return 0;
 }
 
@@ -110,6 +131,11 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
         h3_err(H3_E_INVALID, "device index must be 0 or more, got %d", o.device_index);
         return NULL;
     }
+    if (o.precision < H3_PRECISION_DEFAULT || o.precision > H3_PRECISION_INT8) {
+        h3_err(H3_E_INVALID, "precision must be %d (default), %d (fp8) or %d (int8), got %d", H3_PRECISION_DEFAULT,
+               H3_PRECISION_FP8, H3_PRECISION_INT8, o.precision);
+        return NULL;
+    }
     h3_ctx *ctx = h3_calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->threads = o.threads ? o.threads : online_cpus();
@@ -122,7 +148,8 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     ctx->rt.model = &ctx->model;
     ctx->rt.threads = ctx->threads;
     ctx->rt.flags = ctx->flags;
-    if (open_device(ctx, o.device, o.device_index) != 0) {
+    if (open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0) {
+        h3_rt_free(&ctx->rt);
         h3_model_close(&ctx->model);
         free(ctx);
         return NULL;
@@ -158,6 +185,16 @@ H3_API const char *h3_device_name(h3_ctx *ctx)
         return NULL;
     }
     return ctx->device == H3_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+H3_API const char *h3_stages_device(h3_ctx *ctx)
+{
+    if (!ctx) {
+        h3_err(H3_E_INVALID, "NULL context");
+        return NULL;
+    }
+    /* The rule of h3_rt_stage_backend. */
+    return ctx->device == H3_DEVICE_CUDA && !(ctx->flags & H3_OPT_STAGES_CPU) ? "cuda" : "cpu";
 }
 
 H3_API const char *h3_device_description(h3_ctx *ctx)
@@ -212,7 +249,8 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
         h3_err(H3_E_INVALID, "NULL context");
         return NULL;
     }
-    char *js = h3_rt_memory_estimate(&ctx->model, ctx->threads, ctx->flags, width, height, frames, prompt_tokens);
+    char *js = h3_rt_memory_estimate_ex(&ctx->model, ctx->threads, ctx->flags, ctx->rt.precision, width, height,
+                                        frames, prompt_tokens);
     if (!js) return NULL;
     free(ctx->mem_json);
     ctx->mem_json = js;

@@ -45,10 +45,13 @@ H3_API int64_t h3_video_decode_workspace(h3_ctx *ctx, int T, int h, int w, const
     h3_video_decode_opts o;
     h3_vvae_cfg cfg;
     h3_vvae_plan p;
+    h3_backend *be;
     int rc;
     if ((rc = read_opts(opts, &o)) || (rc = h3_vvae_cfg_load(&ctx->model, &cfg)) ||
+        (rc = h3_rt_stage_backend(&ctx->rt, &be)) ||
         (rc = h3_vvae_plan_make(&cfg, T, h, w, o.tile_px, o.overlap_px, o.flags, &p)))
         return rc;
+    h3_vvae_plan_for_backend(&cfg, be, &p); /* the decode that would run on this context */
     int64_t bytes = (int64_t)p.workspace_bytes;
     h3_vvae_plan_free(&p);
     return bytes;
@@ -62,7 +65,7 @@ H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int 
     int rc = read_opts(opts, &o);
     if (rc) return rc;
     h3_backend *be;
-    if ((rc = h3_rt_cpu_backend(&ctx->rt, &be))) return rc;
+    if ((rc = h3_rt_stage_backend(&ctx->rt, &be))) return rc;
     /* No hook in the options: the context's (h3_set_progress), as every other stage reports. */
     h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels,
                           o.progress ? o.progress : ctx->rt.progress, o.progress ? o.user : ctx->rt.progress_user};
@@ -100,7 +103,7 @@ H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int 
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
     h3_backend *be;
-    int rc = h3_rt_cpu_backend(&ctx->rt, &be);
+    int rc = h3_rt_stage_backend(&ctx->rt, &be);
     if (rc) return rc;
     return h3_avae_run(&ctx->model, be, latents, channels, latent_frames, pcm, pcm_capacity, progress, user);
 }

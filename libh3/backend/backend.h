@@ -116,6 +116,29 @@ typedef struct h3_bstitch {
     const float *pix_mean, *pix_std; /* [C], host: de-normalisation of rgb and non-raw pixels */
 } h3_bstitch;
 
+/* Geometry of one `conv3d`: input [T][H][W][cin], kernel kt x kh x kw, strides, causal zero
+   frames before the input and reflect padding of its rows and columns (the video VAE encoder's
+   MiniMaxH3VideoCausalConv3d, and the downsampler's extra bottom/right pad folded in). */
+typedef struct h3_bconv3d {
+    int T, H, W, cin, cout;
+    int kt, kh, kw;
+    int st, sh, sw;
+    int pad_t;                                   /* zero frames before frame 0 */
+    int pad_top, pad_bottom, pad_left, pad_right; /* reflect */
+} h3_bconv3d;
+
+/* Output frames, rows and columns of a `conv3d` (0 when the kernel does not fit). */
+static inline int h3_bconv3d_len(int n, int pad, int k, int s)
+{
+    return n + pad < k || s < 1 ? 0 : (n + pad - k) / s + 1;
+}
+static inline void h3_bconv3d_out(const h3_bconv3d *g, int *To, int *Ho, int *Wo)
+{
+    *To = h3_bconv3d_len(g->T, g->pad_t, g->kt, g->st);
+    *Ho = h3_bconv3d_len(g->H, g->pad_top + g->pad_bottom, g->kh, g->sh);
+    *Wo = h3_bconv3d_len(g->W, g->pad_left + g->pad_right, g->kw, g->sw);
+}
+
 typedef struct h3_backend_ops {
     const char *name; /* "cpu", "cuda" */
     void (*destroy)(h3_backend *be);
@@ -253,12 +276,49 @@ typedef struct h3_backend_ops {
        [time, cin] with ld = cin and W's columns ordered (tap, input channel) this is a 1-D
        convolution without an im2col copy (a dilated or transposed one runs once per phase). The
        sums are `linear`'s, at every M (the CPU takes no few-rows shortcut here, so a short clip
-       sums as a long one does). bias f32 [W->rows] or NULL; Y f32, not aliasing X. */
+       sums as a long one does). bias f32 [W->rows] or NULL; Y f32, not aliasing X.
+       W comes from weight_load, or is an f32 matrix in backend memory ({data, H3_DT_F32, rows,
+       cols, priv NULL}, row-major): what the audio decoder hands a backend whose GEMMs are not
+       f32 (a GPU then sums in f32 with f32 operands, as diffusers keeps that decoder in f32 at any
+       pipeline dtype; on the CPU it is the same handle weight_load makes of f32 data). */
     int (*conv_gemm)(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
     /* BigVGAN's conv_post and clamp: y[m] = clamp(w . x_m, -1, 1) for m < X->rows, x_m the X->cols
        floats from X->data + m * X->ld (overlapping windows as in conv_gemm): one output channel,
        no bias; NaN passes through. w f32 [X->cols]; y f32 [X->rows]. */
     int (*conv1_clamp)(h3_backend *be, const h3_bt *X, const float *w, float *y);
+
+    /* ---- the video VAE encoder's ops (models/video_vae_encoder.c; the CPU versions are in
+       backend/cpu/cpu_conv3d.c). Activations are channel-last video: [frames][rows][cols][C]
+       f32, contiguous. ---- */
+    /* Causal 3-D convolution (see h3_bconv3d): y[t][i][j][o] = bias[o] + sum over the window
+       (dt, dy, dx, c) of W[o][(dt, dy, dx, c)] * x~[t*st + dt][i*sh + dy][j*sw + dx][c], x~ being
+       x with g->pad_t zero frames before the first one (nothing after) and its rows and columns
+       reflect-padded (pad_top rows above, pad_bottom below; pad_left, pad_right columns). W is
+       [cout, kt*kh*kw*cin], its columns ordered (dt, dy, dx, c): torch's [cout][cin][kt][kh][kw]
+       weight permuted. Every reflect pad must be smaller than the side it pads. y has
+       h3_bconv3d_out's shape and must not alias x; bias f32 [cout] or NULL. The sums are
+       `conv_gemm`'s (the same at every M), so the result never depends on the thread count. */
+    int (*conv3d)(h3_backend *be, const float *x, const h3_bconv3d *g, const h3_bw *W, const float *bias, float *y);
+    /* GroupNorm of every frame on its own (diffusers' MiniMaxH3VideoGroupNorm), then SiLU when
+       `silu`: x, y [frames][pixels][C]; for each frame and group of C/groups consecutive channels,
+       mean and variance (biased) over its pixels x C/groups values, each summed in double in a
+       fixed order; y = (x - mean) / sqrt(var + eps) * w[c] + b[c] evaluated in double and
+       rounded once, then y * sigmoid(y) in f32 (h3_silu). w, b f32 [C]. y may alias x. */
+    int (*group_norm)(h3_backend *be, const float *x, int frames, int64_t pixels, int C, int groups, const float *w,
+                      const float *b, float eps, bool silu, float *y);
+
+    /* ---- the Qwen3-VL vision tower's ops (models/vision_tower.c; the CPU versions are in
+       backend/cpu/cpu_vision.c). ---- */
+    /* y = GELU(x) element-wise over rows x cols (f32; y may alias x): tanh_approx ?
+       0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (transformers' gelu_pytorch_tanh) :
+       0.5 x (1 + erf(x / sqrt(2))) (torch's nn.GELU()). */
+    int (*gelu)(h3_backend *be, const h3_bt *x, bool tanh_approx, const h3_bt *y);
+    /* Rotate-half RoPE in place, no normalisation: in row r of x, head h (columns [h*D, (h+1)*D)),
+       for d < half: x[d] <- x[d] c - x[d+half] s and x[d+half] <- x[d+half] c + x[d] s with
+       c = cos[r*half + d], s = sin[r*half + d], each product rounded before the sum; dims from
+       2*half on are left alone. cos/sin f32 [x->rows, half]; x f32 (a strided view may pick the
+       q or k columns of a fused qkv row). */
+    int (*rope)(h3_backend *be, const h3_bt *x, int heads, int D, int half, const float *cos, const float *sin);
 } h3_backend_ops;
 
 struct h3_backend {
@@ -266,6 +326,9 @@ struct h3_backend {
     h3_dtype act_dtype; /* dtype of GEMM inputs and attention operands on this backend */
     char desc[160];     /* e.g. "cpu (avx2, 8 threads)", "cuda (NVIDIA H200, sm_90, 139.8 GiB)" */
     int compute_capability; /* GPUs: major * 10 + minor (90 for Hopper); 0 on the CPU */
+    /* H3_PRECISION_* of the weights `weight_load` makes from here on (the runtime sets it once,
+       after checking the backend can run it; DEFAULT keeps the exact path). */
+    int weight_precision;
 };
 
 /* Host services handed to a backend built as its own shared library (it cannot see libh3's

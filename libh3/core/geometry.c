@@ -1,5 +1,6 @@
 /* Render geometry (see geometry.h). */
 #include "core/geometry.h"
+#include "core/keyframe.h"
 
 #include <math.h>
 
@@ -60,4 +61,24 @@ void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int frames, int64
     out->audio_lat = (int)lround((double)out->frames / H3_FPS * ((double)g->sample_rate / g->hop));
     out->video_tokens = (int64_t)out->lat_t * (out->lat_h / g->patch_h) * (out->lat_w / g->patch_w);
     out->seq = prompt_tokens + 2LL * out->audio_lat + out->video_tokens;
+}
+
+/* A positive integer of model_index.json's "h3ctl" block, or `dflt`. */
+static int64_t h3ctl_int(h3_model *m, const char *key, int64_t dflt)
+{
+    if (!m->index_loaded) return dflt;
+    const h3j *blk = h3j_get(&m->index, h3j_root(&m->index), "h3ctl");
+    int64_t v;
+    if (blk && h3_cfg_int(&m->index, blk, &v, key, (const char *)NULL) == 0 && v > 0 && v <= (1LL << 40)) return v;
+    return dflt;
+}
+
+void h3_geom_canvas_rule(h3_model *m, const h3_geom_cfg *g, struct h3_canvas_rule *out)
+{
+    const int64_t dw = h3ctl_int(m, "default_width", 1344), dh = h3ctl_int(m, "default_height", 768);
+    const int64_t se = h3ctl_int(m, "canvas_short_edge", dw < dh ? dw : dh);
+    out->short_edge = se > (1 << 20) ? (1 << 20) : (int)se;
+    out->max_pixels = h3ctl_int(m, "canvas_max_pixels", h3ctl_int(m, "max_pixels", 768 * 1344));
+    out->multiple = g->spatial * (g->patch_h > g->patch_w ? g->patch_h : g->patch_w);
+    h3_err_clear();
 }

@@ -35,4 +35,16 @@ H3_INTERNAL int h3_geom_align_frames(const h3_geom_cfg *g, int frames);
 H3_INTERNAL void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int frames, int64_t prompt_tokens,
                               h3_geom *out);
 
+/*
+ * The canvas rule of FL2VA keyframes on this model (keyframe.h): diffusers' canvas_short_edge and
+ * canvas_max_pixels are the release's 768 and 768 x 1344, which are the short edge of its default
+ * canvas and its pixel limit. A model states its own through model_index.json "h3ctl":
+ * canvas_short_edge / canvas_max_pixels when given, else the short edge of default_width x
+ * default_height and max_pixels (h3-tiny: 128 and 256 x 256), else the release's. The multiple is
+ * the VAE's spatial ratio times the patch (32). Never fails: bad values keep the defaults (the
+ * pipeline reports a malformed h3ctl block).
+ */
+struct h3_canvas_rule;
+H3_INTERNAL void h3_geom_canvas_rule(h3_model *m, const h3_geom_cfg *g, struct h3_canvas_rule *out);
+
 #endif /* H3_GEOMETRY_H */

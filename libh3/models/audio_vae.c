@@ -214,6 +214,34 @@ static int load_bias(h3_backend *be, h3_store *s, const char *base, int n, float
     return to_backend(be, host, n, dst);
 }
 
+/* The backend's handle of a folded convolution weight (host f32 [rows, cols], kept by the caller).
+   A backend whose GEMMs run in f32 (the CPU) takes it with weight_load, a view of the host copy.
+   Any other (a GPU, whose weight_load rounds to bf16) gets an f32 copy in its memory, which
+   conv_gemm sums in f32 (backend.h): diffusers keeps this decoder in f32 at any pipeline dtype,
+   and BigVGAN's long chain of convolutions is where bf16 rounding would be heard. */
+static int conv_weight(h3_backend *be, const float *host, int64_t rows, int64_t cols, h3_bw *w)
+{
+    if (be->act_dtype == H3_DT_F32) return be->ops->weight_load(be, host, H3_DT_F32, rows, cols, w);
+    memset(w, 0, sizeof *w);
+    void *d = h3_backend_dup(be, host, sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (size_t)(cols > 0 ? cols : 1));
+    if (!d) return -H3_E_NOMEM;
+    w->data = d;
+    w->dtype = H3_DT_F32;
+    w->rows = rows;
+    w->cols = cols;
+    return 0;
+}
+
+static void conv_weight_free(h3_backend *be, h3_bw *w)
+{
+    if (!w->data && !w->priv) return;
+    if (be->act_dtype == H3_DT_F32)
+        be->ops->weight_free(be, w);
+    else
+        be->ops->release(be, (void *)w->data);
+    memset(w, 0, sizeof *w);
+}
+
 /* A Conv1d, weight-normed (`wn`) or plain, with or without bias, as [cout][k * cin + i]. */
 static int load_conv(h3_backend *be, h3_store *s, const char *base, int cout, int cin, int k, int dil, bool wn,
                      bool bias, conv_w *cv)
@@ -237,7 +265,7 @@ static int load_conv(h3_backend *be, h3_store *s, const char *base, int cout, in
                     float x = v[((int64_t)o * cin + i) * k + t];
                     *dst++ = wn ? x * scale[o] : x;
                 }
-        rc = be->ops->weight_load(be, cv->host, H3_DT_F32, cout, (int64_t)k * cin, &cv->w);
+        rc = conv_weight(be, cv->host, cout, (int64_t)k * cin, &cv->w);
     }
     free(v), free(scale);
     cv->cin = cin, cv->cout = cout, cv->k = k, cv->dil = dil;
@@ -269,7 +297,7 @@ static int load_tconv(h3_backend *be, h3_store *s, const char *base, int cin, in
                 const int kk = kr + (n - 1 - e) * u;
                 for (int i = 0; i < cin; i++) *dst++ = v[((int64_t)i * cout + o) * k + kk] * scale[i];
             }
-        rc = be->ops->weight_load(be, t->host[r], H3_DT_F32, cout, (int64_t)n * cin, &t->w[r]);
+        rc = conv_weight(be, t->host[r], cout, (int64_t)n * cin, &t->w[r]);
     }
     free(scale);
     free(v);
@@ -318,7 +346,7 @@ static int load_act(h3_backend *be, h3_store *s, const char *base, int C, act_w 
 
 static void free_conv(h3_backend *be, conv_w *c)
 {
-    if (c->w.data || c->w.priv) be->ops->weight_free(be, &c->w);
+    conv_weight_free(be, &c->w);
     h3_free_aligned(c->host);
     be->ops->release(be, c->bias);
 }
@@ -339,7 +367,7 @@ static void dec_free(decoder *d)
     free_conv(be, &d->pre);
     for (int i = 0; i < 16; i++) {
         for (int r = 0; r < 64; r++) {
-            if (d->ups[i].w[r].data || d->ups[i].w[r].priv) be->ops->weight_free(be, &d->ups[i].w[r]);
+            conv_weight_free(be, &d->ups[i].w[r]);
             h3_free_aligned(d->ups[i].host[r]);
         }
         be->ops->release(be, d->ups[i].bias);

@@ -128,6 +128,9 @@ static int get_w(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *fm
     int rc = host_mat(d, &m, rows, cols, name);
     if (!rc) rc = d->be->ops->weight_load(d->be, m.data, m.dtype, rows, cols, w);
     if (rc) h3_err_prefix("%s", name);
+    /* A backend that made its own copy (a GPU's, int8 on the CPU) no longer reads the mapped
+       bytes: let their pages go, so that only the copy stays resident. */
+    if (!rc && w->data != m.data) h3_store_release_tensor(d->st, name);
     return rc;
 }
 
@@ -173,11 +176,17 @@ static int load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i)
 {
     const h3_dit_cfg *c = &d->c;
     int rc;
+    /* Reduced precision applies to the main stack only (the refiner runs once per prompt). */
+    const int keep = d->be->weight_precision;
+    if (strcmp(pfx, "blocks") == 0) d->be->weight_precision = d->precision;
     if ((rc = get_w(d, &b->qkv, 3LL * d->A, c->hidden, "%s.%d.attn.qkv_proj.weight", pfx, i)) ||
         (rc = get_w(d, &b->out, c->hidden, d->A, "%s.%d.attn.out_proj.weight", pfx, i)) ||
         (rc = get_w(d, &b->fc1, 2LL * c->ffn, c->hidden, "%s.%d.mlp.fc1.weight", pfx, i)) ||
-        (rc = get_w(d, &b->fc2, c->hidden, c->ffn, "%s.%d.mlp.fc2.weight", pfx, i)))
+        (rc = get_w(d, &b->fc2, c->hidden, c->ffn, "%s.%d.mlp.fc2.weight", pfx, i))) {
+        d->be->weight_precision = keep;
         return rc;
+    }
+    d->be->weight_precision = keep;
     b->loaded = true;
     return 0;
 }
@@ -289,6 +298,7 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     for (int i = 0; i < c->layers; i++) d->run[i] = i;
     d->n_run = c->layers;
     d->lazy_blocks = opts && opts->lazy_blocks;
+    d->precision = opts ? opts->precision : H3_PRECISION_DEFAULT;
     if (!rc && opts && opts->n_lora > 0)
         rc = h3_lora_open(m, opts->lora_paths, opts->lora_scales, opts->n_lora, &d->lora);
     const int64_t H = c->hidden;

@@ -113,6 +113,10 @@ typedef struct h3_dit_open_opts {
     const char *const *lora_paths;
     const float *lora_scales;
     int n_lora;
+    /* H3_PRECISION_* of the main blocks' four GEMM weights (qkv, out, fc1, fc2: the bulk of the
+       bytes and FLOPs); every other weight keeps the exact path. The backend must run it (the API
+       checks at h3_init). */
+    int precision;
 } h3_dit_open_opts;
 H3_INTERNAL int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags,
                                const h3_dit_open_opts *opts, h3_dit **out);

@@ -60,6 +60,7 @@ struct h3_dit {
     dit_owned *owned;  /* the merged copies */
     int n_owned;
     bool lazy_blocks;  /* blocks' GEMM weights load when a schedule runs them (layer dropping) */
+    int precision;     /* H3_PRECISION_* of the main blocks' GEMM weights (h3_dit_open_opts) */
     int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
     size_t esz;   /* bytes per activation element on the backend */
     bool time_parts; /* per-part timings need a synchronous backend (the CPU) */

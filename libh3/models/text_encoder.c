@@ -1,6 +1,7 @@
 /*
- * Text conditioner: the Qwen3-VL language model over a text-only prompt, up to the hidden state
- * MiniMax-H3 conditions on. The oracle is transformers' Qwen3VLForConditionalGeneration:
+ * Text conditioner: the Qwen3-VL language model over a prompt, up to the hidden state MiniMax-H3
+ * conditions on (with keyframes, vision_tower.c hands h3_text_forward_vl the rows to splice in).
+ * The oracle is transformers' Qwen3VLForConditionalGeneration:
  *
  *   h = embed_tokens[ids]                                   (hidden_states[0])
  *   for each decoder layer l < K:                           (hidden_states[l + 1])
@@ -16,7 +17,8 @@
  * same position and the layout collapses to ordinary 1-D RoPE: angle(p, j) = p * inv_freq[j],
  * inv_freq[j] = theta^(-2j/head_dim), applied rotate-half style (dims j and j + head_dim/2).
  * transformers forms inv_freq and the angle in f32; we do the same so the argument rounding
- * matches, and take cos/sin of that f32 angle.
+ * matches, and take cos/sin of that f32 angle. With vision rows the positions are 3-D
+ * (get_rope_index) and rope_table_3d picks each slot's axis; the text-only table stays the 1-D one.
  *
  * Streaming. Only layers 0..K-1 are read, one at a time, into owned buffers (see te_reader). The
  * embedding table is touched only at the rows of the prompt's tokens.
@@ -457,6 +459,33 @@ static int rope_table(h3_backend *be, te_act *a, double theta)
     return 0;
 }
 
+/* The same table for 3-D positions pos[axis][token] (axis 0 t, 1 h, 2 w) and Qwen3-VL's
+   interleaved slot layout: slot j takes h when j % 3 == 1 and j < 3 * sec[1], w when
+   j % 3 == 2 and j < 3 * sec[2], else t (transformers' recomposition_frequencies). */
+static int rope_table_3d(h3_backend *be, te_act *a, double theta, const int32_t *const pos[3], const int sec[3])
+{
+    const int half = a->half;
+    for (int64_t p0 = 0; p0 < a->n; p0 += ROPE_ROWS) {
+        const int64_t rows = a->n - p0 < ROPE_ROWS ? a->n - p0 : ROPE_ROWS;
+        float *cs = a->stage, *sn = a->stage + rows * half;
+        for (int j = 0; j < half; j++) {
+            float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)a->hd);
+            const int axis = (j % 3 == 1 && j < 3 * sec[1]) ? 1 : (j % 3 == 2 && j < 3 * sec[2]) ? 2 : 0;
+            for (int64_t p = 0; p < rows; p++) {
+                float ang = (float)pos[axis][p0 + p] * inv_freq;
+                cs[p * half + j] = (float)cos((double)ang);
+                sn[p * half + j] = (float)sin((double)ang);
+            }
+        }
+        const size_t bytes = sizeof(float) * (size_t)(rows * half);
+        int rc;
+        if ((rc = be->ops->upload(be, a->cosb + p0 * half, cs, bytes)) ||
+            (rc = be->ops->upload(be, a->sinb + p0 * half, sn, bytes)))
+            return rc;
+    }
+    return 0;
+}
+
 static h3_bt f32(float *p, int64_t rows, int64_t cols, int64_t ld) { return h3_bt_make(p, H3_DT_F32, rows, cols, ld); }
 
 /* A norm weight of the layer, widened to f32 on the host and uploaded. */
@@ -562,11 +591,79 @@ static int check_ids(const te_plan *p, const int32_t *ids, int n)
     return 0;
 }
 
+/* ---- vision rows (Qwen3-VL placeholders) --------------------------------------------------- */
+
+/* A splice that fits the prompt: spans in order, inside it, never touching (transformers groups
+   consecutive placeholders into one run, so two touching spans would be read as one image). */
+static int vision_check(const h3_text_vision *v, int n, int64_t *total)
+{
+    if (v->n_spans < 1 || !v->start || !v->grid_h || !v->grid_w || !v->embeds || v->n_deepstack < 0 ||
+        (v->n_deepstack > 0 && !v->deepstack))
+        return h3_err(H3_E_INVALID, "text encoder: incomplete vision rows");
+    int64_t t = 0, prev_end = -1;
+    for (int s = 0; s < v->n_spans; s++) {
+        if (v->grid_h[s] < 1 || v->grid_w[s] < 1 || v->start[s] < 0 || v->start[s] <= prev_end)
+            return h3_err(H3_E_INVALID, "text encoder: vision span %d (tokens from %d, grid %dx%d) is empty, out "
+                          "of order or touches the previous one", s, v->start[s], v->grid_h[s], v->grid_w[s]);
+        const int64_t len = (int64_t)v->grid_h[s] * v->grid_w[s];
+        if (v->start[s] + len > n)
+            return h3_err(H3_E_INVALID, "text encoder: vision span %d (%lld tokens from %d) runs past the %d-token "
+                          "prompt", s, (long long)len, v->start[s], n);
+        prev_end = v->start[s] + len;
+        t += len;
+    }
+    for (int i = 0; i < 3; i++)
+        if (v->mrope_section[i] < 0) return h3_err(H3_E_INVALID, "text encoder: negative mrope_section");
+    *total = t;
+    return 0;
+}
+
+/* get_rope_index's (t, h, w) positions of every token. */
+static void vision_positions(const h3_text_vision *v, int n, int32_t *const pos[3])
+{
+    int32_t cur = 0;
+    int i = 0;
+    for (int s = 0; s < v->n_spans; s++) {
+        for (; i < v->start[s]; i++) pos[0][i] = pos[1][i] = pos[2][i] = cur++;
+        for (int r = 0; r < v->grid_h[s]; r++)
+            for (int c = 0; c < v->grid_w[s]; c++, i++) {
+                pos[0][i] = cur;
+                pos[1][i] = cur + r;
+                pos[2][i] = cur + c;
+            }
+        cur += v->grid_h[s] > v->grid_w[s] ? v->grid_h[s] : v->grid_w[s];
+    }
+    for (; i < n; i++) pos[0][i] = pos[1][i] = pos[2][i] = cur++;
+}
+
+/* x[span rows] += rows of `src` (backend memory, [sum of span tokens][H]): the deepstack addition. */
+static int vision_add(h3_backend *be, te_act *a, const h3_text_vision *v, const float *src)
+{
+    int64_t off = 0;
+    for (int s = 0; s < v->n_spans; s++) {
+        const int64_t len = (int64_t)v->grid_h[s] * v->grid_w[s];
+        const h3_bt x = f32(a->x + (int64_t)v->start[s] * a->H, len, a->H, a->H);
+        const h3_bt y = f32((float *)src + off * a->H, len, a->H, a->H);
+        int rc = be->ops->gated_add(be, &x, &y, NULL);
+        if (rc) return rc;
+        off += len;
+    }
+    return 0;
+}
+
 int h3_text_forward(h3_model *m, h3_backend *be, const int32_t *ids, int n, float *out, h3_text_run *run)
+{
+    return h3_text_forward_vl(m, be, ids, n, NULL, out, run);
+}
+
+int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, const h3_text_vision *vis,
+                       float *out, h3_text_run *run)
 {
     if (!ids || !out || !be) return h3_err(H3_E_INVALID, "text encoder: NULL ids, output or backend");
     int rc = h3_text_check_count(n);
     if (rc) return rc;
+    int64_t vtok = 0;
+    if (vis && (rc = vision_check(vis, n, &vtok))) return rc;
     te_plan p;
     rc = plan_build(m, &p);
     if (rc) return rc;
@@ -575,6 +672,7 @@ int h3_text_forward(h3_model *m, h3_backend *be, const int32_t *ids, int n, floa
         return rc;
     }
     const int L = p.cfg.cond_layer;
+    const int H = p.cfg.hidden;
     bool prefetch = run && run->prefetch >= 0 ? run->prefetch != 0 : prefetch_default();
     h3_progress_fn progress = run ? run->progress : NULL;
     void *user = run ? run->progress_user : NULL;
@@ -582,22 +680,52 @@ int h3_text_forward(h3_model *m, h3_backend *be, const int32_t *ids, int n, floa
     te_reader rd;
     te_act a;
     void *block = NULL;
+    float *ds = NULL;       /* backend: the deepstack rows that are added (layers 0..n_ds-1) */
+    int32_t *pos = NULL;    /* host: [3][n] positions of the 3-D table */
     uint64_t emb_bytes = 0;
-    const size_t stream_bytes = sizeof(float) * (size_t)n * (size_t)p.cfg.hidden;
+    const size_t stream_bytes = sizeof(float) * (size_t)n * (size_t)H;
+    /* hidden_states[L] is recorded before layer L-1's own addition, so at most L-1 sets matter. */
+    const int n_ds = !vis ? 0 : vis->n_deepstack < L - 1 ? vis->n_deepstack : L - 1;
     memset(&rd, 0, sizeof rd);
     memset(&a, 0, sizeof a);
+    if (vis) {
+        if (!(pos = h3_malloc(sizeof(int32_t) * 3 * (size_t)n))) {
+            rc = -H3_E_NOMEM;
+            goto done;
+        }
+        if (n_ds > 0 && !(ds = h3_backend_dup(be, vis->deepstack, sizeof(float) * (size_t)n_ds * (size_t)vtok * H))) {
+            rc = h3_err(H3_E_NOMEM, "text encoder: cannot hold %d deepstack sets of %lld rows", n_ds, (long long)vtok);
+            goto done;
+        }
+    }
     if ((rc = files_open(&files, &p)) || (rc = reader_start(&rd, &p, &files, prefetch))) goto done;
     reader_request(&rd, 0); /* layer 0 loads while the embeddings are gathered */
     /* hidden_states[0] is gathered into the caller's output, then becomes the residual stream. */
-    if ((rc = act_alloc(&a, be, &p.cfg, n, &block)) || (rc = embed_rows(&files, &p, ids, n, out, &emb_bytes)) ||
-        (rc = be->ops->upload(be, a.x, out, stream_bytes)) || (rc = rope_table(be, &a, p.cfg.rope_theta)))
+    if ((rc = act_alloc(&a, be, &p.cfg, n, &block)) || (rc = embed_rows(&files, &p, ids, n, out, &emb_bytes)))
         goto done;
+    if (vis) {
+        /* masked_scatter of the merger rows over the placeholders' embeddings, span by span */
+        int64_t off = 0;
+        for (int s = 0; s < vis->n_spans; s++) {
+            const int64_t len = (int64_t)vis->grid_h[s] * vis->grid_w[s];
+            memcpy(out + (int64_t)vis->start[s] * H, vis->embeds + off * H, sizeof(float) * (size_t)(len * H));
+            off += len;
+        }
+        int32_t *const axes[3] = {pos, pos + n, pos + 2 * (size_t)n};
+        vision_positions(vis, n, axes);
+        const int32_t *const caxes[3] = {axes[0], axes[1], axes[2]};
+        rc = rope_table_3d(be, &a, p.cfg.rope_theta, caxes, vis->mrope_section);
+    } else {
+        rc = rope_table(be, &a, p.cfg.rope_theta);
+    }
+    if (rc || (rc = be->ops->upload(be, a.x, out, stream_bytes))) goto done;
     if ((rc = h3_progress_check(progress, user, "text_encoder", 0, L))) goto done;
     for (int l = 0; l < L; l++) {
         const uint8_t *buf = NULL;
         if ((rc = reader_get(&rd, l, &buf))) break;
         if (l + 1 < L) reader_request(&rd, l + 1);
         if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;
+        if (l < n_ds && (rc = vision_add(be, &a, vis, ds + (size_t)l * (size_t)vtok * H))) break;
         if ((rc = h3_progress_check(progress, user, "text_encoder", l + 1, L))) break;
     }
     if (!rc) rc = be->ops->download(be, out, a.x, stream_bytes);
@@ -605,6 +733,8 @@ done:
     reader_stop(&rd);
     if (run) run->bytes_read = emb_bytes + rd.bytes;
     if (block) be->ops->release(be, block);
+    if (ds) be->ops->release(be, ds);
+    free(pos);
     free(a.stage);
     files_close(&files);
     plan_free(&p);

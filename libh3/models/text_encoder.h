@@ -31,6 +31,34 @@ typedef struct h3_text_run {
 H3_INTERNAL int h3_text_forward(h3_model *m, h3_backend *be, const int32_t *ids, int n, float *out,
                                 h3_text_run *run);
 
+/*
+ * Vision rows spliced into a prompt (Qwen3-VL's image placeholders; models/vision_tower.c builds
+ * them). Span s covers tokens [start[s], start[s] + grid_h[s] * grid_w[s]), its merged grid in
+ * row-major order; spans are in increasing order and never touch (a text token between two).
+ */
+typedef struct h3_text_vision {
+    int n_spans;
+    const int *start;
+    const int *grid_h, *grid_w;  /* merged grid of each span (patches / merge size) */
+    const float *embeds;         /* [sum of span tokens][hidden]: replace the spans' embeddings */
+    int n_deepstack;
+    const float *deepstack;      /* [n_deepstack][sum of span tokens][hidden]: set l is added to the
+                                    spans' rows after language layer l */
+    int mrope_section[3];        /* text_config.rope_parameters.mrope_section */
+} h3_text_vision;
+
+/*
+ * h3_text_forward with vision rows (vis may be NULL: exactly h3_text_forward). Positions follow
+ * transformers' get_rope_index: a text token takes the running position p on all three axes; the
+ * token at (r, c) of a span starting at position p takes (t, h, w) = (p, p + r, p + c), and the
+ * next token p + max(grid_h, grid_w). Frequency slot j rotates by h when j % 3 == 1 and
+ * j < 3 * mrope_section[1], by w when j % 3 == 2 and j < 3 * mrope_section[2], else by t.
+ * hidden_states[K] is the output of layer K-1 before that layer's deepstack addition, as
+ * transformers records it.
+ */
+H3_INTERNAL int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, const h3_text_vision *vis,
+                                   float *out, h3_text_run *run);
+
 /* 0 when 1 <= n <= H3_TEXT_MAX_TOKENS, else the error (an empty prompt is refused). */
 H3_INTERNAL int h3_text_check_count(int n);
 
@@ -48,5 +76,33 @@ H3_INTERNAL int h3_text_memory(h3_model *m, int n, int prefetch, h3_text_mem *ou
 /* Prompt cache of a context (text_cache.c). */
 typedef struct h3_text_cache h3_text_cache;
 H3_INTERNAL void h3_text_cache_free(h3_text_cache *c);
+
+/*
+ * The FL2VA conditioning a render hands the transformer, exactly what diffusers'
+ * MiniMaxH3FL2VATextEncoderStep returns: prompt_embeds rows and text_token_tags.
+ */
+typedef struct h3_text_rows {
+    int n, hidden;
+    float *rows;    /* [n][hidden] f32 */
+    int32_t *ids;   /* [n] the presentation's token ids */
+    uint8_t *tags;  /* [n] 1 = text row, 0 = a vision block's row (<|vision_start|>, pads, <|vision_end|>) */
+} h3_text_rows;
+H3_INTERNAL void h3_text_rows_free(h3_text_rows *r);
+
+struct h3_runtime;
+/*
+ * Prompt + keyframes (rgb[i]: [heights[i]][widths[i]][3] uint8, first frame then last, as diffusers
+ * numbers them) -> conditioning rows and tags, through the context's prompt cache: the key is the
+ * presentation's token ids plus the processor settings and every image's size and a 128-bit digest
+ * of its bytes, so a different keyframe never hits an entry. n_images = 0 is the text-only
+ * presentation (the same rows as h3_rt_text_encode of the prompt's ids). `out` is the caller's to
+ * free with h3_text_rows_free (zeroed on failure).
+ */
+H3_INTERNAL int h3_rt_text_encode_images(struct h3_runtime *rt, const char *prompt, int n_images,
+                                         const uint8_t *const *rgb, const int *widths, const int *heights,
+                                         h3_text_rows *out);
+/* Row count of that presentation (no pixels read, nothing encoded), or a negative H3_E_* code. */
+H3_INTERNAL int h3_rt_text_image_rows(struct h3_runtime *rt, const char *prompt, int n_images, const int *widths,
+                                      const int *heights);
 
 #endif /* H3_TEXT_ENCODER_H */

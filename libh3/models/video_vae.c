@@ -227,6 +227,17 @@ int h3_vvae_plan_make(const h3_vvae_cfg *c, int T, int h, int w, int tile_px, in
     return 0;
 }
 
+void h3_vvae_plan_for_backend(const h3_vvae_cfg *c, const h3_backend *be, h3_vvae_plan *p)
+{
+    /* Blocks of ROWS_BLOCK rows bound the CPU's FFN buffers. On a GPU they would leave most of the
+       SMs idle in the down projection (256 rows x 2048 outputs is a few dozen output tiles, and
+       determinism excludes split-K), so a tile's rows go through in one GEMM each; the hidden
+       buffers grow to the tile (about 200 MB at the release's widths and 256 px tiles). */
+    if (be->act_dtype == H3_DT_F32 || p->rows_block == p->tokens) return;
+    p->rows_block = p->tokens;
+    p->workspace_bytes = vv_layout(c, p, NULL, NULL);
+}
+
 /* ---- weights ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -651,6 +662,7 @@ int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
     h3_vvae_plan plan;
     if ((rc = h3_vvae_plan_make(&cfg, rq->T, rq->h, rq->w, rq->tile_px, rq->overlap_px, rq->flags, &plan)))
         return rc;
+    h3_vvae_plan_for_backend(&cfg, be, &plan);
     vv_model M;
     if ((rc = vv_load(m, be, &M)) == 0) {
         rc = run_decode(&M, be, &plan, rq);

@@ -56,6 +56,10 @@ typedef struct h3_vvae_plan {
 H3_INTERNAL int h3_vvae_plan_make(const h3_vvae_cfg *c, int T, int h, int w, int tile_px, int overlap_px,
                                   unsigned flags, h3_vvae_plan *p);
 H3_INTERNAL void h3_vvae_plan_free(h3_vvae_plan *p);
+/* Adapt a plan to the backend that runs it: a backend whose GEMMs are not f32 (a GPU) runs the FFN
+   and proj_out over the whole tile at once (rows_block = tokens); workspace_bytes follows. The CPU's
+   plan is unchanged. */
+H3_INTERNAL void h3_vvae_plan_for_backend(const h3_vvae_cfg *c, const h3_backend *be, h3_vvae_plan *p);
 
 typedef struct h3_vvae_request {
     const float *latents;   /* [C, T, h, w], normalised as the DiT produces them */

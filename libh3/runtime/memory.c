@@ -9,6 +9,7 @@
 #include "models/video_vae.h"
 #include "core/geometry.h"
 #include "runtime/runtime.h"
+#include "backend/cpu/cpu_int8.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,8 +30,36 @@ static uint64_t bytes_where(const h3_store *s, const char *prefix, const char *c
     return n;
 }
 
+/* The main blocks' four GEMM weights (qkv, out, fc1, fc2: what a reduced weight precision holds in
+   1 byte a value, dit.c) at their stored size, and as int8 blocks (values plus per-channel scales). */
+static void block_gemm_bytes(const h3_store *s, uint64_t *stored, uint64_t *int8)
+{
+    static const char *const parts[] = {".attn.qkv_proj.weight", ".attn.out_proj.weight", ".mlp.fc1.weight",
+                                        ".mlp.fc2.weight"};
+    *stored = *int8 = 0;
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const h3_tensor *t = &s->tensors[i];
+        const char *name = h3_tensor_name(s, t);
+        if (strncmp(name, "blocks.", 7) != 0 || t->ndim != 2) continue;
+        const size_t nl = strlen(name);
+        for (size_t k = 0; k < sizeof parts / sizeof *parts; k++) {
+            const size_t pl = strlen(parts[k]);
+            if (nl > pl && strcmp(name + nl - pl, parts[k]) == 0) {
+                *stored += t->end - t->begin;
+                *int8 += h3_i8_block_bytes(t->shape[0], t->shape[1]);
+            }
+        }
+    }
+}
+
 char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags, int width, int height, int frames,
                             int prompt_tokens)
+{
+    return h3_rt_memory_estimate_ex(m, threads, flags, H3_PRECISION_DEFAULT, width, height, frames, prompt_tokens);
+}
+
+char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int precision, int width, int height,
+                               int frames, int prompt_tokens)
 {
     const int prefetch = (flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1;
     if (width <= 0 || height <= 0 || frames <= 0 || prompt_tokens <= 0 || width > 16384 ||
@@ -75,6 +104,13 @@ char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags, int width,
     if (!rc && have_dit && (rc = h3_model_headers(m, H3_COMP_TRANSFORMER)) == 0) {
         const h3_store *s = &m->comp[H3_COMP_TRANSFORMER].store;
         uint64_t all = s->bytes, adaln = bytes_where(s, NULL, "adaln_proj", false);
+        /* int8 (CPU): the blocks' GEMM weights stay resident as int8 copies; their mapped pages are
+           released as each is quantised (dit.c get_w). */
+        uint64_t gemm_stored = 0, gemm_int8 = 0;
+        if (precision == H3_PRECISION_INT8) {
+            block_gemm_bytes(s, &gemm_stored, &gemm_int8);
+            all = all - gemm_stored + gemm_int8;
+        }
         uint64_t A = (uint64_t)dc.heads * dc.head_dim, F = (uint64_t)dc.ffn, H = (uint64_t)dc.hidden;
         /* dit.c's buffers per packed row: residual, normed input and output (3H), the QKV or gate/up
            projection, the attention output or the gated product, and the attention context; plus
@@ -100,6 +136,9 @@ char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags, int width,
                       (unsigned long long)act, (unsigned long long)(all - adaln + tables + act), steps,
                       (unsigned long long)all, (unsigned long long)act, (unsigned long long)(all + act),
                       (unsigned long long)adaln);
+        if (precision == H3_PRECISION_INT8)
+            h3_buf_printf(&b, ", \"block_gemm_weights\": {\"precision\": \"int8\", \"stored\": %llu, "
+                          "\"resident\": %llu}", (unsigned long long)gemm_stored, (unsigned long long)gemm_int8);
         first = false;
     }
     if (!rc && have_vv && (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE)) == 0) {

@@ -10,13 +10,22 @@
  * grid points (steps - 1 model evaluations unless the shift collapses points), then the decode
  * steps' de-normalisation. The initial noise is libh3's own counter-based generator (schedule.c)
  * unless the caller injects noise tensors.
+ *
+ * With keyframes it follows the fl2va workflow: the keyframes put onto the canvas (core/keyframe.c),
+ * encoded by the video VAE's encoder into one latent frame each, noised to 0.999 z + 0.001 eps and
+ * packed as conditioning rows in front of the generated video rows; the prompt presented with a
+ * "<Picture k>: " label and a vision block per keyframe; the [text | keyframes | audio | video]
+ * layout with the keyframe anchors. The sampler steps only the rows after the conditioning rows
+ * (dit.c), so they ride through the loop unchanged. The noise streams are listed in keyframe.h.
  */
 #include "models/audio_vae.h"
 #include "models/dit.h"
 #include "models/lora.h"
 #include "models/text_encoder.h"
 #include "models/video_vae.h"
+#include "models/video_vae_encoder.h"
 #include "core/geometry.h"
+#include "core/keyframe.h"
 #include "core/resample.h"
 #include "core/tokenizer.h"
 #include "runtime/runtime.h"
@@ -32,9 +41,14 @@
 #define H3_DEFAULT_MAX_FRAMES 362
 
 struct h3_render {
-    int32_t *ids;
+    int32_t *ids;         /* the prompt's token ids (NULL when the conditioning was injected) */
     int n_ids;
-    float *text;          /* [n_ids, text hidden] */
+    int n_text;           /* text rows: the ids, or the injected conditioning's rows */
+    float *text;          /* [n_text, text hidden] */
+    uint8_t *text_tags;   /* [n_text] H3_TAG_TEXT / H3_TAG_VIDEO (vision blocks); NULL = all text */
+    int n_cond;           /* keyframe conditions, in packed order (0 for text only) */
+    int anchors[2];       /* H3_ANCHOR_* of each */
+    int64_t cond_floats;  /* leading floats of vrows that are conditioning rows, never stepped */
     h3_dit_layout layout;
     float *vrows, *arows; /* packed latents on the transformer's backend, stepped in place */
     h3_backend *be;       /* where vrows/arows live (outlives the transformer: owned by the runtime) */
@@ -56,6 +70,7 @@ static void render_free(struct h3_render *r)
     if (!r) return;
     free(r->ids);
     free(r->text);
+    free(r->text_tags);
     h3_dit_layout_free(&r->layout);
     if (r->be) {
         r->be->ops->release(r->be, r->vrows);
@@ -95,7 +110,9 @@ static int model_limit(h3_model *m, const char *key, int64_t dflt, int64_t *out)
     return 0;
 }
 
-static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc, const h3_vvae_cfg *vc,
+/* `derived`: the canvas came from a keyframe by the model's canvas rule, whose rounding to the
+   multiple may leave it slightly above max_pixels, as diffusers' resolve_canvas_size does. */
+static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc, const h3_vvae_cfg *vc, bool derived,
                        struct h3_render *r)
 {
     h3_model *m = rt->model;
@@ -108,7 +125,7 @@ static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc
     if ((rc = model_limit(m, "max_pixels", H3_DEFAULT_MAX_PIXELS, &max_pixels)) ||
         (rc = model_limit(m, "max_frames", H3_DEFAULT_MAX_FRAMES, &max_frames)))
         return rc;
-    if ((int64_t)q->width * q->height > max_pixels)
+    if (!derived && (int64_t)q->width * q->height > max_pixels)
         return h3_err(H3_E_INVALID, "%dx%d is %lld pixels, more than this model's limit of %lld", q->width,
                       q->height, (long long)q->width * q->height, (long long)max_pixels);
     if (q->frames < 1 || q->frames > 100000)
@@ -299,7 +316,134 @@ static void request_knobs(const h3_request *q, h3_dit_knobs *k)
     k->cache_threshold = q->cache_threshold;
 }
 
-static int plan(h3_runtime *rt, const h3_request *q, cfgs *k, struct h3_render *r)
+/* ---- FL2VA keyframes ------------------------------------------------------------------- */
+
+/* The keyframes of a request in packed order: the first frame, then the last. */
+typedef struct {
+    int n;
+    int anchor[2];
+    const char *name[2];
+    const uint8_t *rgb[2]; /* NULL when only the latent was injected */
+    int w[2], h[2];
+    const float *noise[2], *posterior[2], *latent[2];
+} keyframes;
+
+static int request_keyframes(const h3_request *q, keyframes *kf)
+{
+    memset(kf, 0, sizeof *kf);
+    const struct {
+        const char *name;
+        int anchor;
+        const uint8_t *rgb;
+        int w, h;
+        const float *noise, *posterior, *latent;
+    } in[2] = {{"first frame", H3_ANCHOR_FIRST, q->first_frame, q->first_width, q->first_height, q->first_noise,
+                q->first_posterior_noise, q->first_latent},
+               {"last frame", H3_ANCHOR_LAST, q->last_frame, q->last_width, q->last_height, q->last_noise,
+                q->last_posterior_noise, q->last_latent}};
+    for (int i = 0; i < 2; i++) {
+        if (!in[i].rgb && !in[i].latent) {
+            if (in[i].noise || in[i].posterior)
+                return h3_err(H3_E_INVALID, "%s: noise given without the keyframe (its image or latent)", in[i].name);
+            continue;
+        }
+        if (in[i].rgb) {
+            int rc = h3_keyframe_check(in[i].w, in[i].h, in[i].name);
+            if (rc) return rc;
+        }
+        const int k = kf->n++;
+        kf->anchor[k] = in[i].anchor;
+        kf->name[k] = in[i].name;
+        kf->rgb[k] = in[i].rgb;
+        kf->w[k] = in[i].w;
+        kf->h[k] = in[i].h;
+        kf->noise[k] = in[i].noise;
+        kf->posterior[k] = in[i].posterior;
+        kf->latent[k] = in[i].latent;
+    }
+    return 0;
+}
+
+/* The last frame is cover-cropped when it follows a first frame; a lone keyframe is stretched. */
+static int keyframe_cover(const keyframes *kf, int k) { return kf->n == 2 && kf->anchor[k] == H3_ANCHOR_LAST; }
+
+/*
+ * The keyframe encoders: the video VAE's encoder (models/video_vae_encoder.c) and the text
+ * encoder's vision side (models/vision_tower.c through the prompt cache, runtime/text_cache.c).
+ */
+
+/* Plan-time check that the video VAE can encode a keyframe of the transformer's canvas into one
+   latent frame of the layout's geometry (config and headers only). */
+static int keyframe_encoder_check(h3_model *m, int W, int H, int C, int lh, int lw)
+{
+    int rc = h3_model_require(m, H3_COMP_VIDEO_VAE, "encoding keyframes");
+    if (!rc) rc = h3_model_headers(m, H3_COMP_VIDEO_VAE);
+    if (rc) return rc;
+    /* The encoder's config loads whether or not its weights are there: look for them. */
+    static const char *const names[] = {"encoder.conv_in.weight", "encoder.conv_out.weight", "quant_conv.weight"};
+    const h3_comp *c = &m->comp[H3_COMP_VIDEO_VAE];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!h3_store_find(&c->store, names[i]))
+            return h3_err(H3_E_SCHEMA, "%s: the video VAE has no encoder weights (%s), which keyframes need",
+                          c->weights_dir ? c->weights_dir : c->dir, names[i]);
+    h3_venc_cfg vc;
+    int ec, et, eh, ew;
+    if ((rc = h3_venc_cfg_load(m, &vc)) || (rc = h3_venc_shape(&vc, 1, H, W, 0, 0, 0, &ec, &et, &eh, &ew))) return rc;
+    if (ec != C || et != 1 || eh != lh || ew != lw)
+        return h3_err(H3_E_FORMAT, "%s: the video VAE encodes a %dx%d keyframe into %dx%dx%dx%d latents, the "
+                      "transformer expects %dx1x%dx%d", c->dir, W, H, ec, et, eh, ew, C, lh, lw);
+    return 0;
+}
+
+/* A keyframe [H][W][3] on the canvas -> its normalised latent [C, 1, H/s, W/s], as diffusers'
+   encode_vae_condition: the posterior sampled with `eps` (same shape), or with libh3's noise at
+   seed 42, stream H3_STREAM_POSTERIOR (keyframe.h). */
+static int keyframe_encode(h3_runtime *rt, const uint8_t *rgb, int W, int H, const float *eps, float *out)
+{
+    h3_backend *cpu;
+    int rc = h3_rt_cpu_backend(rt, &cpu);
+    if (rc) return rc;
+    const h3_venc_cond c = {.rgb = rgb, .T = 1, .H = H, .W = W, .eps = eps, .seed = H3_KEYFRAME_ENCODE_SEED,
+                            .stream = H3_STREAM_POSTERIOR, .out = out, .progress = rt->progress,
+                            .user = rt->progress_user};
+    return h3_venc_condition(rt->model, cpu, &c);
+}
+
+/* Plan-time check of the prompt's presentation with keyframes of W x H (tokenizer and configs;
+   no pixels read): the model has a vision tower and the processor takes the size. */
+static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, int W, int H)
+{
+    h3_model *m = rt->model;
+    int rc = h3_model_require(m, H3_COMP_TEXT_ENCODER, "encoding keyframes for the prompt");
+    if (!rc) rc = h3_model_headers(m, H3_COMP_TEXT_ENCODER);
+    if (rc) return rc;
+    const h3_comp *c = &m->comp[H3_COMP_TEXT_ENCODER];
+    if (!h3_store_find(&c->store, "model.visual.patch_embed.proj.weight"))
+        return h3_err(H3_E_SCHEMA, "%s: the text encoder has no vision tower (model.visual.*), which keyframes need",
+                      c->weights_dir ? c->weights_dir : c->dir);
+    const int w[2] = {W, W}, h[2] = {H, H};
+    rc = h3_rt_text_image_rows(rt, prompt ? prompt : "", n, w, h);
+    return rc < 0 ? rc : 0;
+}
+
+/* diffusers' fl2va presentation ("<Picture k>: ", a vision block per keyframe, then the prompt)
+   through the text encoder with its vision tower, cached: sets r->ids / n_ids, n_text, text and
+   text_tags. The keyframes are on the output canvas W x H, as the processor sees them. */
+static int keyframe_text_encode(h3_runtime *rt, const char *prompt, const uint8_t *const *frames, int n, int W,
+                                int H, struct h3_render *r)
+{
+    const int w[2] = {W, W}, h[2] = {H, H};
+    h3_text_rows tr;
+    int rc = h3_rt_text_encode_images(rt, prompt, n, frames, w, h, &tr);
+    if (rc) return rc;
+    r->n_ids = r->n_text = tr.n;
+    r->ids = tr.ids;
+    r->text = tr.rows;
+    r->text_tags = tr.tags;
+    return 0;
+}
+
+static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, keyframes *kf)
 {
     if (!q) return h3_err(H3_E_INVALID, "NULL argument");
     if (q->vae_tile_px < 0 || q->vae_tile_px > 65536)
@@ -322,7 +466,39 @@ static int plan(h3_runtime *rt, const h3_request *q, cfgs *k, struct h3_render *
                       "audio VAE %d, text encoder %d)",
                       m->partition_dir, k->dc.video_ch, k->dc.audio_ch, k->dc.text_dim, k->vc.latent_ch,
                       k->ac.latent_ch, k->tc.hidden);
-    if ((rc = check_shape(rt, q, &k->dc, &k->vc, r))) return rc;
+    /* Keyframes: a canvas left at 0 x 0 follows the first keyframe's aspect by the model's rule. */
+    if ((rc = request_keyframes(q, kf))) return rc;
+    bool derived = false;
+    if (kf->n && (q->width == 0 || q->height == 0)) {
+        if (q->width || q->height)
+            return h3_err(H3_E_INVALID, "give width and height together, or neither (the canvas then follows the %s)",
+                          kf->name[0]);
+        if (!kf->rgb[0])
+            return h3_err(H3_E_INVALID, "%s given as a latent: width and height are needed", kf->name[0]);
+        h3_geom_cfg gc;
+        h3_geom_cfg_of_model(m, &gc);
+        h3_canvas_rule cr;
+        h3_geom_canvas_rule(m, &gc, &cr);
+        if ((rc = h3_canvas_resolve(&cr, kf->w[0], kf->h[0], &q->width, &q->height))) return rc;
+        derived = true;
+    }
+    if ((rc = check_shape(rt, q, &k->dc, &k->vc, derived, r))) return rc;
+    if (q->text_states) {
+        if (q->text_rows < 1 || q->text_rows > H3_TEXT_MAX_TOKENS)
+            return h3_err(H3_E_INVALID, "text_states: %d rows (1 to %d)", q->text_rows, H3_TEXT_MAX_TOKENS);
+    } else if (q->text_rows || q->text_tags) {
+        return h3_err(H3_E_INVALID, "text_rows / text_tags given without text_states");
+    }
+    bool encode = false;
+    for (int i = 0; i < kf->n; i++) {
+        if (kf->rgb[i] && !kf->latent[i]) encode = true;
+        if (!kf->rgb[i] && !q->text_states)
+            return h3_err(H3_E_INVALID, "%s: its image is needed to present it to the text encoder", kf->name[i]);
+    }
+    if (encode && (rc = keyframe_encoder_check(m, r->rw, r->rh, r->C, r->lh, r->lw))) return rc;
+    if (kf->n && !q->text_states && (rc = keyframe_text_check(rt, q->prompt, kf->n, q->width, q->height))) return rc;
+    r->n_cond = kf->n;
+    for (int i = 0; i < kf->n; i++) r->anchors[i] = kf->anchor[i];
     if (q->vae_tile_px && (q->vae_tile_px % k->vc.spatial || q->vae_tile_px <= k->vc.tile_overlap))
         return h3_err(H3_E_INVALID, "VAE tile size %d must be a multiple of %d and larger than the %d-pixel overlap",
                       q->vae_tile_px, k->vc.spatial, k->vc.tile_overlap);
@@ -359,7 +535,7 @@ static void fill_info(const struct h3_render *r, h3_render_info *out)
     out->latent_channels = r->C;
     out->audio_latents = r->Ta;
     out->audio_latent_channels = r->AC;
-    out->prompt_tokens = r->n_ids;
+    out->prompt_tokens = r->n_text;
     out->steps = r->evals;
     out->steps_done = r->done;
     out->sequence = r->layout.seq;
@@ -376,10 +552,105 @@ int h3_rt_plan(h3_runtime *rt, const h3_request *request, h3_render_info *out)
     struct h3_render r;
     memset(&r, 0, sizeof r);
     cfgs k;
-    rc = plan(rt, q, &k, &r);
+    keyframes kf;
+    rc = plan(rt, q, &k, &r, &kf);
     if (rc) return rc;
     fill_info(&r, out);
     return 0;
+}
+
+/* Step 1: the conditioning rows. Injected (text_states), the fl2va presentation of the keyframes,
+   or the prompt alone (tokenized, then the cached text encoder). */
+static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf, int hidden, h3_pool *pool,
+                        struct h3_render *r)
+{
+    int rc;
+    if (q->text_states) {
+        r->n_text = q->text_rows;
+        r->text = h3_malloc(sizeof(float) * (size_t)r->n_text * (size_t)hidden);
+        if (!r->text) return -H3_E_NOMEM;
+        memcpy(r->text, q->text_states, sizeof(float) * (size_t)r->n_text * (size_t)hidden);
+        if (q->text_tags) {
+            if (!(r->text_tags = h3_malloc((size_t)r->n_text))) return -H3_E_NOMEM;
+            memcpy(r->text_tags, q->text_tags, (size_t)r->n_text);
+        }
+        return 0;
+    }
+    if (kf->n) {
+        /* The processor sees the keyframes as the encoder would at the output canvas. */
+        uint8_t *placed[2] = {NULL, NULL};
+        const size_t px = (size_t)q->width * (size_t)q->height * 3;
+        rc = 0;
+        for (int i = 0; i < kf->n && !rc; i++) {
+            if (!(placed[i] = h3_malloc(px)))
+                rc = -H3_E_NOMEM;
+            else
+                rc = h3_keyframe_place(pool, kf->rgb[i], kf->w[i], kf->h[i], q->width, q->height,
+                                       keyframe_cover(kf, i), placed[i]);
+        }
+        if (!rc)
+            rc = keyframe_text_encode(rt, q->prompt, (const uint8_t *const *)placed, kf->n, q->width, q->height, r);
+        free(placed[0]);
+        free(placed[1]);
+        return rc;
+    }
+    if ((rc = progress(rt, "tokenize", 0, 1)) || (rc = tokenize(rt, q->prompt, r)) ||
+        (rc = progress(rt, "tokenize", 1, 1)))
+        return rc;
+    r->n_text = r->n_ids;
+    r->text = h3_malloc(sizeof(float) * (size_t)r->n_ids * (size_t)hidden);
+    if (!r->text) return -H3_E_NOMEM;
+    return h3_rt_text_encode(rt, r->ids, r->n_ids, r->text);
+}
+
+/* Step 2: each keyframe's normalised latent [C, 1, lh, lw] on the transformer's canvas, into
+   cond[k * C * lh * lw]: injected, or the keyframe put onto that canvas and encoded with its
+   posterior noise (injected, or libh3's, see keyframe.h). */
+static int prepare_keyframe_latents(h3_runtime *rt, const keyframes *kf, const struct h3_render *r, h3_pool *pool,
+                                    float *cond)
+{
+    const int64_t n = (int64_t)r->C * r->lh * r->lw;
+    uint8_t *placed = NULL;
+    int rc = 0;
+    for (int i = 0; i < kf->n && !rc; i++) {
+        float *out = cond + i * n;
+        if (kf->latent[i]) {
+            memcpy(out, kf->latent[i], sizeof(float) * (size_t)n);
+            continue;
+        }
+        if (!placed && !(placed = h3_malloc((size_t)r->rw * (size_t)r->rh * 3))) {
+            rc = -H3_E_NOMEM;
+            break;
+        }
+        rc = h3_keyframe_place(pool, kf->rgb[i], kf->w[i], kf->h[i], r->rw, r->rh, keyframe_cover(kf, i), placed);
+        if (!rc) rc = keyframe_encode(rt, placed, r->rw, r->rh, kf->posterior[i], out);
+        if (rc) h3_err_prefix("%s", kf->name[i]);
+    }
+    free(placed);
+    return rc;
+}
+
+/* Step 4: the conditioning rows, noised as diffusers' scale_noise(z, 0.999, eps) in f32
+   (t z + (1 - t) eps, each product rounded), then patchified one condition at a time. */
+static void pack_conditions(const h3_dit_cfg *dc, const keyframes *kf, const struct h3_render *r, const float *cond,
+                            float *scratch, float *rows)
+{
+    const int64_t n = (int64_t)r->C * r->lh * r->lw;
+    const int64_t per = (int64_t)(r->lh / dc->patch[1]) * (r->lw / dc->patch[2]) * dc->video_ch * dc->patch[1] *
+                        dc->patch[2];
+    const float t = (float)H3_KEYFRAME_NOISE_AUG, u = 1.0f - t;
+    for (int i = 0; i < kf->n; i++) {
+        if (kf->noise[i])
+            memcpy(scratch, kf->noise[i], sizeof(float) * (size_t)n);
+        else
+            h3_noise(r->seed, H3_STREAM_COND + (uint32_t)i, 0, scratch, n);
+        const float *z = cond + i * n;
+        for (int64_t j = 0; j < n; j++) {
+            const float a = t * z[j], b = u * scratch[j];
+            scratch[j] = a + b;
+        }
+        h3_dit_patchify_video(dc, scratch, 1, r->lh, r->lw, rows + i * per);
+    }
 }
 
 int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
@@ -388,27 +659,35 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     h3_request wide, *q = &wide;
     int rc = widen_request(request, &wide);
     if (rc) return rc;
-    if (!q->prompt) return h3_err(H3_E_INVALID, "no prompt");
+    if (!q->prompt && !q->text_states) return h3_err(H3_E_INVALID, "no prompt");
     h3_rt_render_free(rt);
     struct h3_render *r = h3_calloc(1, sizeof *r);
     if (!r) return -H3_E_NOMEM;
+    float *cond = NULL;
     cfgs k;
-    if ((rc = plan(rt, q, &k, r))) goto fail;
+    keyframes kf;
+    if ((rc = plan(rt, q, &k, r, &kf))) goto fail;
     h3_dit_cfg dc = k.dc;
     h3_text_cfg tc = k.tc;
-
-    /* 1. prompt -> ids -> conditioning (the text encoder streams its layers and caches). */
-    if ((rc = progress(rt, "tokenize", 0, 1)) || (rc = tokenize(rt, q->prompt, r)) ||
-        (rc = progress(rt, "tokenize", 1, 1)))
-        goto fail;
-    r->text = h3_malloc(sizeof(float) * (size_t)r->n_ids * (size_t)tc.hidden);
-    if (!r->text) {
+    h3_pool *pool = h3_rt_pool(rt);
+    if (!pool) {
         rc = -H3_E_NOMEM;
         goto fail;
     }
-    if ((rc = h3_rt_text_encode(rt, r->ids, r->n_ids, r->text))) goto fail;
 
-    /* 2. transformer: layout, refined text, schedule with AdaLN tables. */
+    /* 1. conditioning rows (the text encoder streams its layers and caches); 2. keyframe latents,
+       before the transformer maps its weights. */
+    if ((rc = prepare_text(rt, q, &kf, tc.hidden, pool, r))) goto fail;
+    const int64_t clat = (int64_t)r->C * r->lh * r->lw;
+    if (kf.n) {
+        if (!(cond = h3_alloc_aligned(sizeof(float) * (size_t)(kf.n * clat)))) {
+            rc = -H3_E_NOMEM;
+            goto fail;
+        }
+        if ((rc = prepare_keyframe_latents(rt, &kf, r, pool, cond))) goto fail;
+    }
+
+    /* 3. transformer: layout, refined text, schedule with AdaLN tables. */
     if ((rc = progress(rt, "prepare", 0, 2))) goto fail;
     /* The transformer with this request's LoRA files merged (reopened when they differ from the open
        one's); with layer dropping, a fresh open leaves the blocks to load until they are chosen. */
@@ -418,8 +697,10 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     request_knobs(q, &kn);
     h3_dit *d;
     if ((rc = h3_rt_dit_for(rt, &oo, &d))) goto fail;
-    if ((rc = h3_dit_layout_t2va(&dc, r->n_ids, NULL, r->T, r->lh, r->lw, r->Ta, NULL, 0, &r->layout))) goto fail;
-    if ((rc = h3_dit_set_layout(d, &r->layout)) || (rc = h3_dit_set_text(d, r->text, r->n_ids)) ||
+    if ((rc = h3_dit_layout_t2va(&dc, r->n_text, r->text_tags, r->T, r->lh, r->lw, r->Ta, r->anchors, r->n_cond,
+                                 &r->layout)))
+        goto fail;
+    if ((rc = h3_dit_set_layout(d, &r->layout)) || (rc = h3_dit_set_text(d, r->text, r->n_text)) ||
         (rc = h3_dit_set_knobs(d, &kn)))
         goto fail;
     if ((rc = progress(rt, "prepare", 1, 2))) goto fail;
@@ -429,12 +710,14 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     r->evals = rc;
     rc = 0;
 
-    /* 3. initial noise: injected, or drawn from (seed, stream) in latent order. */
+    /* 4. initial noise: injected, or drawn from (seed, stream) in latent order; the conditioning
+       rows first, then the generated video rows. */
     int64_t vlat = (int64_t)r->C * r->T * r->lh * r->lw, alat = 2LL * r->AC * r->Ta;
     int64_t pd = (int64_t)dc.video_ch * dc.patch[1] * dc.patch[2];
     r->vrow_floats = r->layout.n_video * pd;
     r->arow_floats = r->layout.n_audio * dc.audio_ch;
-    float *vlatents = h3_alloc_aligned(sizeof(float) * (size_t)vlat);
+    r->cond_floats = r->layout.n_cond_video * pd;
+    float *vlatents = h3_alloc_aligned(sizeof(float) * (size_t)(vlat > clat ? vlat : clat));
     float *alatents = h3_alloc_aligned(sizeof(float) * (size_t)alat);
     float *vrows = h3_alloc_aligned(sizeof(float) * (size_t)r->vrow_floats);
     float *arows = h3_alloc_aligned(sizeof(float) * (size_t)r->arow_floats);
@@ -450,6 +733,7 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
         rc = -H3_E_NOMEM;
         goto fail;
     }
+    if (kf.n) pack_conditions(&dc, &kf, r, cond, vlatents, vrows);
     if (q->video_noise)
         memcpy(vlatents, q->video_noise, sizeof(float) * (size_t)vlat);
     else if (r->lh != r->olh || r->lw != r->olw)
@@ -460,7 +744,7 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
         memcpy(alatents, q->audio_noise, sizeof(float) * (size_t)alat);
     else
         h3_noise(q->seed, 1, 0, alatents, alat);
-    h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, vrows);
+    h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, vrows + r->cond_floats);
     h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, arows);
     if (!rc) rc = r->be->ops->upload(r->be, r->vrows, vrows, sizeof(float) * (size_t)r->vrow_floats);
     if (!rc) rc = r->be->ops->upload(r->be, r->arows, arows, sizeof(float) * (size_t)r->arow_floats);
@@ -470,10 +754,12 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     h3_free_aligned(vrows);
     h3_free_aligned(arows);
     if (rc || (rc = progress(rt, "prepare", 2, 2))) goto fail;
+    h3_free_aligned(cond);
     r->dit_gen = h3_dit_generation(d);
     rt->render = r;
     return 0;
 fail:
+    h3_free_aligned(cond);
     render_free(r);
     return rc;
 }
@@ -525,7 +811,7 @@ int h3_rt_get_latents(h3_runtime *rt, float *video, float *audio)
     int rc = h3_dit_cfg_load(rt->model, &dc);
     float *rows = NULL;
     if (!rc && video) rc = download_rows(r, r->vrows, r->vrow_floats, &rows);
-    if (!rc && video) h3_dit_unpatchify_video(&dc, rows, r->T, r->lh, r->lw, video);
+    if (!rc && video) h3_dit_unpatchify_video(&dc, rows + r->cond_floats, r->T, r->lh, r->lw, video);
     h3_free_aligned(rows);
     rows = NULL;
     if (!rc && audio) rc = download_rows(r, r->arows, r->arow_floats, &rows);
@@ -538,7 +824,7 @@ int h3_rt_prompt_tokens(h3_runtime *rt, int32_t *ids, int cap)
 {
     struct h3_render *r = rt->render;
     if (!r) return h3_err(H3_E_INVALID, "no prepared request");
-    if (ids) memcpy(ids, r->ids, sizeof *ids * (size_t)(cap < r->n_ids ? cap : r->n_ids));
+    if (ids && r->ids) memcpy(ids, r->ids, sizeof *ids * (size_t)(cap < r->n_ids ? cap : r->n_ids));
     return r->n_ids;
 }
 
@@ -551,19 +837,20 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
     if (!rgb && !pixels && !pcm) return h3_err(H3_E_INVALID, "decode: no output buffer");
     h3_pool *pool = h3_rt_pool(rt);
     if (!pool) return -H3_E_NOMEM;
-    /* The transformer is done once the loop has run: let its pages go before the decoders map
-       theirs. The decoders run on the CPU backend. */
+    /* The transformer is done once the loop has run: let its pages (and GPU memory) go before the
+       decoders load theirs. The decoders run on the stage backend (the GPU unless
+       H3_OPT_STAGES_CPU). */
     h3_rt_release_dit(rt);
     h3_dit_cfg dc;
-    h3_backend *cpu;
+    h3_backend *be;
     int rc = h3_dit_cfg_load(rt->model, &dc);
-    if (rc || (rc = h3_rt_cpu_backend(rt, &cpu))) return rc;
+    if (rc || (rc = h3_rt_stage_backend(rt, &be))) return rc;
     if (pcm) {
         float *alat = h3_alloc_aligned(sizeof(float) * 2 * (size_t)r->AC * (size_t)r->Ta), *rows = NULL;
         rc = alat ? download_rows(r, r->arows, r->arow_floats, &rows) : -H3_E_NOMEM;
         if (!rc) {
             h3_dit_unpack_audio(r->AC, r->Ta, rows, alat);
-            rc = h3_avae_run(rt->model, cpu, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
+            rc = h3_avae_run(rt->model, be, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
                              rt->progress_user);
         }
         h3_free_aligned(rows);
@@ -577,7 +864,7 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
             h3_free_aligned(vlat);
             return rc;
         }
-        h3_dit_unpatchify_video(&dc, rows, r->T, r->lh, r->lw, vlat);
+        h3_dit_unpatchify_video(&dc, rows + r->cond_floats, r->T, r->lh, r->lw, vlat);
         h3_free_aligned(rows);
         /* On a smaller render canvas the decoder's frames (in [0, 1]) are resized to the output. */
         const bool resize = r->rw != r->width || r->rh != r->height;
@@ -598,7 +885,7 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
         vq.progress = rt->progress;
         vq.user = rt->progress_user;
         vq.tile_px = r->vae_tile; /* smaller tiles bound memory tighter; the blend is diffusers' */
-        rc = h3_vvae_run(rt->model, cpu, &vq);
+        rc = h3_vvae_run(rt->model, be, &vq);
         h3_free_aligned(vlat);
         if (!rc && resize)
             rc = h3_resize_lanczos3(pool, small, r->frames, r->rh, r->rw, r->height, r->width, pixels, rgb);
@@ -606,4 +893,13 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
         if (rc) return rc;
     }
     return 0;
+}
+
+int h3_rt_keyframe_canvas(h3_runtime *rt, int image_width, int image_height, int *width, int *height)
+{
+    h3_geom_cfg gc;
+    h3_geom_cfg_of_model(rt->model, &gc);
+    h3_canvas_rule cr;
+    h3_geom_canvas_rule(rt->model, &gc, &cr);
+    return h3_canvas_resolve(&cr, image_width, image_height, width, height);
 }

@@ -47,6 +47,16 @@ int h3_rt_cpu_backend(h3_runtime *rt, h3_backend **out)
     return 0;
 }
 
+int h3_rt_stage_backend(h3_runtime *rt, h3_backend **out)
+{
+    /* The stages follow the device unless H3_OPT_STAGES_CPU keeps them on their exact f32 path. */
+    if (rt->gpu && !(rt->flags & H3_OPT_STAGES_CPU)) {
+        *out = rt->gpu;
+        return 0;
+    }
+    return h3_rt_cpu_backend(rt, out);
+}
+
 int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out)
 {
     if (rt->gpu) {
@@ -63,7 +73,9 @@ int h3_rt_dit(h3_runtime *rt, h3_dit **out)
         h3_pool *pool = h3_rt_pool(rt);
         if (!pool) return -H3_E_NOMEM;
         int rc = h3_rt_dit_backend(rt, &be);
-        if (!rc) rc = h3_dit_open(rt->model, pool, be, rt->flags, &rt->dit);
+        h3_dit_open_opts o = {0};
+        o.precision = rt->precision;
+        if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
         if (rc) return rc;
     }
     *out = rt->dit;
@@ -105,7 +117,10 @@ int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
     h3_backend *be;
     h3_pool *pool = h3_rt_pool(rt);
     int rc = pool ? h3_rt_dit_backend(rt, &be) : -H3_E_NOMEM;
-    if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, opts, &rt->dit);
+    h3_dit_open_opts o = {0};
+    if (opts) o = *opts;
+    o.precision = rt->precision;
+    if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
     if (rc) {
         free(key);
         return rc;

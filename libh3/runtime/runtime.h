@@ -21,6 +21,7 @@ typedef struct h3_runtime {
     h3_model *model;
     int threads;
     unsigned flags;            /* H3_OPT_* (environment overrides already applied) */
+    int precision;             /* H3_PRECISION_* of the transformer's block weights (h3_options) */
     h3_progress_fn progress;   /* h3_set_progress */
     void *progress_user;
     struct h3_pool *pool;      /* host workers, created on first use */
@@ -35,8 +36,11 @@ typedef struct h3_runtime {
 
 /* The host worker pool (NULL + error when it cannot be created). */
 H3_INTERNAL struct h3_pool *h3_rt_pool(h3_runtime *rt);
-/* The CPU backend over the pool, created on first use: the text encoder and the decoders run on it. */
+/* The CPU backend over the pool, created on first use. */
 H3_INTERNAL int h3_rt_cpu_backend(h3_runtime *rt, h3_backend **out);
+/* The backend the text encoder and the decoders run on: the GPU backend if one is set and
+   H3_OPT_STAGES_CPU is not, else the CPU. */
+H3_INTERNAL int h3_rt_stage_backend(h3_runtime *rt, h3_backend **out);
 /* The backend the transformer and sampler run on: the GPU backend if one is set, else the CPU. */
 H3_INTERNAL int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out);
 /* The transformer, opened on first use on the transformer's backend. */
@@ -67,9 +71,15 @@ H3_INTERNAL int h3_rt_get_latents(h3_runtime *rt, float *video, float *audio);
 H3_INTERNAL int h3_rt_prompt_tokens(h3_runtime *rt, int32_t *ids, int cap);
 H3_INTERNAL int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm);
 H3_INTERNAL void h3_rt_render_free(h3_runtime *rt);
+/* The canvas a keyframe of image_width x image_height implies on the model (h3_keyframe_canvas). */
+H3_INTERNAL int h3_rt_keyframe_canvas(h3_runtime *rt, int image_width, int image_height, int *width, int *height);
 
 /* Peak-memory estimate per phase as a JSON object (memory.c); the caller frees the string. */
 H3_INTERNAL char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags, int width, int height,
                                         int frames, int prompt_tokens);
+/* The same for weights held at an H3_PRECISION_* (INT8: the main blocks' GEMM weights as int8 copies;
+   the denoise phases then also report "block_gemm_weights": stored and resident bytes). */
+H3_INTERNAL char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int precision, int width,
+                                           int height, int frames, int prompt_tokens);
 
 #endif /* H3_RUNTIME_H */

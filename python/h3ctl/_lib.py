@@ -32,7 +32,7 @@ c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 class H3Options(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32), ("device", c_int32),
-                ("device_index", c_int32)]
+                ("device_index", c_int32), ("precision", c_int32)]
 
 
 # int (*)(void *user, const char *phase, int done, int total): non-zero cancels.
@@ -54,6 +54,8 @@ H3_OPT_DIT_PER_STEP = 2
 H3_OPT_KEEP_ADALN = 4
 H3_OPT_NO_TEXT_PREFETCH = 8
 H3_OPT_DROP_PAGE_CACHE = 16
+# On a GPU device, the text encoder and the decoders on the CPU (their exact f32 path; H3_STAGES_CPU=1).
+H3_OPT_STAGES_CPU = 32
 
 # Where the transformer and the sampler run (h3_options.device).
 H3_DEVICE_AUTO = 0
@@ -70,7 +72,14 @@ class H3Request(ctypes.Structure):
                 ("reuse", c_int32), ("core_reuse", c_int32), ("layers", c_int32), ("layer_policy", c_int32),
                 ("token_reduction", c_int32), ("render_width", c_int32), ("render_height", c_int32),
                 ("cache_threshold", ctypes.c_float), ("lora_paths", ctypes.POINTER(c_char_p)),
-                ("lora_scales", c_float_p), ("n_lora", c_int32)]
+                ("lora_scales", c_float_p), ("n_lora", c_int32),
+                # FL2VA keyframes (uint8 RGB) and the tensors parity checks inject
+                ("first_frame", c_uint8_p), ("first_width", c_int32), ("first_height", c_int32),
+                ("last_frame", c_uint8_p), ("last_width", c_int32), ("last_height", c_int32),
+                ("first_noise", c_float_p), ("last_noise", c_float_p),
+                ("first_posterior_noise", c_float_p), ("last_posterior_noise", c_float_p),
+                ("first_latent", c_float_p), ("last_latent", c_float_p),
+                ("text_states", c_float_p), ("text_tags", c_uint8_p), ("text_rows", c_int32)]
 
 
 # h3_request.layer_policy
@@ -100,6 +109,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_backends_json": (c_char_p, []),
     "h3_device_name": (c_char_p, [c_void_p]),
     "h3_device_description": (c_char_p, [c_void_p]),
+    "h3_stages_device": (c_char_p, [c_void_p]),
     "h3_init": (c_void_p, [c_char_p, ctypes.POINTER(H3Options)]),
     "h3_free": (None, [c_void_p]),
     "h3_threads": (c_int, [c_void_p]),
@@ -121,6 +131,11 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_text_cache_stats_get": (c_int, [c_void_p, ctypes.POINTER(H3TextCacheStats)]),
     "h3_text_cache_set_budget": (c_int, [c_void_p, c_uint64]),
     "h3_text_cache_clear": (None, [c_void_p]),
+    "h3_text_image_rows": (c_int, [c_void_p, c_char_p, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
+    "h3_text_encode_images": (c_int, [c_void_p, c_char_p, c_int, ctypes.POINTER(c_uint8_p), ctypes.POINTER(c_int),
+                                      ctypes.POINTER(c_int), c_float_p, c_int, c_int32_p, c_uint8_p]),
+    "h3_image_preprocess": (c_int64, [c_void_p, c_uint8_p, c_int, c_int, c_float_p, c_int64, c_int32_p,
+                                      c_int32_p]),
     # Transformer
     "h3_sigma_schedule": (c_int, [c_int, c_double, c_float_p, c_float_p]),
     "h3_noise_fill": (c_int, [c_uint64, c_uint32, c_uint64, c_float_p, c_int64]),
@@ -139,6 +154,12 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_video_decode_workspace": (c_int64, [c_void_p, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts)]),
     "h3_video_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_int, c_int, ctypes.POINTER(H3VideoDecodeOpts),
                                 c_uint8_p, c_float_p]),
+    "h3_video_encode_shape": (c_int, [c_void_p, c_int, c_int, c_int, c_int, c_int, c_uint32, c_int_p, c_int_p,
+                                      c_int_p, c_int_p]),
+    "h3_video_encode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_int, c_int, c_int, c_uint32, c_float_p,
+                                c_float_p]),
+    "h3_video_encode_condition": (c_int, [c_void_p, c_uint8_p, c_int, c_int, c_int, c_float_p, c_uint64,
+                                          c_float_p]),
     "h3_audio_info": (c_int, [c_void_p, c_int_p, c_int_p, c_int_p]),
     "h3_audio_samples": (c_int64, [c_void_p, c_int]),
     "h3_audio_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_float_p, c_int64, H3ProgressFn, c_void_p]),
@@ -152,6 +173,8 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_prompt_tokens": (c_int, [c_void_p, c_int32_p, c_int]),
     "h3_decode": (c_int, [c_void_p, c_uint8_p, c_float_p]),
     "h3_decode_video_f32": (c_int, [c_void_p, c_float_p]),
+    "h3_keyframe_canvas": (c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
+    "h3_keyframe_resize": (c_int, [c_uint8_p, c_int, c_int, c_int, c_int, c_int, c_uint8_p]),
 }
 
 
@@ -267,6 +290,18 @@ def check(rc: int) -> int:
     if rc < 0:
         raise H3Error(last_error() or f"libh3 error {rc}", -rc)
     return rc
+
+
+# h3_options.precision (H3_PRECISION_*): "bf16" names the default exact path on a GPU (bf16 weights), as on the CLI.
+PRECISIONS = {"default": 0, "bf16": 0, "fp8": 1, "int8": 2}
+
+
+def precision_code(precision: str) -> int:
+    """H3_PRECISION_* for "default"/"bf16", "fp8" or "int8" (H3Error naming the choices otherwise)."""
+    code = PRECISIONS.get(precision) if isinstance(precision, str) else None
+    if code is None:
+        raise H3Error(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return code
 
 
 def device_code(device: str) -> int:

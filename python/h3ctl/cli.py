@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     pr = sub.add_parser("render", help="render a prompt to an MP4 with stereo sound")
-    from .render import add_arguments, add_device_arguments
+    from .render import add_arguments, add_device_arguments, add_precision_argument
 
     add_arguments(pr)
 
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     pi.add_argument("--prompt-tokens", type=_positive_int, default=64, help="prompt length for the estimate")
     pi.add_argument("--ref2va", action="store_true", help="describe the Ref2VA partition")
     add_device_arguments(pi)
+    add_precision_argument(pi)  # the memory estimate counts the weights as that precision holds them
 
     pp = sub.add_parser("parity", help="run one libh3 stage on tensors from a safetensors file")
     pp.add_argument("stage", nargs="?", help="stage name (see --list)")

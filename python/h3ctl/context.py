@@ -14,12 +14,15 @@ from ._lib import H3Error
 class Context:
     """`device` picks where the transformer and the sampler run: "auto" (CUDA when the backend is built and a
     GPU answers, else the CPU), "cpu" or "cuda" (H3Error with the reason when CUDA cannot be used);
-    `device_index` is the GPU ordinal. `flags` adds H3_OPT_* bits (the exact slow paths)."""
+    `device_index` is the GPU ordinal. `flags` adds H3_OPT_* bits (the exact slow paths). `precision` is how the
+    transformer's block weights are held: "default" (= "bf16": the exact path), "fp8" (CUDA, compute capability
+    8.9+) or "int8" (the CPU); H3Error when the device cannot run it."""
 
     def __init__(self, model_dir: str | os.PathLike, threads: int = 0, ref2va: bool = False, device: str = "auto",
-                 device_index: int = 0, flags: int = 0):
+                 device_index: int = 0, flags: int = 0, precision: str = "default"):
         self._ptr = None
         code = _lib.device_code(device)
+        prec = _lib.precision_code(precision)
         try:
             index = -1 if isinstance(device_index, bool) else operator.index(device_index)
         except TypeError:
@@ -33,6 +36,7 @@ class Context:
         opts.flags = int(flags) | (_lib.H3_OPT_REF2VA if ref2va else 0)
         opts.device = code
         opts.device_index = index
+        opts.precision = prec
         self._ptr = lib.h3_init(os.fsencode(os.fspath(model_dir)), ctypes.byref(opts))
         if not self._ptr:
             raise H3Error(_lib.last_error() or f"{model_dir}: cannot open")
@@ -59,6 +63,12 @@ class Context:
         """One line: the device, its memory and the kernels in use."""
         raw = _lib.lib().h3_device_description(self.ptr)
         return raw.decode("utf-8", "replace") if raw else ""
+
+    @property
+    def stages_device(self) -> str:
+        """Where the text encoder and the decoders run: "cuda" or "cpu" (H3_OPT_STAGES_CPU keeps them there)."""
+        raw = _lib.lib().h3_stages_device(self.ptr)
+        return raw.decode("ascii") if raw else "cpu"
 
     def info(self) -> dict:
         raw = _lib.lib().h3_model_info_json(self.ptr)

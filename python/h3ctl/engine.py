@@ -32,6 +32,10 @@ FPS = 24
 # (768-pixel short edge at 16:9, 124 frames).
 RELEASE_DEFAULTS = {"width": 1344, "height": 768, "frames": 124}
 
+# Tensors a parity check may inject into a render (Engine.prepare's `injected`).
+INJECTED = ("first_noise", "last_noise", "first_posterior_noise", "last_posterior_noise", "first_latent",
+            "last_latent", "text_states", "text_tags")
+
 # progress(phase, done, total) -> True to cancel
 ProgressFn = Callable[[str, int, int], object]
 
@@ -107,9 +111,10 @@ class Engine:
     """
 
     def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
-                 device_index: int = 0):
+                 device_index: int = 0, precision: str = "default"):
         """`device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
-        "cuda"; `device_index`: the GPU ordinal. Only the transformer and the sampler run on a GPU."""
+        "cuda"; `device_index`: the GPU ordinal. `precision`: the transformer blocks' weights, "default" (= "bf16",
+        exact), "fp8" (CUDA) or "int8" (CPU); refused with the reason where the device cannot run it."""
         # Threading state first: close() and the guards must work even if opening fails below.
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread holding the lock in a public method
@@ -119,7 +124,8 @@ class Engine:
         self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
         if model_dir is None and not self.model_dir.exists():
             raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")
-        self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index)
+        self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index,
+                            precision=precision)
         self.defaults = model_defaults(self.model_dir)
         self._progress: ProgressFn | None = None
         self.last_transformer_profile: dict = {}
@@ -209,21 +215,50 @@ class Engine:
     def prepare(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
                 seconds: float | None = None, steps: int = 20, seed: int = 42,
                 video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
-                vae_tile: int | None = None, preset: str | None = None, **knobs) -> dict:
+                vae_tile: int | None = None, preset: str | None = None, first_frame=None, last_frame=None,
+                injected: dict | None = None, **knobs) -> dict:
         """Everything before the first step. `preset` and the speed knobs (reuse, core_reuse, layers,
-        layer_policy, token_reduction, render_size, cache_threshold, lora) as in `request`."""
+        layer_policy, token_reduction, render_size, cache_threshold, lora) as in `request`; `first_frame` /
+        `last_frame` (a path or a uint8 [H, W, 3] RGB array) condition the render on keyframes (FL2VA).
+
+        `injected` (parity checks) holds tensors used instead of libh3's own computation: "first_noise",
+        "last_noise" (the conditioning noise eps, [C, 1, h, w]), "first_posterior_noise",
+        "last_posterior_noise" (the encoder's posterior noise, same shape), "first_latent", "last_latent"
+        (the normalised condition latents, same shape, instead of encoding the keyframe; a keyframe may then be
+        None), "text_states" ([rows, text hidden], instead of encoding the prompt) and "text_tags" ([rows]
+        uint8: 1 text, 0 vision rows)."""
         with self._guard("prepare"):
             if not isinstance(prompt, str):
                 raise H3Error("the prompt must be a string")
-            req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset, **knobs)
+            injected = dict(injected or {})
+            unknown = sorted(set(injected) - set(INJECTED))
+            if unknown:
+                raise H3Error(f"unknown injected tensor(s): {', '.join(unknown)} (known: {', '.join(INJECTED)})")
+            anchors = {"first": first_frame is not None or injected.get("first_latent") is not None,
+                       "last": last_frame is not None or injected.get("last_latent") is not None}
+            req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset,
+                               first_frame=first_frame, last_frame=last_frame, anchors=anchors, **knobs)
             keep = []
             for name, arr in (("video_noise", video_noise), ("audio_noise", audio_noise)):
                 if arr is not None:
                     arr = np.ascontiguousarray(arr, dtype=np.float32)
                     keep.append(arr)
                     setattr(req, name, arr.ctypes.data_as(_lib.c_float_p))
+            inj = {}
+            for name, arr in injected.items():
+                if arr is None:
+                    continue
+                if name.startswith(("first_", "last_")) and not anchors[name.split("_")[0]]:
+                    raise H3Error(f"{name} given without the {name.split('_')[0]} frame")
+                dtype = np.uint8 if name == "text_tags" else np.float32
+                inj[name] = np.ascontiguousarray(arr, dtype=dtype)
+                setattr(req, name, inj[name].ctypes.data_as(_lib.c_uint8_p if dtype == np.uint8 else _lib.c_float_p))
+            if "text_states" in inj:
+                req.text_rows = int(inj["text_states"].shape[0]) if inj["text_states"].ndim == 2 else -1
+            elif "text_tags" in inj:
+                raise H3Error("text_tags given without text_states")
             self._cancel = False
-            if video_noise is not None or audio_noise is not None:
+            if video_noise is not None or audio_noise is not None or inj:
                 info = self.plan(req)
                 want_v = [info["latent_channels"], info["latent_frames"], info["latent_height"],
                           info["latent_width"]]
@@ -232,18 +267,33 @@ class Engine:
                     raise H3Error(f"video_noise must have shape {want_v}, got {list(keep[0].shape)}")
                 if audio_noise is not None and list(keep[-1].shape) != want_a:
                     raise H3Error(f"audio_noise must have shape {want_a}, got {list(keep[-1].shape)}")
+                want_c = [info["latent_channels"], 1, info["latent_height"], info["latent_width"]]
+                hidden = _lib.check(_lib.lib().h3_text_hidden_size(self._ctx.ptr)) if "text_states" in inj else 0
+                for name, arr in inj.items():
+                    if name == "text_states":
+                        want = [arr.shape[0] if arr.ndim == 2 else -1, hidden]
+                    elif name == "text_tags":
+                        want = [req.text_rows]
+                    else:
+                        want = want_c
+                    if list(arr.shape) != want:
+                        raise H3Error(f"{name} must have shape {want}, got {list(arr.shape)}")
             self._call(self._hooked(_lib.lib().h3_prepare, self._ctx.ptr, ctypes.byref(req)))
             return self.render_info()
 
     def request(self, prompt: str = "", width: int | None = None, height: int | None = None,
                 frames: int | None = None, seconds: float | None = None, steps: int = 20,
                 seed: int = 42, vae_tile: int | None = None, preset: str | None = None,
-                **knobs) -> _lib.H3Request:
+                first_frame=None, last_frame=None, anchors: dict | None = None, **knobs) -> _lib.H3Request:
         """An h3_request. `preset`: a name of h3ctl.presets.PRESETS (None: every knob off, the exact render);
         knobs given explicitly (reuse=, core_reuse=, layers=, layer_policy="gate"|"uniform", token_reduction=,
         render_size="WxH", cache_threshold=, lora=["FILE[:SCALE]", ...]) override the preset's. libh3 checks
-        them with the rest of the request (h3_plan)."""
-        from . import presets
+        them with the rest of the request (h3_plan).
+
+        `first_frame` / `last_frame`: keyframes (a path, decoded with the bundled ffmpeg, or a uint8 [H, W, 3]
+        RGB array). With a keyframe and no width/height, the canvas follows the first keyframe's aspect by the
+        model's canvas rule (libh3 resolves it; `plan` reports it). The request keeps the arrays alive."""
+        from . import media, presets
 
         resolved = presets.resolve(preset, **knobs)
         if frames is not None and seconds is not None:
@@ -255,8 +305,21 @@ class Engine:
         req = _lib.H3Request()
         _lib.lib().h3_request_default(ctypes.byref(req))
         req.prompt = prompt.encode("utf-8", "surrogatepass")
-        req.width = int(self.defaults["width"] if width is None else width)
-        req.height = int(self.defaults["height"] if height is None else height)
+        keep = []
+        for which, image in (("first", first_frame), ("last", last_frame)):
+            if image is not None:
+                rgb = media.as_keyframe(image, f"{which} frame")
+                keep.append(rgb)
+                setattr(req, f"{which}_frame", rgb.ctypes.data_as(_lib.c_uint8_p))
+                setattr(req, f"{which}_width", rgb.shape[1])
+                setattr(req, f"{which}_height", rgb.shape[0])
+        req._keep = keep  # the pointers above borrow these arrays' memory
+        # With keyframes an unset canvas is 0 x 0: libh3 takes it from the first keyframe's aspect.
+        keyed = bool(keep) or any((anchors or {}).values())
+        if keyed and (width is None) != (height is None):
+            raise H3Error("give width and height together, or neither (the canvas then follows the keyframe)")
+        req.width = int((0 if keyed else self.defaults["width"]) if width is None else width)
+        req.height = int((0 if keyed else self.defaults["height"]) if height is None else height)
         req.frames = int(self.defaults["frames"] if frames is None else frames)
         req.steps = int(steps)
         req.seed = int(seed)
@@ -335,8 +398,11 @@ class Engine:
                seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
                vae_tile: int | None = None, preview: Callable | None = None, preview_every: int = 1,
-               preset: str | None = None, **knobs) -> Result:
+               preset: str | None = None, first_frame=None, last_frame=None, **knobs) -> Result:
         """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate).
+
+        `first_frame` / `last_frame` (a path or a uint8 [H, W, 3] RGB array): the video starts / ends on these
+        keyframes (FL2VA); without width/height the canvas follows the first keyframe's aspect.
 
         `preset` / knobs: the speed presets and knobs of `request` (default: none, the exact render).
         `Result.transformer` (and `last_transformer_profile`) report the transformer's work for the render:
@@ -354,7 +420,8 @@ class Engine:
             self._progress = progress
             try:
                 info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise,
-                                    vae_tile, preset=preset, **knobs)
+                                    vae_tile, preset=preset, first_frame=first_frame, last_frame=last_frame,
+                                    **knobs)
                 if previewer is not None:
                     previewer.run(steps)
                 while self.step() > 0:

@@ -20,11 +20,11 @@ def human_bytes(n: float) -> str:
 
 
 def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens: int, ref2va: bool = False,
-            device: str = "auto", device_index: int = 0) -> dict:
+            device: str = "auto", device_index: int = 0, precision: str = "default") -> dict:
     t0 = time.perf_counter()
-    with Context(model_dir, ref2va=ref2va, device=device, device_index=device_index) as ctx:
+    with Context(model_dir, ref2va=ref2va, device=device, device_index=device_index, precision=precision) as ctx:
         info = ctx.info()
-        info["device"] = {"name": ctx.device, "description": ctx.device_description}
+        info["device"] = {"name": ctx.device, "description": ctx.device_description, "stages": ctx.stages_device}
         info["memory_estimate"] = ctx.memory_estimate(width, height, frames, prompt_tokens)
         info["memory_estimate"]["render"] = {
             "width": width,
@@ -105,6 +105,12 @@ def render_text(info: dict) -> str:
         if key in mem["phases"]:
             mt.add_row(label, human_bytes(mem["phases"][key]["total"]))
     console.print(mt)
+    bg = mem["phases"].get("block_gemm_weights")
+    if bg:
+        console.print(
+            f"Transformer block GEMM weights held as {bg['precision']}: {human_bytes(bg['resident'])} resident "
+            f"(stored {human_bytes(bg['stored'])}; counted in the denoise phases)."
+        )
     if "adaln_weights_released" in mem["phases"]:
         console.print(
             f"AdaLN precompute releases {human_bytes(mem['phases']['adaln_weights_released'])} of adaln_proj "
@@ -116,14 +122,15 @@ def render_text(info: dict) -> str:
     dev = info.get("device")
     if dev:
         console.print(f"The transformer runs on: {escape(dev['description'])}; the text encoder and the decoders "
-                      "on the cpu.", highlight=False, soft_wrap=True)
+                      f"on the {dev.get('stages', 'cpu')}.", highlight=False, soft_wrap=True)
     console.print(f"[dim]read in {info['elapsed_s']:.3f} s (headers only)[/]")
     return out.getvalue()
 
 
 def main(args) -> int:
     info = collect(args.model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
-                   device=getattr(args, "device", "auto"), device_index=getattr(args, "device_index", 0))
+                   device=getattr(args, "device", "auto"), device_index=getattr(args, "device_index", 0),
+                   precision=getattr(args, "precision", "default"))
     if args.json:
         print(json.dumps(info, indent=2))
     else:

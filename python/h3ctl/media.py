@@ -1,4 +1,5 @@
-"""Writing what a render produces: MP4 (H.264 + AAC through the bundled ffmpeg), WAV, PNG/PPM frames.
+"""Writing what a render produces: MP4 (H.264 + AAC through the bundled ffmpeg), WAV, PNG/PPM frames;
+reading keyframe images (PNG, JPEG, WebP, GIF, BMP) through the same ffmpeg.
 
 Every writer goes to a temporary name next to the target and renames on success, so an
 interrupted or failed write never leaves a partial file under the final name and never
@@ -8,6 +9,7 @@ replaces an existing file half-way.
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import threading
@@ -235,3 +237,190 @@ def read_mp4_audio(path: str | os.PathLike, sample_rate: int = 32000) -> np.ndar
     if proc.returncode != 0:
         raise H3Error(f"{path}: cannot decode audio: {proc.stderr.decode(errors='replace').strip()}")
     return np.frombuffer(proc.stdout, dtype="<f4").reshape(-1, 2).T.copy()
+
+
+# ---- keyframe images -------------------------------------------------------------------------------
+
+# Keyframes larger than this are refused before they are decoded (libh3's limit, core/keyframe.h).
+MAX_IMAGE_PIXELS = 64_000_000
+IMAGE_FORMATS = "PNG, JPEG, WebP, GIF or BMP"
+
+# ffmpeg's colour conversion closest to PIL's for JPEG (4:2:0 chroma interpolated, exact rounding):
+# within 3 levels of PIL's decode on our test images; PNG, WebP (lossless), GIF and BMP decode exactly.
+_SWS = "bilinear+accurate_rnd+full_chroma_int+full_chroma_inp"
+
+
+def _sniff(head: bytes) -> str | None:
+    """The ffmpeg demuxer for an image by its magic bytes; only these formats reach ffmpeg, so a text file
+    or a video is never interpreted by one of ffmpeg's lenient demuxers."""
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png_pipe"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg_pipe"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp_pipe"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head[:2] == b"BM":
+        return "bmp_pipe"
+    return None
+
+
+def _truncated(data: bytes, demuxer: str) -> bool:
+    """A file cut short: ffmpeg's JPEG decoder fills missing entropy-coded data in silently, so a JPEG must hold
+    an end-of-image marker after its last scan; a PNG its IEND chunk; a WebP the bytes its RIFF header counts."""
+    if demuxer == "jpeg_pipe":
+        sos = data.rfind(b"\xff\xda")
+        return sos < 0 or data.find(b"\xff\xd9", sos) < 0
+    if demuxer == "png_pipe":
+        return b"IEND" not in data[-4096:]
+    if demuxer == "webp_pipe":
+        return len(data) < 12 or len(data) < 8 + struct.unpack("<I", data[4:8])[0]
+    return False
+
+
+def _animated(data: bytes, demuxer: str) -> bool:
+    """APNG (an acTL chunk before the image data) and animated WebP (VP8X animation flag or an ANIM chunk):
+    ffmpeg's PNG decoder would quietly read only the first frame of an APNG. GIF frames are counted when
+    decoding."""
+    if demuxer == "png_pipe":
+        pos = 8
+        while pos + 8 <= len(data):
+            n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+            if kind == b"acTL":
+                return True
+            if kind in (b"IDAT", b"IEND"):
+                return False
+            pos += 12 + n
+        return False
+    if demuxer == "webp_pipe":
+        if data[12:16] == b"VP8X" and len(data) > 20 and data[20] & 0x02:
+            return True
+        return b"ANIM" in data[12:4096]
+    if demuxer == "gif":
+        return _gif_images(data) > 1
+    return False
+
+
+def _gif_images(data: bytes) -> int:
+    """Image descriptors in a GIF's block stream (ffmpeg's GIF demuxer may return only the first of frames without
+    a delay). A malformed stream counts what it holds so far; the decoder reports the damage."""
+    def skip_sub_blocks(pos: int) -> int:
+        while pos < len(data) and data[pos]:
+            pos += 1 + data[pos]
+        return pos + 1
+
+    pos, images = 13, 0
+    if len(data) > 10 and data[10] & 0x80:  # global colour table
+        pos += 3 << ((data[10] & 7) + 1)
+    while pos < len(data):
+        kind = data[pos]
+        if kind == 0x21:  # extension: label, then sub-blocks
+            pos = skip_sub_blocks(pos + 2)
+        elif kind == 0x2C:  # image: descriptor, local colour table, LZW code size, sub-blocks
+            images += 1
+            flags = data[pos + 9] if pos + 9 < len(data) else 0
+            pos += 10 + ((3 << ((flags & 7) + 1)) if flags & 0x80 else 0)
+            pos = skip_sub_blocks(pos + 1)
+        else:  # the trailer (0x3B) or damage
+            break
+    return images
+
+
+def read_image(path: str | os.PathLike, what: str = "image") -> np.ndarray:
+    """Decode a still image into uint8 RGB [H, W, 3] with the bundled ffmpeg (alpha dropped, grey and palette
+    expanded, as PIL's convert("RGB")). Unreadable, empty, truncated, non-image and animated files, images of
+    more than 64 megapixels and aspects outside 1:4..4:1 raise H3Error with one line naming the file."""
+    p = Path(path)
+    label = f"{what} {p}"
+    if not p.exists():
+        raise H3Error(f"{label}: no such file")
+    if p.is_dir():
+        raise H3Error(f"{label}: is a directory")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise H3Error(f"{label}: cannot read ({e.strerror or e})") from None
+    if not data:
+        raise H3Error(f"{label}: the file is empty")
+    demuxer = _sniff(data[:16])
+    if demuxer is None:
+        raise H3Error(f"{label}: not an image ({IMAGE_FORMATS})")
+    if _truncated(data, demuxer):
+        raise H3Error(f"{label}: the file is truncated (its end is missing)")
+    if _animated(data, demuxer):
+        raise H3Error(f"{label}: an animated image; a keyframe must be a single still image")
+    base = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-f", demuxer]
+    # 1. The size, from the stream header, before anything is decoded.
+    probe = subprocess.run(base + ["-i", "pipe:0"], input=data, capture_output=True)
+    err = probe.stderr.decode("utf-8", "replace")
+    m = re.search(r"Stream #\d+:\d+.*?: Video: .*?, (\d+)x(\d+)[ ,\n]", err)
+    if not m:
+        kind = {"png_pipe": "PNG", "jpeg_pipe": "JPEG", "webp_pipe": "WebP", "gif": "GIF", "bmp_pipe": "BMP"}[demuxer]
+        raise H3Error(f"{label}: not a readable {kind} image{_reason(err)}")
+    w, h = int(m.group(1)), int(m.group(2))
+    check_image_size(w, h, label)
+    # 2. The pixels: at most two frames, every decoding error fatal (a truncated file fails here).
+    proc = subprocess.run(base + ["-v", "error", "-xerror", "-err_detect", "explode", "-i", "pipe:0",
+                                  "-map", "0:v:0", "-frames:v", "2", "-fps_mode", "passthrough", "-sws_flags", _SWS,
+                                  "-f", "image2pipe", "-c:v", "ppm", "-pix_fmt", "rgb24", "pipe:1"],
+                          input=data, capture_output=True)
+    if proc.returncode != 0 or proc.stderr.strip():
+        why = _reason(proc.stderr.decode("utf-8", "replace"))
+        raise H3Error(f"{label}: cannot be decoded (truncated or corrupt){why}")
+    frames = _ppm_frames(proc.stdout)
+    if not frames:
+        raise H3Error(f"{label}: cannot be decoded: no picture in the file")
+    if len(frames) > 1:
+        raise H3Error(f"{label}: an animated image; a keyframe must be a single still image")
+    rgb = frames[0]
+    if rgb.shape[:2] != (h, w):
+        raise H3Error(f"{label}: decoded as {rgb.shape[1]}x{rgb.shape[0]}, its header says {w}x{h}")
+    return rgb
+
+
+def check_image_size(w: int, h: int, label: str) -> None:
+    if w <= 0 or h <= 0:
+        raise H3Error(f"{label}: the image is empty ({w}x{h})")
+    if w * h > MAX_IMAGE_PIXELS:
+        raise H3Error(f"{label}: {w}x{h} is more than {MAX_IMAGE_PIXELS // 1_000_000} megapixels")
+    if w > 4 * h or h > 4 * w:
+        raise H3Error(f"{label}: {w}x{h} is outside the aspect ratios 1:4 to 4:1")
+
+
+def as_keyframe(image, what: str) -> np.ndarray:
+    """A keyframe given as a path (decoded with read_image) or a uint8 [H, W, 3] array, checked."""
+    if isinstance(image, (str, os.PathLike)):
+        return read_image(image, what)
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
+        raise H3Error(f"{what}: must be a path or a uint8 [H, W, 3] RGB array, got {arr.dtype} {list(arr.shape)}")
+    check_image_size(arr.shape[1], arr.shape[0], what)
+    return np.ascontiguousarray(arr)
+
+
+def _reason(text: str) -> str:
+    """ffmpeg's first line that reports a problem with the data (its tag `[png @ 0x...]` dropped), as
+    ": reason", or ""."""
+    for line in text.splitlines():
+        line = re.sub(r"^(\[[^]]*\]\s*)+", "", line.strip())
+        if re.search(r"error|invalid|too big|overread|truncat|corrupt|missing|unsupported", line, re.I):
+            return f": {line}"
+    return ""
+
+
+def _ppm_frames(buf: bytes) -> list[np.ndarray]:
+    """Binary PPM (P6, maxval 255) frames one after another, as ffmpeg's image2pipe writes them."""
+    out, pos = [], 0
+    while pos < len(buf):
+        m = re.match(rb"P6\s+(\d+)\s+(\d+)\s+255\s", buf[pos:pos + 64])
+        if not m:
+            raise H3Error("ffmpeg returned an unexpected picture format")
+        w, h = int(m.group(1)), int(m.group(2))
+        start = pos + m.end()
+        end = start + w * h * 3
+        if end > len(buf):
+            raise H3Error("ffmpeg returned a short picture")
+        out.append(np.frombuffer(buf, np.uint8, w * h * 3, start).reshape(h, w, 3).copy())
+        pos = end
+    return out

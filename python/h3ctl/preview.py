@@ -201,7 +201,7 @@ def _vae_cfg(engine) -> dict:
 
 
 def _decode(engine, lat: np.ndarray) -> np.ndarray:
-    from .parity_vae_video import decode
+    from .parity.vae_video import decode
 
     _, px = decode(engine._ctx, lat, want_rgb=False)
     return px

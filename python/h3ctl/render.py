@@ -12,6 +12,8 @@ from ._lib import H3Error
 
 PHASE_LABELS = {
     "tokenize": "encode prompt",
+    "vision_encoder": "encode prompt",
+    "video_encode": "encode frames",
     "text_encoder": "encode prompt",
     "prepare": "prepare",
     "denoise": "denoise",
@@ -27,6 +29,10 @@ def add_arguments(p) -> None:
     p.add_argument("--width", type=int, help="pixels, a multiple of 32 (default: the model's)")
     p.add_argument("--height", type=int, help="pixels, a multiple of 32 (default: the model's)")
     p.add_argument("--size", help="WxH shorthand for --width/--height")
+    p.add_argument("--first-frame", metavar="IMG", help="start the video on this image (PNG, JPEG, WebP, GIF, BMP); "
+                   "without a size the canvas follows its aspect (FL2VA)")
+    p.add_argument("--last-frame", metavar="IMG", help="end the video on this image (stretched to the canvas, or "
+                   "cover-cropped to it with --first-frame)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--frames", type=int, help="frames at 24 fps, aligned up to 17n+5 (default: the model's)")
     g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")
@@ -40,6 +46,7 @@ def add_arguments(p) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     p.add_argument("--threads", type=int, default=0, help="worker threads (default: all cores)")
     add_device_arguments(p)
+    add_precision_argument(p)
     p.add_argument("--profile", action="store_true", help="print per-phase wall time and peak memory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     from .showopts import add_preview_arguments
@@ -80,6 +87,14 @@ def speed_knobs(args) -> dict:
     return {"preset": args.preset or DEFAULT_PRESET, "reuse": args.reuse, "core_reuse": args.core_reuse,
             "layers": args.layers, "layer_policy": args.layer_policy, "token_reduction": args.token_reduction,
             "render_size": args.render_size, "cache_threshold": args.cache_threshold, "lora": args.lora}
+
+
+def add_precision_argument(p) -> None:
+    """--precision: how the transformer blocks' GEMM weights are held (h3_options.precision)."""
+    p.add_argument("--precision", choices=["default", "bf16", "int8", "fp8"], default="default",
+                   help="transformer block weights: default (= bf16; exact: the stored weights on the CPU, bf16 on a "
+                        "GPU), int8 (CPU: int8 with a scale per output channel, half the memory of bf16) or fp8 "
+                        "(CUDA, compute capability 8.9+); refused where the device cannot run it")
 
 
 def add_device_arguments(p) -> None:
@@ -175,13 +190,19 @@ def main(args) -> int:
         raise H3Error("nothing to write: give -o, --wav or --frames-dir")
     if len({str(Path(p).resolve()) for p in outputs}) != len(outputs):
         raise H3Error("the MP4 and the WAV must be different files")
+    # Keyframes are decoded and checked before the model is opened.
+    keyframes = {f"{k}_frame": media.read_image(v, f"{k} frame") if v else None
+                 for k, v in (("first", args.first_frame), ("last", args.last_frame))}
 
-    engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index)
+    engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
+                    precision=getattr(args, "precision", "default"))
     # read now: the engine is closed before the profile is printed
-    device_line = f"device: {engine.device_description}; text encoder and decoders on the cpu"
+    # where h3_stages_device says the text encoder and the decoders run (the device unless H3_STAGES_CPU=1)
+    stages = getattr(engine, "stages_device", None) or engine.device
+    device_line = f"device: {engine.device_description}; text encoder and decoders on the {stages}"
     knobs = speed_knobs(args)
     req = engine.request(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed, args.vae_tile,
-                         **knobs)
+                         **keyframes, **knobs)
     plan = engine.plan(req)  # every shape rule checked before any work
 
     live = None
@@ -232,7 +253,7 @@ def main(args) -> int:
         result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
                                progress=on_progress, vae_tile=args.vae_tile,
                                preview=live.callback if live is not None and live.active else None,
-                               preview_every=args.preview_every, **knobs)
+                               preview_every=args.preview_every, **keyframes, **knobs)
         state["computing"] = False
         if engine._cancel:
             raise KeyboardInterrupt

@@ -1,8 +1,10 @@
-"""Parity stages available in this build of libh3 (registered into h3ctl.parity.STAGES)."""
+"""Parity stages available in this build of libh3 (registered into h3ctl.parity.STAGES on import)."""
 
-from . import parity_text  # noqa: F401
-from . import parity_tokenize  # noqa: F401
-from . import parity_dit  # noqa: F401,E402  (dit, schedule, denoise)
-from . import parity_vae_video  # noqa: F401,E402  (video_decode)
-from . import parity_vae_audio  # noqa: E402,F401
-from . import parity_pipeline  # noqa: F401,E402  (pipeline)
+from .parity import text  # noqa: F401
+from .parity import tokenize  # noqa: F401
+from .parity import dit  # noqa: F401  (dit, schedule, denoise)
+from .parity import vae_video  # noqa: F401  (video_decode)
+from .parity import vae_encode  # noqa: F401  (video_encode, vae_condition)
+from .parity import vae_audio  # noqa: F401
+from .parity import pipeline  # noqa: F401  (pipeline)
+from .parity import fl2va  # noqa: F401  (keyframes, fl2va)

@@ -672,6 +672,76 @@ static void t_swiglu(bk *b, int64_t rows, int64_t n, bool alias, h3_dtype dt)
     mfree(b, &GU), mfree(b, &O);
 }
 
+/* ---- the vision tower's ops: gelu (both forms) and rope without a norm -------------------- */
+
+static void t_gelu(bk *b, int64_t rows, int64_t n, bool tanh_approx, bool inplace)
+{
+    mat X = mk(b, H3_DT_F32, rows, n, n + 1, 4.0f, true);
+    mat Y = inplace ? X : mk(b, H3_DT_F32, rows, n, n, 1.0f, false);
+    double *ref = malloc(sizeof(double) * (size_t)(rows * n));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++) {
+            const double v = X.v[r * X.t.ld + i];
+            ref[r * n + i] = tanh_approx ? 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)))
+                                         : 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+        }
+    int rc = b->be->ops->gelu(b->be, &X.t, tanh_approx, &Y.t);
+    CHECK_MSG(rc == 0, "%s: gelu: %s", b->name, h3_last_error());
+    bool pad_ok = true;
+    float *y = mread(b, &Y, inplace ? NULL : &pad_ok);
+    char what[192];
+    snprintf(what, sizeof what, "%lld x %lld %s%s", (long long)rows, (long long)n, tanh_approx ? "tanh" : "erf",
+             inplace ? " in place" : "");
+    report(b, "gelu", what, rel_l2(y, ref, rows * n), TOL_F32);
+    CHECK_MSG(pad_ok, "%s gelu %s: wrote past the row", b->name, what);
+    free(y), free(ref);
+    mfree(b, &X);
+    if (!inplace) mfree(b, &Y);
+}
+
+/* rope on the k columns of fused [q | k | v] rows (the vision tower's qkv): k rotated, q and v
+   left as they were. */
+static void t_rope(bk *b, int64_t rows, int heads, int D, int half)
+{
+    const int64_t C = (int64_t)heads * D, ld = 3 * C + 1;
+    mat X = mk(b, H3_DT_F32, rows, 3 * C, ld, 2.0f, true);
+    float *cs = malloc(sizeof(float) * (size_t)(rows * half)), *sn = malloc(sizeof(float) * (size_t)(rows * half));
+    for (int64_t i = 0; i < rows * half; i++) {
+        const double ang = rnd(3.0f);
+        cs[i] = (float)cos(ang), sn[i] = (float)sin(ang);
+    }
+    float *csd = dup_host(b, cs, sizeof(float) * (size_t)(rows * half));
+    float *snd = dup_host(b, sn, sizeof(float) * (size_t)(rows * half));
+    double *ref = malloc(sizeof(double) * (size_t)(rows * 3 * C));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < 3 * C; c++) {
+            const float *x = X.v + r * ld;
+            double v = x[c];
+            const int64_t hd = c - C, d = hd % D;
+            if (c >= C && c < 2 * C && d < 2 * half) {
+                const double cc = cs[r * half + d % half], ss = sn[r * half + d % half];
+                v = d < half ? x[c] * cc - x[c + half] * ss : x[c] * cc + x[c - half] * ss;
+            }
+            ref[r * 3 * C + c] = v;
+        }
+    h3_bt k = h3_bt_make((float *)X.t.data + C, H3_DT_F32, rows, C, ld);
+    int rc = b->be->ops->rope(b->be, &k, heads, D, half, csd, snd);
+    CHECK_MSG(rc == 0, "%s: rope: %s", b->name, h3_last_error());
+    float *y = mread(b, &X, NULL); /* (X's padding column holds random values, not poison) */
+    char what[192];
+    snprintf(what, sizeof what, "%lld rows, %d heads x %d, %d pairs, k of [q|k|v]", (long long)rows, heads, D, half);
+    report(b, "rope", what, rel_l2(y, ref, rows * 3 * C), TOL_F32);
+    bool same = true;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < 3 * C; c++)
+            if ((c < C || c >= 2 * C || (c - C) % D >= 2 * half) && y[r * 3 * C + c] != X.v[r * ld + c]) same = false;
+    CHECK_MSG(same, "%s rope %s: touched columns outside the rotated dims", b->name, what);
+    free(y), free(ref), free(cs), free(sn);
+    b->be->ops->release(b->be, csd);
+    b->be->ops->release(b->be, snd);
+    mfree(b, &X);
+}
+
 static void t_scatter(bk *b, int64_t rows, int64_t drows, int64_t n)
 {
     mat S = mk(b, H3_DT_F32, rows, n, n + 1, 1.0f, true), Dm = mk(b, H3_DT_F32, drows, n, n, 1.0f, true);
@@ -1077,7 +1147,141 @@ static void bench(bk *b)
 
 #endif /* UNDER_ASAN */
 
+/* The decoders' layout and convolution ops (channels_last ... conv1_clamp): run_decoder_ops. */
+#include "backend_ops_decoders.inc"
+#include "backend_ops_int8.inc"
+
 /* ---- the suite ------------------------------------------------------------------------------ */
+
+/* ---- conv3d, group_norm (the video encoder's ops) ------------------------------------------- */
+
+static int refl(int i, int n) { return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i; }
+
+/* conv3d against the definition in backend.h, in double: causal zero frames, reflected rows and
+   columns, strides; W [cout][(dt, dy, dx, c)]. */
+static void t_conv3d(bk *b, h3_bconv3d g, const char *what)
+{
+    int To, Ho, Wo;
+    h3_bconv3d_out(&g, &To, &Ho, &Wo);
+    const int64_t nx = (int64_t)g.T * g.H * g.W * g.cin, K = (int64_t)g.kt * g.kh * g.kw * g.cin;
+    const int64_t M = (int64_t)To * Ho * Wo, ny = M * g.cout;
+    float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)(K * g.cout));
+    float *bias = malloc(sizeof(float) * (size_t)g.cout);
+    for (int64_t i = 0; i < nx; i++) x[i] = rnd(1.0f);
+    for (int64_t i = 0; i < K * g.cout; i++) w[i] = rnd(1.0f) / (float)sqrt((double)K);
+    for (int o = 0; o < g.cout; o++) bias[o] = rnd(0.5f);
+    double *ref = malloc(sizeof(double) * (size_t)ny);
+    for (int64_t m = 0; m < M; m++) {
+        const int to = (int)(m / ((int64_t)Ho * Wo)), yo = (int)(m / Wo % Ho), xo = (int)(m % Wo);
+        for (int o = 0; o < g.cout; o++) {
+            double s = bias[o];
+            const float *wo = w + (int64_t)o * K;
+            for (int dt = 0; dt < g.kt; dt++) {
+                const int ti = to * g.st + dt - g.pad_t;
+                if (ti < 0) continue;
+                for (int dy = 0; dy < g.kh; dy++)
+                    for (int dx = 0; dx < g.kw; dx++) {
+                        const int yi = refl(yo * g.sh + dy - g.pad_top, g.H), xi = refl(xo * g.sw + dx - g.pad_left, g.W);
+                        const float *xp = x + (((int64_t)ti * g.H + yi) * g.W + xi) * g.cin;
+                        const float *wp = wo + (((int64_t)dt * g.kh + dy) * g.kw + dx) * g.cin;
+                        for (int c = 0; c < g.cin; c++) s += (double)wp[c] * xp[c];
+                    }
+            }
+            ref[m * g.cout + o] = s;
+        }
+    }
+    float *xd = dup_host(b, x, sizeof(float) * (size_t)nx), *bd = dup_host(b, bias, sizeof(float) * (size_t)g.cout);
+    float *yd = dnew(b, sizeof(float) * (size_t)ny);
+    h3_bw W;
+    int rc = b->be->ops->weight_load(b->be, w, H3_DT_F32, g.cout, K, &W);
+    CHECK_MSG(rc == 0, "%s: weight_load: %s", b->name, h3_last_error());
+    float *y = malloc(sizeof(float) * (size_t)ny), *y2 = malloc(sizeof(float) * (size_t)ny);
+    dpoison(b, yd, sizeof(float) * (size_t)ny);
+    rc = b->be->ops->conv3d(b->be, xd, &g, &W, bd, yd);
+    CHECK_MSG(rc == 0, "%s: conv3d: %s", b->name, h3_last_error());
+    dget(b, y, yd, sizeof(float) * (size_t)ny);
+    char desc[192];
+    snprintf(desc, sizeof desc, "%s %dx%dx%dx%d->%d k%dx%dx%d s%dx%dx%d", what, g.T, g.H, g.W, g.cin, g.cout, g.kt,
+             g.kh, g.kw, g.st, g.sh, g.sw);
+    report(b, "conv3d", desc, rel_l2(y, ref, ny), TOL_F32);
+    /* The same bits again without a bias-free shortcut or state between calls. */
+    dpoison(b, yd, sizeof(float) * (size_t)ny);
+    rc = b->be->ops->conv3d(b->be, xd, &g, &W, bd, yd);
+    dget(b, y2, yd, sizeof(float) * (size_t)ny);
+    CHECK_MSG(rc == 0 && memcmp(y, y2, sizeof(float) * (size_t)ny) == 0, "%s conv3d %s: not deterministic", b->name,
+              desc);
+    b->be->ops->weight_free(b->be, &W);
+    b->be->ops->release(b->be, xd), b->be->ops->release(b->be, bd), b->be->ops->release(b->be, yd);
+    free(x), free(w), free(bias), free(ref), free(y), free(y2);
+}
+
+static void t_gn(bk *b, int frames, int64_t pixels, int C, int groups, bool silu, bool inplace)
+{
+    const int64_t n = frames * pixels * C;
+    float *x = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)C);
+    float *bb = malloc(sizeof(float) * (size_t)C);
+    for (int64_t i = 0; i < n; i++) x[i] = rnd(2.0f) + (float)(i % C % 3); /* group means away from zero */
+    for (int c = 0; c < C; c++) w[c] = rnd(1.0f) + 1.0f, bb[c] = rnd(1.0f);
+    double *ref = malloc(sizeof(double) * (size_t)n);
+    const int cg = C / groups;
+    for (int f = 0; f < frames; f++)
+        for (int g = 0; g < groups; g++) {
+            double m = 0, v = 0;
+            for (int64_t p = 0; p < pixels; p++)
+                for (int c = g * cg; c < (g + 1) * cg; c++) m += x[(f * pixels + p) * C + c];
+            m /= (double)(pixels * cg);
+            for (int64_t p = 0; p < pixels; p++)
+                for (int c = g * cg; c < (g + 1) * cg; c++) {
+                    const double d = x[(f * pixels + p) * C + c] - m;
+                    v += d * d;
+                }
+            v /= (double)(pixels * cg);
+            for (int64_t p = 0; p < pixels; p++)
+                for (int c = g * cg; c < (g + 1) * cg; c++) {
+                    const int64_t i = (f * pixels + p) * C + c;
+                    const double y = (x[i] - m) / sqrt(v + 1e-6) * w[c] + bb[c];
+                    ref[i] = silu ? y / (1.0 + exp(-y)) : y;
+                }
+        }
+    float *xd = dup_host(b, x, sizeof(float) * (size_t)n), *wd = dup_host(b, w, sizeof(float) * (size_t)C);
+    float *bd = dup_host(b, bb, sizeof(float) * (size_t)C), *yd = inplace ? xd : dnew(b, sizeof(float) * (size_t)n);
+    if (!inplace) dpoison(b, yd, sizeof(float) * (size_t)n);
+    int rc = b->be->ops->group_norm(b->be, xd, frames, pixels, C, groups, wd, bd, 1e-6f, silu, yd);
+    CHECK_MSG(rc == 0, "%s: group_norm: %s", b->name, h3_last_error());
+    float *y = malloc(sizeof(float) * (size_t)n);
+    dget(b, y, yd, sizeof(float) * (size_t)n);
+    char what[192];
+    snprintf(what, sizeof what, "%d frames x %lld px x %d ch / %d groups%s%s", frames, (long long)pixels, C, groups,
+             silu ? " + SiLU" : "", inplace ? " in place" : "");
+    report(b, "group_norm", what, rel_l2(y, ref, n), TOL_F32);
+    b->be->ops->release(b->be, xd), b->be->ops->release(b->be, wd), b->be->ops->release(b->be, bd);
+    if (!inplace) b->be->ops->release(b->be, yd);
+    free(x), free(w), free(bb), free(ref), free(y);
+}
+
+/* Requests the ops must refuse with a message. */
+static void t_conv3d_errors(bk *b)
+{
+    h3_bconv3d g = {2, 1, 5, 3, 4, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, 1}; /* reflect pad 1 of a 1-row frame */
+    float *xd = dnew(b, sizeof(float) * 64), *yd = dnew(b, sizeof(float) * 256), w[4 * 81] = {0};
+    h3_bw W;
+    int rc = b->be->ops->weight_load(b->be, w, H3_DT_F32, 4, 81, &W);
+    CHECK_MSG(rc == 0, "%s: weight_load: %s", b->name, h3_last_error());
+    rc = b->be->ops->conv3d(b->be, xd, &g, &W, NULL, yd);
+    CHECK_MSG(rc == -H3_E_INVALID && strstr(h3_last_error(), "reflect"), "%s conv3d: %d %s", b->name, rc,
+              h3_last_error());
+    g.H = 4, g.cin = 2; /* the weight's 81 columns are not 27 x 2 */
+    rc = b->be->ops->conv3d(b->be, xd, &g, &W, NULL, yd);
+    CHECK_MSG(rc == -H3_E_INVALID && strstr(h3_last_error(), "weight"), "%s conv3d: %d %s", b->name, rc,
+              h3_last_error());
+    rc = b->be->ops->group_norm(b->be, xd, 1, 4, 6, 4, xd, xd, 1e-6f, true, yd); /* 6 channels in 4 groups */
+    CHECK_MSG(rc == -H3_E_INVALID && strstr(h3_last_error(), "groups"), "%s group_norm: %d %s", b->name, rc,
+              h3_last_error());
+    printf("%-5s %-13s %-52s refused with messages\n", b->name, "conv3d", "bad pads, weight shape; group count");
+    b->be->ops->weight_free(b->be, &W);
+    b->be->ops->release(b->be, xd), b->be->ops->release(b->be, yd);
+}
+/* ---- end conv3d ---- */
 
 static void run_all(bk *b)
 {
@@ -1204,6 +1408,38 @@ static void run_all(bk *b)
     t_pairs(b, 7, 64);
     t_pairs(b, 333, 130);
 
+    run_decoder_ops(b);
+
+    /* The vision tower's ops, where this backend's table has them. */
+    if (b->be->ops->gelu && b->be->ops->rope) {
+        t_gelu(b, 1, 5, true, false);
+        t_gelu(b, 7, 64, false, true);
+        t_gelu(b, 333, 130, true, true);
+        t_gelu(b, 33, 4304, false, false);
+        t_rope(b, 1, 2, 16, 8);
+        t_rope(b, 17, 16, 72, 36);  /* the release's tower: 16 heads of 72 */
+        t_rope(b, 9, 3, 20, 6);     /* partial rotation */
+    } else {
+        printf("%-5s %-13s %-52s skipped: not in this backend's table yet\n", b->name, "gelu", "rope");
+    }
+
+    /* The video encoder's ops, where this backend's table has them: conv_in-like, the downsampler
+       (odd sizes, bottom/right pad, all strides 2), the one-frame encoder (kt = 1), a temporal-only
+       downsampler without spatial padding, and enough windows for several im2col blocks. */
+    if (b->be->ops->conv3d && b->be->ops->group_norm) {
+        t_conv3d(b, (h3_bconv3d){3, 5, 7, 3, 5, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, 1}, "causal");
+        t_conv3d(b, (h3_bconv3d){5, 9, 6, 13, 17, 3, 3, 3, 2, 2, 2, 2, 0, 1, 0, 1}, "down");
+        t_conv3d(b, (h3_bconv3d){1, 4, 3, 20, 7, 1, 3, 3, 1, 1, 1, 0, 1, 1, 1, 1}, "2-D");
+        t_conv3d(b, (h3_bconv3d){4, 5, 5, 6, 6, 3, 3, 3, 2, 1, 1, 2, 0, 0, 0, 0}, "t-down");
+        t_conv3d(b, (h3_bconv3d){2, 50, 41, 40, 24, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, 1}, "blocks");
+        t_gn(b, 3, 37, 12, 4, true, false);
+        t_gn(b, 2, 1, 30, 3, false, true);
+        t_gn(b, 1, 4096, 64, 32, true, true);
+        t_conv3d_errors(b);
+    } else {
+        printf("%-5s %-13s %-52s skipped: not in this backend's table yet\n", b->name, "conv3d", "group_norm");
+    }
+
     t_errors(b);
 }
 
@@ -1218,6 +1454,7 @@ int main(void)
         bk b = {"cpu", cpu, false};
         CHECK(cpu->act_dtype == H3_DT_F32 && strcmp(cpu->ops->name, "cpu") == 0);
         run_all(&b);
+        run_int8(&b);
         h3_backend_destroy(cpu);
     }
 

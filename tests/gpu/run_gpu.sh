@@ -7,7 +7,8 @@
 #   ctest   the C op conformance test of the backends (build/tests/test_backend_ops)
 #   pytest  python3 -m pytest -q -s tests/gpu (CUDA vs diffusers bf16 and vs the CPU path, h3-tiny's semantic
 #           suite on CUDA, faults)
-#   bench   tests/bench_cuda_dit.py at the released widths (table + bench.json)
+#   bench   tests/bench_cuda_dit.py at the released widths (table + bench.json), then tests/bench_cuda_stages.py (the
+#           text encoder and both decoders next to transformers / diffusers; bench-stages.json; alone: bench-stages)
 #
 # Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
 # wheels in ./.whl when that folder exists. A failing stage does not stop the later ones (except the build, which
@@ -93,10 +94,14 @@ for stage in "${STAGES[@]}"; do
         grep -oE '(parity|semantic|fault|skip): .*' "$LOG/pytest.log" >>"$LOG/summary.txt"
         ;;
     bench)
-        run bench "$PY" tests/bench_cuda_dit.py --out "$LOG/bench.json"
+        run bench "$PY" tests/bench_cuda_dit.py --fp8 --out "$LOG/bench.json"
+        run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
+        ;;
+    bench-stages)
+        run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
         ;;
     *)
-        note "unknown stage '$stage' (build, ctest, pytest, bench)"
+        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-stages)"
         FAILED=1
         ;;
     esac

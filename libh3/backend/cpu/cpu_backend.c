@@ -9,7 +9,10 @@
  */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_extra.h"
+#include "backend/cpu/cpu_int8.h"
 #include "backend/cpu/cpu_models.h"
+#include "backend/cpu/cpu_conv3d.h"
+#include "backend/cpu/cpu_vision.h"
 #include "backend/cpu/ops.h"
 #include "core/schedule.h"
 
@@ -79,22 +82,40 @@ static int cpu_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_by
     return 0;
 }
 
+/* Weights are views of the mapping (h3_linear widens them to f32 as it packs), or, while
+   be->weight_precision is H3_PRECISION_INT8, an owned int8 copy with per-channel scales
+   (cpu_int8.h): dtype H3_DT_I8, data the int8 values, priv the block that holds scales and values. */
 static int cpu_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t rows, int64_t cols, h3_bw *out)
 {
-    (void)be;
+    memset(out, 0, sizeof *out);
     if (dt != H3_DT_F32 && dt != H3_DT_BF16 && dt != H3_DT_F16)
         return h3_err(H3_E_SCHEMA, "cpu backend: weights must be F32, BF16 or F16, got %s", h3_dtype_name(dt));
-    out->data = host; /* the mapping itself: h3_linear widens to f32 as it packs */
+    out->data = host;
     out->dtype = dt;
     out->rows = rows;
     out->cols = cols;
-    out->priv = NULL;
+    if (be->weight_precision == H3_PRECISION_DEFAULT) return 0;
+    if (be->weight_precision != H3_PRECISION_INT8) {
+        memset(out, 0, sizeof *out);
+        return h3_err(H3_E_UNSUPPORTED, "cpu backend: weight precision %d is not one the CPU runs (int8 is)",
+                      be->weight_precision);
+    }
+    void *block;
+    int rc = h3_i8_quantize(pool_of(be), host, dt, rows, cols, &block);
+    if (rc) {
+        memset(out, 0, sizeof *out);
+        return rc;
+    }
+    out->data = h3_i8_view(block, rows, cols).q;
+    out->dtype = H3_DT_I8;
+    out->priv = block;
     return 0;
 }
 
 static void cpu_weight_free(h3_backend *be, h3_bw *w)
 {
     (void)be;
+    h3_free_aligned(w->priv); /* an int8 block; NULL for views */
     memset(w, 0, sizeof *w);
 }
 
@@ -102,6 +123,11 @@ static int cpu_linear(h3_backend *be, const h3_bt *X, const h3_bw *W, const floa
 {
     int rc;
     if ((rc = need_f32("linear", X)) || (rc = need_f32("linear", Y))) return rc;
+    if (W->dtype == H3_DT_I8) {
+        if (!W->priv) return h3_err(H3_E_INVALID, "cpu backend: an int8 weight without its scales");
+        const h3_i8w q = h3_i8_view(W->priv, W->rows, W->cols);
+        return h3_linear_i8(pool_of(be), X->data, X->rows, X->ld, &q, bias, Y->data, Y->ld);
+    }
     h3_mat m = {W->data, W->dtype, W->rows, W->cols};
     return h3_linear(pool_of(be), X->data, X->rows, X->ld, &m, bias, Y->data, Y->ld);
 }
@@ -347,6 +373,10 @@ static const h3_backend_ops cpu_ops = {
     .snake_aa = h3_cpu_snake_aa,
     .conv_gemm = h3_cpu_conv_gemm,
     .conv1_clamp = h3_cpu_conv1_clamp,
+    .conv3d = h3_cpu_conv3d,
+    .group_norm = h3_cpu_group_norm,
+    .gelu = h3_cpu_gelu,
+    .rope = h3_cpu_rope,
 };
 
 int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)

@@ -500,9 +500,10 @@ int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int he
     if ((rc = check_view(b, "attention", "Q", Q)) || (rc = check_view(b, "attention", "K", K)) ||
         (rc = check_view(b, "attention", "V", V)) || (rc = check_view(b, "attention", "O", O)))
         return rc;
+    /* The kernels take bf16 operands; f32 ones (the text encoder's, the video decoder's) are rounded
+       once into scratch first (cuda_decoders.cu), as linear rounds an f32 X. */
     if (Q->dtype != H3_DT_BF16 || K->dtype != H3_DT_BF16 || V->dtype != H3_DT_BF16)
-        return fail(b, H3_E_UNSUPPORTED, "cuda: attention takes bf16 Q, K and V (got %s, %s, %s)", dtname(Q->dtype),
-                    dtname(K->dtype), dtname(V->dtype));
+        return attention_round_operands(b, Q, K, V, heads, kv_heads, D, scale, causal, O);
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads)
         return fail(b, H3_E_INVALID, "cuda: attention: %d heads, %d kv heads", heads, kv_heads);
     if (D <= 0 || D > 256)

@@ -351,6 +351,20 @@ static int be_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t
     out->rows = rows;
     out->cols = cols;
     out->priv = NULL;
+    /* fp8 (h3_options.precision): the bf16 copy quantised per output channel, then let go. */
+    if (b->base.weight_precision == H3_PRECISION_FP8 && fp8_weight_ok(b, rows, cols)) {
+        void *q;
+        float *s;
+        rc = fp8_weight_from_bf16(b, d, rows, cols, &q, &s);
+        be_release(be, d);
+        if (rc) {
+            memset(out, 0, sizeof *out);
+            return rc;
+        }
+        out->data = q;
+        out->dtype = H3_DT_F8_E4M3;
+        out->priv = s;
+    }
     return 0;
 }
 
@@ -358,6 +372,7 @@ static void be_weight_free(h3_backend *be, h3_bw *w)
 {
     if (!w) return;
     if (w->data) be_release(be, (void *)w->data);
+    if (w->priv) be_release(be, w->priv); /* an fp8 weight's scales */
     memset(w, 0, sizeof *w);
 }
 
@@ -494,9 +509,8 @@ static int be_abs_diff_sum(h3_backend *be, const float *a, const float *bb, int6
     return rc ? rc : abs_diff_sum(b, a, bb, n, diff, ref);
 }
 
-/* The text encoder's and the decoders' ops. layernorm, copy and add_div run on the GPU; the
-   decoders' layout and convolution ops are not implemented here yet and say so (the decoders
-   then run on the CPU backend). */
+/* The text encoder's and the decoders' ops: layernorm, copy and add_div in cuda_models.cu, the
+   layout and convolution ops in cuda_decoders.cu. */
 static int be_layernorm(h3_backend *be, const h3_bt *x, const float *w, const float *bb, float eps, const h3_bt *y)
 {
     Backend *b = B(be);
@@ -518,33 +532,49 @@ static int be_add_div(h3_backend *be, const h3_bt *y, const h3_bt *x, float div)
     return rc ? rc : add_div(b, y, x, div);
 }
 
-static int be_channels_last(h3_backend *be, const float *, int64_t, int64_t, int64_t, int, int, int, int,
-                            const float *, const float *, const h3_bt *)
+static int be_channels_last(h3_backend *be, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt, int t_avail,
+                            int ny, int nx, const float *scale, const float *shift, const h3_bt *y)
 {
-    return not_on_gpu(B(be), "channels_last");
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : channels_last(b, x, cs, ts, rs, nt, t_avail, ny, nx, scale, shift, y);
 }
 
-static int be_unpatchify(h3_backend *be, const h3_bt *, int64_t, int, int, int, int, int, const int32_t *, float *)
+static int be_unpatchify(h3_backend *be, const h3_bt *src, int64_t tok0, int gh, int gw, int C, int pt, int ps,
+                         const int32_t *fmap, float *dst)
 {
-    return not_on_gpu(B(be), "unpatchify");
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : unpatchify(b, src, tok0, gh, gw, C, pt, ps, fmap, dst);
 }
 
-static int be_vae_stitch(h3_backend *be, const h3_bstitch *) { return not_on_gpu(B(be), "vae_stitch"); }
-
-static int be_snake_aa(h3_backend *be, const h3_bt *, const float *, const float *, const float *, const float *,
-                       const h3_bphased *)
+static int be_vae_stitch(h3_backend *be, const h3_bstitch *s)
 {
-    return not_on_gpu(B(be), "snake_aa");
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : vae_stitch(b, s);
 }
 
-static int be_conv_gemm(h3_backend *be, const h3_bt *, const h3_bw *, const float *, const h3_bt *)
+static int be_snake_aa(h3_backend *be, const h3_bt *x, const float *a, const float *rb, const float *fup,
+                       const float *fdown, const h3_bphased *dst)
 {
-    return not_on_gpu(B(be), "conv_gemm");
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : snake_aa(b, x, a, rb, fup, fdown, dst);
 }
 
-static int be_conv1_clamp(h3_backend *be, const h3_bt *, const float *, float *)
+static int be_conv_gemm(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
 {
-    return not_on_gpu(B(be), "conv1_clamp");
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : conv_gemm(b, X, W, bias, Y);
+}
+
+static int be_conv1_clamp(h3_backend *be, const h3_bt *X, const float *w, float *y)
+{
+    Backend *b = B(be);
+    int rc = use_device(b);
+    return rc ? rc : conv1_clamp(b, X, w, y);
 }
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
@@ -552,7 +582,9 @@ static int be_conv1_clamp(h3_backend *be, const h3_bt *, const float *, float *)
 static void release_all(Backend *b)
 {
     if (b->stream) cudaStreamSynchronize(b->stream);
+    decoders_destroy(b);
     gemm_destroy(b);
+    fp8_destroy(b);
     if (b->lt) cublasLtDestroy(b->lt);
     if (b->lt_ws) cudaFree(b->lt_ws);
     for (int i = 0; i < SCR_COUNT; i++)
@@ -586,6 +618,10 @@ static const h3_backend_ops cuda_ops = {
     be_extrapolate,  be_sub,          be_pool_pairs, be_unpool_pairs,   be_abs_diff_sum,
     be_layernorm,    be_copy,         be_add_div,    be_channels_last,  be_unpatchify,
     be_vae_stitch,   be_snake_aa,     be_conv_gemm,  be_conv1_clamp,
+    /* The video VAE encoder's conv3d / group_norm and the vision tower's gelu / rope have no CUDA
+       kernels yet: NULL, and those stages run on the CPU backend (the model code names the op when
+       a backend lacks it). */
+    NULL,            NULL,            NULL,          NULL,
 };
 
 /* Why the runtime found no usable device, as one line. */

@@ -23,9 +23,11 @@
 namespace h3cuda {
 
 struct GemmCache; /* cuda_gemm.cu */
+struct Fp8Cache;  /* cuda_fp8.cu */
+struct DecState;  /* cuda_decoders.cu */
 
 /* Scratch buffers the ops reuse across calls (stream order makes reuse safe). */
-enum { SCR_XBF16 = 0, SCR_YF32 = 1, SCR_PARTIAL = 2, SCR_COUNT = 3 };
+enum { SCR_XBF16 = 0, SCR_YF32 = 1, SCR_PARTIAL = 2, SCR_XF8 = 3, SCR_XSCALE = 4, SCR_COUNT = 5 };
 
 /* Pinned staging for weight loads and noise: two slots so the host fills one while the copy
    engine drains the other. */
@@ -53,6 +55,7 @@ struct Backend {
     void *lt_ws;
     size_t lt_ws_bytes;
     GemmCache *gemm;
+    Fp8Cache *fp8; /* fp8 GEMM plans, created on the first fp8 linear */
 
     void *scratch[SCR_COUNT];
     size_t scratch_bytes[SCR_COUNT];
@@ -63,6 +66,8 @@ struct Backend {
     cudaEvent_t stage_done[STAGE_SLOTS];
     bool stage_used[STAGE_SLOTS];
     int stage_next;
+
+    DecState *dec; /* the decoders' host staging (cuda_decoders.cu), created on first use */
 };
 
 static inline Backend *B(h3_backend *be) { return reinterpret_cast<Backend *>(be); }
@@ -138,6 +143,17 @@ int gemm_init(Backend *b);
 void gemm_destroy(Backend *b);
 int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
 
+/* cuda_gemm.cu: cuBLASLt's first heuristic algorithm for op over la x lb -> ld (C = D layout) with
+   the fixed workspace and no split-K, so a shape always gets the same kernel (hence the same bits);
+   alignments in bytes. False when cuBLASLt offers none. Every GEMM plan of the backend picks here. */
+bool lt_pick_algo(Backend *b, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                  cublasLtMatrixLayout_t ld, uint32_t align_a, uint32_t align_b, uint32_t align_cd,
+                  cublasLtMatmulAlgo_t *algo);
+/* cuda_fp8.cu: fp8 weights (per-output-channel scales) and their GEMM. */
+bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols);
+int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, void **q, float **scale);
+int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
+void fp8_destroy(Backend *b);
 /* cuda_attention.cu */
 int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D,
               float scale, bool causal, const h3_bt *O);
@@ -166,6 +182,21 @@ int layernorm(Backend *b, const h3_bt *x, const float *w, const float *bb, float
 int copy_view(Backend *b, const h3_bt *src, const h3_bt *dst);
 int add_div(Backend *b, const h3_bt *y, const h3_bt *x, float div);
 int not_on_gpu(Backend *b, const char *op);
+
+/* cuda_decoders.cu: the decoders' layout and convolution ops, and attention over f32 operands. */
+int channels_last(Backend *b, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt, int t_avail, int ny, int nx,
+                  const float *scale, const float *shift, const h3_bt *y);
+int unpatchify(Backend *b, const h3_bt *src, int64_t tok0, int gh, int gw, int C, int pt, int ps, const int32_t *fmap,
+               float *dst);
+int vae_stitch(Backend *b, const h3_bstitch *s);
+int snake_aa(Backend *b, const h3_bt *x, const float *a, const float *rb, const float *fup, const float *fdown,
+             const h3_bphased *dst);
+int conv_gemm(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
+int conv1_clamp(Backend *b, const h3_bt *X, const float *w, float *y);
+/* attention() with f32 Q, K or V: each rounded once to bf16 in scratch, then attention() again. */
+int attention_round_operands(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads,
+                             int D, float scale, bool causal, const h3_bt *O);
+void decoders_destroy(Backend *b);
 
 /* dst bf16 [rows, cols] (ld elements) <- src f32 [rows, cols] (lds elements). */
 int convert_f32_bf16_2d(Backend *b, const float *src, int64_t lds, __nv_bfloat16 *dst, int64_t ldd, int64_t rows,

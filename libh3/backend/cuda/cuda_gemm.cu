@@ -84,12 +84,43 @@ void gemm_destroy(Backend *b)
     b->gemm = NULL;
 }
 
+bool lt_pick_algo(Backend *b, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                  cublasLtMatrixLayout_t ld, uint32_t align_a, uint32_t align_b, uint32_t align_cd,
+                  cublasLtMatmulAlgo_t *algo)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+    uint64_t ws = b->lt_ws_bytes;
+    /* No split-K: a reduction over K partitions is not part of the determinism contract. */
+    uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
+    bool ok = false;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    memset(&res, 0, sizeof res);
+    if (!cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) &&
+        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red) &&
+        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                              sizeof align_a) &&
+        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                              sizeof align_b) &&
+        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_cd,
+                                              sizeof align_cd) &&
+        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_cd,
+                                              sizeof align_cd) &&
+        cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, ld, ld, pref, 1, &res, &found) == CUBLAS_STATUS_SUCCESS &&
+        found >= 1 && res.state == CUBLAS_STATUS_SUCCESS) {
+        *algo = res.algo;
+        ok = true;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return ok;
+}
+
 /* Descriptors and the heuristic's first algorithm for D of type `dt` with row stride ldd (in D's
    elements) and alignment class ad; `epi_bias` fuses an f32 bias. False when cuBLASLt offers no
    algorithm (the plan is left empty). */
 static bool try_plan(Backend *b, GemmPlan *p, const GemmKey &k, cudaDataType dt, int64_t ldd, int ad, bool epi_bias)
 {
-    cublasLtMatmulPreference_t pref = NULL;
     bool ok = false;
     do {
         if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
@@ -119,33 +150,11 @@ static bool try_plan(Backend *b, GemmPlan *p, const GemmKey &k, cudaDataType dt,
             p->ld = NULL;
             break;
         }
-        if (cublasLtMatmulPreferenceCreate(&pref)) {
-            pref = NULL;
-            break;
-        }
-        uint64_t ws = b->lt_ws_bytes;
-        /* No split-K: a reduction over K partitions is not part of the determinism contract. */
-        uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
         /* Weights come from cudaMalloc (256-byte aligned) with row stride K elements. */
         uint32_t aa = (uint32_t)align_of(NULL, k.K * 2), abx = (uint32_t)k.ax, ayd = (uint32_t)ad;
-        if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red) ||
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa) ||
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &abx, sizeof abx) ||
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ayd, sizeof ayd) ||
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ayd, sizeof ayd))
-            break;
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        memset(&res, 0, sizeof res);
-        if (cublasLtMatmulAlgoGetHeuristic(b->lt, p->op, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found) !=
-                CUBLAS_STATUS_SUCCESS ||
-            found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
-            break;
-        p->algo = res.algo;
+        if (!lt_pick_algo(b, p->op, p->la, p->lb, p->ld, aa, abx, ayd, &p->algo)) break;
         ok = true;
     } while (0);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (!ok) {
         GemmKey keep = p->key;
         plan_clear(p);
@@ -191,6 +200,13 @@ int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const 
 {
     int rc;
     if ((rc = check_view(b, "linear", "X", X)) || (rc = check_view(b, "linear", "Y", Y))) return rc;
+    if (W && W->dtype == H3_DT_F8_E4M3 && W->data) {
+        if (X->cols != W->cols || Y->cols != W->rows || Y->rows != X->rows)
+            return fail(b, H3_E_INVALID, "cuda: linear: X %lld x %lld, W %lld x %lld, Y %lld x %lld do not match",
+                        (long long)X->rows, (long long)X->cols, (long long)W->rows, (long long)W->cols,
+                        (long long)Y->rows, (long long)Y->cols);
+        return linear_fp8(b, X, W, bias, Y);
+    }
     if (!W || W->dtype != H3_DT_BF16 || (!W->data && W->rows * W->cols > 0))
         return fail(b, H3_E_INVALID, "cuda: linear: the weight was not loaded by this backend");
     if (X->cols != W->cols || Y->cols != W->rows || Y->rows != X->rows)

@@ -1,8 +1,8 @@
 /*
- * The text encoder's and the decoders' ops of backend.h on the GPU: layernorm, copy, add_div.
- * The decoders' layout and convolution ops (channels_last, unpatchify, vae_stitch, snake_aa,
- * conv_gemm, conv1_clamp) are not implemented by this backend yet: they fail with
- * H3_E_UNSUPPORTED and a message naming the op, so a caller can keep the decoders on the CPU.
+ * The text encoder's and the decoders' element-wise ops of backend.h on the GPU: layernorm, copy,
+ * add_div. The decoders' layout and convolution ops (channels_last, unpatchify, vae_stitch,
+ * snake_aa, conv_gemm, conv1_clamp) are in cuda_decoders.cu. not_on_gpu is the one-line answer for
+ * an op this backend does not implement.
  *
  * Rounding as on the CPU (backend/cpu/ops.c h3_layernorm): mean and variance summed in double,
  * inv = (float)(1 / sqrt(var + eps)), then (x - mean) * inv [* w] [+ b], one rounding per operation.

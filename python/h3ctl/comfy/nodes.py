@@ -229,8 +229,8 @@ class H3ctlDecode:
     CATEGORY = CATEGORY
 
     def decode(self, model, latent):
-        from ..parity_vae_audio import audio_decode
-        from ..parity_vae_video import decode
+        from ..parity.vae_audio import audio_decode
+        from ..parity.vae_video import decode
 
         eng = model.engine
         info = latent["info"]

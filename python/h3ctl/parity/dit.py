@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import transformer as tr
-from ._lib import H3Error
-from .parity import Stage, open_context, register
+from .. import transformer as tr
+from .._lib import H3Error
+from . import Stage, open_context, register
 
 
 def _scalar(inputs: dict, name: str, kind):

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from ._lib import H3Error
-from .parity import Stage, register
+from .._lib import H3Error
+from . import Stage, register
 
 
 def _tokenizer_path(model_dir: str) -> str:
@@ -22,7 +22,7 @@ def _tokenizer_path(model_dir: str) -> str:
 
 
 def _run(model_dir, inputs, options):
-    from .tokenizer import Tokenizer
+    from ..tokenizer import Tokenizer
 
     prompt = np.asarray(inputs["prompt"])
     if prompt.dtype != np.uint8 or prompt.ndim != 1:

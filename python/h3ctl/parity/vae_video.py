@@ -16,9 +16,9 @@ import ctypes
 
 import numpy as np
 
-from . import _lib
-from ._lib import H3Error
-from .parity import Stage, open_context, register
+from .. import _lib
+from .._lib import H3Error
+from . import Stage, open_context, register
 
 PHASE = "video_decode"
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._lib import H3Error
+from .._lib import H3Error
 
 
 @dataclass
@@ -69,7 +69,7 @@ def require(inputs: dict[str, np.ndarray], stage: Stage) -> None:
 
 def open_context(model_dir: str, options: dict):
     """The stage's model context with the command's --threads / --device / --device-index."""
-    from .context import Context
+    from ..context import Context
 
     return Context(model_dir, threads=int(options.get("threads") or 0), device=options.get("device", "auto"),
                    device_index=int(options.get("device_index") or 0))
@@ -77,7 +77,7 @@ def open_context(model_dir: str, options: dict):
 
 def open_engine(model_dir: str, options: dict):
     """Same, as an Engine (stages that render)."""
-    from .engine import Engine
+    from ..engine import Engine
 
     return Engine(model_dir, threads=int(options.get("threads") or 0), device=options.get("device", "auto"),
                   device_index=int(options.get("device_index") or 0))

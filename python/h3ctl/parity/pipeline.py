@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._lib import H3Error
-from .parity import Stage, open_engine, register
+from .._lib import H3Error
+from . import Stage, open_engine, register
 
 
 def _scalar(inputs, name, default=None):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import text as _text
-from ._lib import H3Error
-from .parity import Stage, open_context, register
+from .. import text as _text
+from .._lib import H3Error
+from . import Stage, open_context, register
 
 
 def _run(model_dir: str, inputs: dict[str, np.ndarray], options: dict) -> dict[str, np.ndarray]:

@@ -10,10 +10,10 @@ import ctypes
 
 import numpy as np
 
-from . import _lib
-from ._lib import H3Error
-from .context import Context
-from .parity import Stage, open_context, register
+from .. import _lib
+from .._lib import H3Error
+from ..context import Context
+from . import Stage, open_context, register
 
 
 def audio_info(ctx: Context) -> dict:

@@ -1,0 +1,923 @@
+/*
+ * The decoders' layout and convolution ops of backend.h on the GPU (contracts in backend.h; the CPU
+ * versions, which every result here is checked against, are in backend/cpu/cpu_models.c and
+ * avae_kern.inc):
+ *
+ *   channels_last  host latents -> pinned staging -> one upload -> a de-normalising transpose
+ *   unpatchify     one thread per value of the proj_out rows, scattered into the tile's frames
+ *   vae_stitch     the tile's blend (top, left, temporal carry) in one kernel per frame batch,
+ *                  the kept frames converted on the GPU, then one download and a row copy on the
+ *                  host into the caller's buffers; the neighbours' strips by two 2-D copies
+ *   snake_aa       upsample x2 -> SnakeBeta -> low-pass x2 in shared memory, one kernel, plus one
+ *                  kernel for the phased destination's zero rows
+ *   conv_gemm      cuBLASLt. Overlapping windows (ld < cols) are first expanded by an im2col
+ *                  kernel (cuBLASLt's layouts must not overlap: its MATRIX_LAYOUT_LD must be at
+ *                  least the row count). A weight from weight_load (bf16) goes through `linear`,
+ *                  the im2col being the f32 -> bf16 rounding every GEMM input gets here; an f32
+ *                  weight in device memory (the audio decoder's, backend.h) runs an f32 GEMM
+ *                  (CUBLAS_COMPUTE_32F, f32 operands: no TF32), so that decoder keeps diffusers'
+ *                  f32 precision
+ *   conv1_clamp    one thread per output sample, the CPU kernel's summation order
+ *
+ * Arithmetic follows the CPU operation for operation (__f*_rn everywhere: no contraction into
+ * fused multiply-adds, which the CPU build never does either), so channels_last, unpatchify,
+ * vae_stitch and conv1_clamp give the CPU's bits, and snake_aa does too except where the CPU's
+ * 8-lane sine falls back to libm for a whole vector (an argument beyond 6000 in a neighbouring
+ * channel; both results are then within an ulp of sin^2). conv_gemm's sums are cuBLASLt's (bf16
+ * or f32 operands), in another order than the CPU's blocks. Nothing reduces with atomics: each
+ * output is summed by one thread (or one cuBLASLt kernel without split-K) in a fixed order.
+ *
+ * Host memory. channels_last reads, and vae_stitch writes, the caller's host buffers (the
+ * contract). Both go through one pinned buffer of this backend (DecState); an event recorded after
+ * each upload from it says when the host may write it again.
+ */
+#include "backend/cuda/cuda_common.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace h3cuda {
+
+/* ---- staging between the caller's host memory and the device ------------------------------ */
+
+/* An f32 GEMM of conv_gemm through cuBLASLt: descriptors and the chosen algorithm per shape. */
+struct F32Key {
+    int64_t M, N, K, ldx, ldy;
+    int bias, ax, ay; /* bias fused in the epilogue; alignment classes of X and Y */
+};
+
+struct F32Plan {
+    F32Key key;
+    bool used, ok; /* ok = false: cuBLASLt offered nothing, the own kernel runs it */
+    uint64_t stamp;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+
+#define F32_PLANS 64
+
+struct DecState {
+    void *dev;  /* device staging: channels_last's packed box, vae_stitch's converted frames */
+    size_t dev_bytes;
+    void *host; /* pinned: the same bytes on the host side */
+    size_t host_bytes;
+    cudaEvent_t host_free; /* recorded after the last upload that reads `host` */
+    bool host_busy;
+    F32Plan plans[F32_PLANS]; /* conv_gemm's f32 GEMMs (the audio decoder's shapes) */
+    uint64_t clock;
+};
+
+static void f32_plan_clear(F32Plan *p)
+{
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
+    memset(p, 0, sizeof *p);
+}
+
+/* vae_stitch converts and downloads at most this many bytes at a time (a normal 256 px tile of
+   17 frames needs 3.3 MB; an untiled 1344 x 768 window needs batches). */
+#define STITCH_BATCH_BYTES ((size_t)64 << 20)
+
+static DecState *dec_state(Backend *b)
+{
+    if (b->dec) return b->dec;
+    DecState *s = (DecState *)calloc(1, sizeof(DecState));
+    if (!s) {
+        fail(b, H3_E_NOMEM, "cuda: out of host memory for the decoders' staging");
+        return NULL;
+    }
+    cudaError_t e = cudaEventCreateWithFlags(&s->host_free, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        free(s);
+        fail_cuda(b, e, "creating the decoders' staging event");
+        return NULL;
+    }
+    b->dec = s;
+    return s;
+}
+
+void decoders_destroy(Backend *b)
+{
+    DecState *s = b->dec;
+    if (!s) return;
+    if (s->host_free) cudaEventSynchronize(s->host_free);
+    for (int i = 0; i < F32_PLANS; i++)
+        if (s->plans[i].used) f32_plan_clear(&s->plans[i]);
+    if (s->dev) cudaFree(s->dev);
+    if (s->host) cudaFreeHost(s->host);
+    if (s->host_free) cudaEventDestroy(s->host_free);
+    (void)cudaGetLastError();
+    free(s);
+    b->dec = NULL;
+}
+
+/* The device staging buffer, at least `bytes` (grown by half again; stream order makes reuse safe,
+   and a buffer queued work may still read is freed only after the stream drains). */
+static void *dec_dev(Backend *b, size_t bytes)
+{
+    DecState *s = dec_state(b);
+    if (!s) return NULL;
+    if (s->dev && s->dev_bytes >= bytes) return s->dev;
+    if (s->dev) {
+        cudaError_t e = cudaStreamSynchronize(b->stream);
+        if (e != cudaSuccess) {
+            fail_cuda(b, e, "waiting for queued work");
+            return NULL;
+        }
+        cudaFree(s->dev);
+        s->dev = NULL;
+        s->dev_bytes = 0;
+    }
+    size_t want = bytes + bytes / 2;
+    if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
+    if (!(s->dev = dev_alloc(b, want, "the decoders' staging"))) return NULL;
+    s->dev_bytes = want;
+    return s->dev;
+}
+
+/* The pinned host buffer, at least `bytes`, free for the host to write: waits for the last upload
+   that reads it. */
+static void *dec_host(Backend *b, size_t bytes)
+{
+    DecState *s = dec_state(b);
+    if (!s) return NULL;
+    if (s->host_busy) {
+        cudaError_t e = cudaEventSynchronize(s->host_free);
+        if (e != cudaSuccess) {
+            fail_cuda(b, e, "waiting for an upload of the decoders' staging");
+            return NULL;
+        }
+        s->host_busy = false;
+    }
+    if (s->host && s->host_bytes >= bytes) return s->host;
+    if (s->host) {
+        /* A download into it may be queued: drain the stream before it goes. */
+        cudaError_t e = cudaStreamSynchronize(b->stream);
+        if (e != cudaSuccess) {
+            fail_cuda(b, e, "waiting for queued work");
+            return NULL;
+        }
+        cudaFreeHost(s->host);
+        s->host = NULL;
+        s->host_bytes = 0;
+    }
+    size_t want = bytes + bytes / 2;
+    if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
+    cudaError_t e = cudaHostAlloc(&s->host, want, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        s->host = NULL;
+        (void)cudaGetLastError();
+        fail(b, H3_E_NOMEM, "cuda: cannot allocate %.1f MiB of pinned host memory for the decoders' staging",
+             (double)want / (1024.0 * 1024.0));
+        return NULL;
+    }
+    s->host_bytes = want;
+    return s->host;
+}
+
+/* Upload `bytes` of the pinned buffer to the device staging; the host may write the pinned buffer
+   again once the copy has run (dec_host waits for it). */
+static int dec_upload(Backend *b, void *dev, const void *host, size_t bytes)
+{
+    DecState *s = b->dec;
+    cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, b->stream);
+    if (e != cudaSuccess) return fail_cuda(b, e, "uploading the decoders' staging");
+    if ((e = cudaEventRecord(s->host_free, b->stream)) != cudaSuccess) return fail_cuda(b, e, "recording an event");
+    s->host_busy = true;
+    return 0;
+}
+
+static int need_f32(const Backend *b, const char *op, const char *name, const h3_bt *t)
+{
+    int rc = check_view(b, op, name, t);
+    if (rc) return rc;
+    if (t->dtype != H3_DT_F32)
+        return fail(b, H3_E_UNSUPPORTED, "cuda: %s: %s must be f32, got %s", op, name, dtname(t->dtype));
+    return 0;
+}
+
+/* ---- channels_last ------------------------------------------------------------------------- */
+
+/* box = [scale C | shift C | x C x ta x ny x nx] (packed on the host). Row r of y is (t, i, j); its
+   frame t reads packed frame min(t, ta - 1): the short last window repeats its last latent. */
+__global__ void channels_last_kernel(const float *__restrict__ box, int C, int ta, int ny, int nx, int64_t rows,
+                                     void *y, int y_bf16, int64_t ldy)
+{
+    const float *scale = box, *shift = box + C, *x = box + 2 * (int64_t)C;
+    const int64_t n = rows * C, plane = (int64_t)ny * nx;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / C;
+        const int c = (int)(e - r * C);
+        int64_t t = r / plane;
+        const int64_t ij = r - t * plane;
+        if (t > ta - 1) t = ta - 1;
+        const float v = x[((int64_t)c * ta + t) * plane + ij];
+        st_elem(y, y_bf16, r * ldy + c, __fadd_rn(__fmul_rn(v, scale[c]), shift[c])); /* x * std, then + mean */
+    }
+}
+
+int channels_last(Backend *b, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt, int t_avail, int ny, int nx,
+                  const float *scale, const float *shift, const h3_bt *y)
+{
+    int rc = check_view(b, "channels_last", "y", y);
+    if (rc) return rc;
+    const int64_t C = y->cols;
+    if (t_avail < 1 || nt < 0 || ny < 1 || nx < 1 || C < 1 || C > (1 << 20) || y->rows != (int64_t)nt * ny * nx)
+        return fail(b, H3_E_INVALID, "cuda: channels_last of %d x %d x %d (%d frames present) into %lld rows of %lld",
+                    nt, ny, nx, t_avail, (long long)y->rows, (long long)C);
+    if (y->rows == 0) return 0;
+    if (!x || !scale || !shift) return fail(b, H3_E_INVALID, "cuda: channels_last: NULL latents or statistics");
+    const int ta = nt < t_avail ? nt : t_avail;
+    const int64_t plane = (int64_t)ny * nx, nbox = C * ta * plane;
+    const size_t bytes = sizeof(float) * (size_t)(2 * C + nbox);
+    float *h = (float *)dec_host(b, bytes);
+    if (!h) return -H3_E_NOMEM;
+    void *d = dec_dev(b, bytes);
+    if (!d) return -H3_E_NOMEM;
+    /* Gather the box on the host: rows of nx consecutive values, the only contiguous runs the
+       caller's strides promise. */
+    memcpy(h, scale, sizeof(float) * (size_t)C);
+    memcpy(h + C, shift, sizeof(float) * (size_t)C);
+    float *o = h + 2 * C;
+    for (int64_t c = 0; c < C; c++)
+        for (int t = 0; t < ta; t++)
+            for (int i = 0; i < ny; i++, o += nx)
+                memcpy(o, x + c * cs + (int64_t)t * ts + (int64_t)i * rs, sizeof(float) * (size_t)nx);
+    if ((rc = dec_upload(b, d, h, bytes))) return rc;
+    const int64_t n = y->rows * C;
+    channels_last_kernel<<<blocks_for(n, 256, 4096), 256, 0, b->stream>>>(
+        (const float *)d, (int)C, ta, ny, nx, y->rows, y->data, y->dtype == H3_DT_BF16, y->ld);
+    return check_launch(b, "channels_last_kernel");
+}
+
+/* ---- unpatchify ---------------------------------------------------------------------------- */
+
+/* Value (c, a, by, bx) of row i (token tok0 + i = (t, y, x)) to frame fmap[t * pt + a] (dropped when
+   negative) at (y * ps + by, x * ps + bx). Consecutive threads take consecutive bx: the stores are
+   coalesced runs of ps values. */
+__global__ void unpatchify_kernel(const void *src, int s_bf16, int64_t lds, int64_t rows, int64_t tok0, int gh, int gw,
+                                  int C, int pt, int ps, const int32_t *__restrict__ fmap, float *dst)
+{
+    const int64_t cols = (int64_t)C * pt * ps * ps, n = rows * cols, grid = (int64_t)gh * gw;
+    const int64_t th = (int64_t)gh * ps, tw = (int64_t)gw * ps;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = e / cols;
+        int64_t q = e - i * cols;
+        const int bx = (int)(q % ps);
+        q /= ps;
+        const int by = (int)(q % ps);
+        q /= ps;
+        const int a = (int)(q % pt);
+        const int c = (int)(q / pt);
+        const int64_t tok = tok0 + i, t = tok / grid, yy = (tok / gw) % gh, xx = tok % gw;
+        const int f = fmap[t * pt + a];
+        if (f < 0) continue;
+        dst[(((int64_t)f * C + c) * th + yy * ps + by) * tw + xx * ps + bx] =
+            ld_elem(src, s_bf16, i * lds + (e - i * cols));
+    }
+}
+
+int unpatchify(Backend *b, const h3_bt *src, int64_t tok0, int gh, int gw, int C, int pt, int ps, const int32_t *fmap,
+               float *dst)
+{
+    int rc = check_view(b, "unpatchify", "src", src);
+    if (rc) return rc;
+    if (C < 1 || pt < 1 || ps < 1 || gh < 1 || gw < 1 || tok0 < 0 || src->cols != (int64_t)C * pt * ps * ps)
+        return fail(b, H3_E_INVALID, "cuda: unpatchify rows of %lld values, patches of %d x %d x %d x %d",
+                    (long long)src->cols, C, pt, ps, ps);
+    if (src->rows == 0) return 0;
+    if (!fmap || !dst) return fail(b, H3_E_INVALID, "cuda: unpatchify: NULL frame map or destination");
+    const int64_t n = src->rows * src->cols;
+    unpatchify_kernel<<<blocks_for(n, 256, 8192), 256, 0, b->stream>>>(src->data, src->dtype == H3_DT_BF16, src->ld,
+                                                                     src->rows, tok0, gh, gw, C, pt, ps, fmap, dst);
+    return check_launch(b, "unpatchify_kernel");
+}
+
+/* ---- vae_stitch ---------------------------------------------------------------------------- */
+
+struct StitchArgs {
+    const float *tile, *above, *left;
+    float *carry;
+    int C, K, keep0, keep1, blend_t, th, tw, max_ovy, max_ovx, H, W;
+    int window, last, y0, x0, own_h, own_w, ov_top, ov_left, slot_above, slot_left;
+    int k0, k1;  /* the frames of the window this launch blends */
+    int kemit;   /* frames k < kemit go to the outputs (their frame index is below `frames`) */
+    /* The kept frames of [k0, min(k1, kemit)) in the staging, compact over the owned rectangle:
+       raw [C][nb][own_h][own_w]; rgb and pix [nb][own_h][own_w][C]. Any may be NULL. */
+    float *raw;
+    uint8_t *rgb;
+    float *pix;
+    int nb;
+    float mean[3], sd[3];
+};
+
+/* v = a * (1 - p) + v * p, each product and the difference rounded as torch does. */
+static __device__ __forceinline__ float fade(float a, float v, float p)
+{
+    return __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, p)), __fmul_rn(v, p));
+}
+
+/* One thread per owned pixel and channel, over the launch's frames in order. The same thread reads
+   the carry frames a window blends (k < blend_t) before it overwrites them with this window's
+   overlap frames (k >= keep0), and no other thread touches that pixel: the CPU's order. */
+__global__ void stitch_kernel(StitchArgs s)
+{
+    const int64_t n = (int64_t)s.own_w * s.own_h * s.C, HW = (int64_t)s.H * s.W;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int x = (int)(e % s.own_w);
+        const int ry = (int)((e / s.own_w) % s.own_h);
+        const int co = (int)(e / ((int64_t)s.own_w * s.own_h));
+        const int64_t pix = (int64_t)(s.y0 + ry) * s.W + s.x0 + x;
+        const float p_top = s.ov_top ? __fdiv_rn((float)ry, (float)s.ov_top) : 0.0f;
+        const float p_left = x < s.ov_left ? __fdiv_rn((float)x, (float)s.ov_left) : 0.0f;
+        for (int k = s.k0; k < s.k1; k++) {
+            float v = s.tile[(((int64_t)k * s.C + co) * s.th + ry) * s.tw + x];
+            if (ry < s.ov_top)
+                v = fade(s.above[((((int64_t)s.slot_above * s.K + k) * s.C + co) * s.max_ovy + ry) * s.tw + x], v,
+                         p_top);
+            if (x < s.ov_left)
+                v = fade(s.left[((((int64_t)s.slot_left * s.K + k) * s.C + co) * s.th + ry) * s.max_ovx + x], v,
+                         p_left);
+            if (k < s.keep0) {
+                if (s.window > 0 && k < s.blend_t) {
+                    const int o = s.keep1 - s.blend_t + k; /* _blend uses the overlap's last frames */
+                    v = fade(s.carry[((int64_t)o * s.C + co) * HW + pix], v, __fdiv_rn((float)k, (float)s.blend_t));
+                }
+            } else if (!s.last) {
+                s.carry[((int64_t)(k - s.keep0) * s.C + co) * HW + pix] = v;
+                continue;
+            }
+            if (k >= s.kemit) continue; /* frames of padded latents are cut, as `_decode` does */
+            const int64_t kk = k - s.k0, at = (kk * s.own_h + ry) * s.own_w + x;
+            if (s.raw) s.raw[((int64_t)co * s.nb + kk) * s.own_h * s.own_w + (int64_t)ry * s.own_w + x] = v;
+            if (!s.rgb && !s.pix) continue;
+            /* video * pixel_std + pixel_mean, clamp(0, 1), then the processor's (x * 255).round():
+               adding and removing 2^23 rounds half to even, as numpy does (NaN -> 0). */
+            float f = __fadd_rn(__fmul_rn(v, s.sd[co]), s.mean[co]);
+            f = f < 0.0f ? 0.0f : (f > 1.0f ? 1.0f : f);
+            if (s.pix) s.pix[at * s.C + co] = f;
+            if (s.rgb) {
+                float q = __fmul_rn(f, 255.0f);
+                q = __fsub_rn(__fadd_rn(q, 8388608.0f), 8388608.0f);
+                s.rgb[at * s.C + co] = q >= 0.0f ? (uint8_t)q : (uint8_t)0;
+            }
+        }
+    }
+}
+
+/* The tile's original bottom and right strips for its neighbours: two 2-D copies (the strips lie
+   outside the rectangle the tile owns, which the blend only reads). */
+static int save_strips(Backend *b, const h3_bstitch *s)
+{
+    const int64_t planes = (int64_t)s->K * s->C;
+    cudaError_t e;
+    if (s->ov_bottom) {
+        const int ev = s->ov_bottom;
+        e = cudaMemcpy2DAsync(s->above + (int64_t)s->slot_above * planes * s->max_ovy * s->tw,
+                              sizeof(float) * (size_t)s->max_ovy * s->tw, s->tile + (int64_t)(s->th - ev) * s->tw,
+                              sizeof(float) * (size_t)s->th * s->tw, sizeof(float) * (size_t)ev * s->tw, (size_t)planes,
+                              cudaMemcpyDeviceToDevice, b->stream);
+        if (e != cudaSuccess) return fail_cuda(b, e, "vae_stitch: saving the bottom strip");
+    }
+    if (s->ov_right) {
+        const int ev = s->ov_right;
+        e = cudaMemcpy2DAsync(s->left + (int64_t)s->slot_left * planes * s->th * s->max_ovx,
+                              sizeof(float) * (size_t)s->max_ovx, s->tile + (s->tw - ev), sizeof(float) * (size_t)s->tw,
+                              sizeof(float) * (size_t)ev, (size_t)(planes * s->th), cudaMemcpyDeviceToDevice,
+                              b->stream);
+        if (e != cudaSuccess) return fail_cuda(b, e, "vae_stitch: saving the right strip");
+    }
+    return 0;
+}
+
+int vae_stitch(Backend *b, const h3_bstitch *s)
+{
+    if (!s) return fail(b, H3_E_INVALID, "cuda: vae_stitch: no tile");
+    const bool raw_out = s->raw && s->pixels, pix_out = !s->raw && s->pixels, rgb_out = s->rgb != NULL;
+    if (s->C < 1 || s->K < 1 || s->keep0 < 0 || s->keep1 < 0 || s->keep0 + s->keep1 != s->K || s->blend_t < 0 ||
+        s->blend_t > s->keep0 || s->blend_t > s->keep1 || s->th < 1 || s->tw < 1 || s->own_h < 0 || s->own_w < 0 ||
+        s->own_h > s->th || s->own_w > s->tw || s->ov_top < 0 || s->ov_left < 0 || s->ov_top > s->max_ovy ||
+        s->ov_left > s->max_ovx || s->ov_bottom < 0 || s->ov_right < 0 || s->ov_bottom > s->max_ovy ||
+        s->ov_right > s->max_ovx ||
+        s->y0 < 0 || s->x0 < 0 || s->y0 + s->own_h > s->H || s->x0 + s->own_w > s->W || s->window < 0 ||
+        s->window >= s->windows || s->frames < 0 || ((rgb_out || pix_out) && s->C != 3) ||
+        ((rgb_out || pix_out) && (!s->pix_mean || !s->pix_std)))
+        return fail(b, H3_E_INVALID, "cuda: vae_stitch of a %dx%d tile owning %dx%d, overlaps %d/%d", s->th, s->tw,
+                    s->own_h, s->own_w, s->ov_bottom, s->ov_right);
+    if (!s->tile || (s->ov_top && !s->above) || (s->ov_left && !s->left) || (s->ov_bottom && !s->above) ||
+        (s->ov_right && !s->left) || (s->windows > 1 && s->keep1 > 0 && !s->carry))
+        return fail(b, H3_E_INVALID, "cuda: vae_stitch: a tile, strip or carry buffer is missing");
+    const bool last = s->window == s->windows - 1;
+    /* Frame g = window * keep0 + k for every kept k (the last window keeps its overlap too). */
+    const int64_t g0 = (int64_t)s->window * s->keep0;
+    int kemit = last ? s->K : s->keep0;
+    if (g0 + kemit > s->frames) kemit = g0 >= s->frames ? 0 : (int)(s->frames - g0);
+    const int64_t area = (int64_t)s->own_h * s->own_w;
+    const size_t per_frame = (size_t)area * s->C * ((raw_out ? 4 : 0) + (pix_out ? 4 : 0) + (rgb_out ? 1 : 0));
+    /* Frames per launch: all of them unless their converted bytes pass the batch size. */
+    int kb = s->K;
+    if (per_frame && (size_t)kb * per_frame > STITCH_BATCH_BYTES) {
+        kb = (int)(STITCH_BATCH_BYTES / per_frame);
+        if (kb < 1) kb = 1;
+    }
+    int rc;
+    for (int k0 = 0; k0 < s->K; k0 += kb) {
+        const int k1 = k0 + kb < s->K ? k0 + kb : s->K;
+        const int nb = k0 < kemit ? (k1 < kemit ? k1 : kemit) - k0 : 0; /* frames of this batch that are kept */
+        const size_t bytes = (size_t)nb * per_frame;
+        StitchArgs a;
+        memset(&a, 0, sizeof a);
+        char *d = NULL;
+        if (bytes) {
+            if (!(d = (char *)dec_dev(b, bytes))) return -H3_E_NOMEM;
+            size_t off = 0;
+            const size_t nf = (size_t)nb * area * s->C;
+            if (raw_out) a.raw = (float *)(d + off), off += nf * 4;
+            if (pix_out) a.pix = (float *)(d + off), off += nf * 4;
+            if (rgb_out) a.rgb = (uint8_t *)(d + off);
+        }
+        a.tile = s->tile, a.above = s->above, a.left = s->left, a.carry = s->carry;
+        a.C = s->C, a.K = s->K, a.keep0 = s->keep0, a.keep1 = s->keep1, a.blend_t = s->blend_t;
+        a.th = s->th, a.tw = s->tw, a.max_ovy = s->max_ovy, a.max_ovx = s->max_ovx, a.H = s->H, a.W = s->W;
+        a.window = s->window, a.last = last, a.y0 = s->y0, a.x0 = s->x0, a.own_h = s->own_h, a.own_w = s->own_w;
+        a.ov_top = s->ov_top, a.ov_left = s->ov_left, a.slot_above = s->slot_above, a.slot_left = s->slot_left;
+        a.k0 = k0, a.k1 = k1, a.kemit = kemit, a.nb = nb;
+        if (rgb_out || pix_out)
+            for (int c = 0; c < 3; c++) a.mean[c] = s->pix_mean[c], a.sd[c] = s->pix_std[c];
+        const int64_t n = area * s->C;
+        if (n > 0) {
+            stitch_kernel<<<blocks_for(n, 256, 8192), 256, 0, b->stream>>>(a);
+            if ((rc = check_launch(b, "stitch_kernel"))) return rc;
+        }
+        /* After the last blend has read the neighbours' strips, this tile's replace them. */
+        if (k1 == s->K && (rc = save_strips(b, s))) return rc;
+        if (!bytes) continue;
+        char *h = (char *)dec_host(b, bytes);
+        if (!h) return -H3_E_NOMEM;
+        cudaError_t e = cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, b->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(b->stream);
+        if (e != cudaSuccess) return fail_cuda(b, e, "vae_stitch: downloading the frames");
+        /* Rows of the owned rectangle into the caller's frames (host copies of own_w values). */
+        const int64_t H = s->H, W = s->W, C = s->C, nf = (int64_t)nb * area * C;
+        const float *hraw = raw_out ? (const float *)h : NULL;
+        const float *hpix = pix_out ? (const float *)h + (raw_out ? nf : 0) : NULL;
+        const uint8_t *hrgb = rgb_out ? (const uint8_t *)(h + (size_t)nf * 4 * ((raw_out ? 1 : 0) + (pix_out ? 1 : 0)))
+                                      : NULL;
+        for (int kk = 0; kk < nb; kk++) {
+            const int64_t g = g0 + k0 + kk;
+            for (int ry = 0; ry < s->own_h; ry++) {
+                const int64_t y = s->y0 + ry, src = ((int64_t)kk * s->own_h + ry) * s->own_w;
+                if (hraw)
+                    for (int64_t c = 0; c < C; c++)
+                        memcpy(s->pixels + ((c * s->frames + g) * H + y) * W + s->x0,
+                               hraw + (c * nb + kk) * area + (int64_t)ry * s->own_w, sizeof(float) * (size_t)s->own_w);
+                if (hpix)
+                    memcpy(s->pixels + ((g * H + y) * W + s->x0) * C, hpix + src * C,
+                           sizeof(float) * (size_t)(s->own_w * C));
+                if (hrgb) memcpy(s->rgb + ((g * H + y) * W + s->x0) * C, hrgb + src * C, (size_t)(s->own_w * C));
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- snake_aa ------------------------------------------------------------------------------ */
+
+/* diffusers' resampler geometry for ratio 2 and 12 taps (see avae_kern.inc, which derives it):
+   upsampled sample n sums taps j of parity (n + UP_CROP) & 1 over input rows up_src(n) - j,
+   clamped to the signal; output row m sums z[2m + k - DN_LEFT], clamped. */
+#define AA_UP_PAD (H3_AA_TAPS / H3_AA_RATIO - 1)
+#define AA_UP_CROP (AA_UP_PAD * H3_AA_RATIO + (H3_AA_TAPS - H3_AA_RATIO) / 2)
+#define AA_DN_LEFT (H3_AA_TAPS / 2 - (H3_AA_TAPS % 2 == 0))
+#define AA_UP_NTAP (H3_AA_TAPS / H3_AA_RATIO)
+#define AA_TM 128     /* output rows per block */
+#define AA_THREADS 256
+
+static __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* sin(x)^2 exactly as avae_kern.inc's sin2_8 computes a lane (the same reduction by a three-part
+   pi/2, the same Taylor polynomials, every operation rounded on its own); beyond |x| = 6000 (and
+   for NaN) through sin in double, as there. */
+static __device__ __forceinline__ float sin2_dev(float x)
+{
+    if (!(fabsf(x) <= 6000.0f)) {
+        const float s = (float)sin((double)x);
+        return __fmul_rn(s, s);
+    }
+    const float P1 = 1.57080078125f, P2 = -4.453584551811218e-06f, P3 = -8.705516307827565e-10f;
+    float t = __fmul_rn(x, 0.6366197466850281f);
+    t = __fadd_rn(t, t >= 0.0f ? 0.5f : -0.5f);
+    const int q = (int)t; /* truncation of t +- 0.5: the nearest integer */
+    const float qf = (float)q;
+    const float r = __fsub_rn(__fsub_rn(__fsub_rn(x, __fmul_rn(qf, P1)), __fmul_rn(qf, P2)), __fmul_rn(qf, P3));
+    const float r2 = __fmul_rn(r, r);
+    float ps = __fadd_rn(-1.0f / 5040.0f, __fmul_rn(r2, 1.0f / 362880.0f));
+    ps = __fadd_rn(1.0f / 120.0f, __fmul_rn(r2, ps));
+    ps = __fadd_rn(-1.0f / 6.0f, __fmul_rn(r2, ps));
+    const float s = __fadd_rn(r, __fmul_rn(__fmul_rn(r, r2), ps));
+    float pc = __fadd_rn(1.0f / 40320.0f, __fmul_rn(r2, -1.0f / 3628800.0f));
+    pc = __fadd_rn(-1.0f / 720.0f, __fmul_rn(r2, pc));
+    pc = __fadd_rn(1.0f / 24.0f, __fmul_rn(r2, pc));
+    const float c = __fadd_rn(__fsub_rn(1.0f, __fmul_rn(0.5f, r2)), __fmul_rn(__fmul_rn(r2, r2), pc));
+    const float v = (q & 1) ? c : s;
+    return __fmul_rn(v, v);
+}
+
+struct AaArgs {
+    const float *x;
+    int64_t L;
+    int C, TC; /* channels; channels per block */
+    const float *a, *rb, *fup, *fdown;
+    float *p;
+    int d;
+    int64_t phase_rows, margin;
+};
+
+/* Block (output rows [m0, m0 + AA_TM), channels [c0, c0 + TC)): the upsampled, activated samples
+   those rows read go to shared memory (one thread per sample and channel), then each output is
+   the 12-tap low-pass of them. Every sum runs from zero in tap order, as the CPU's. */
+__global__ void __launch_bounds__(AA_THREADS) snake_aa_kernel(AaArgs A)
+{
+    extern __shared__ float aa_z[];
+    __shared__ float wup[H3_AA_TAPS], wdn[H3_AA_TAPS];
+    if (threadIdx.x < H3_AA_TAPS) {
+        wup[threadIdx.x] = A.fup[threadIdx.x];
+        wdn[threadIdx.x] = A.fdown[threadIdx.x];
+    }
+    __syncthreads();
+    const int TC = A.TC, c0 = blockIdx.y * TC;
+    const int64_t L = A.L, NZ = 2 * L, m0 = (int64_t)blockIdx.x * AA_TM;
+    const int64_t m1 = m0 + AA_TM < L ? m0 + AA_TM : L;
+    const int64_t n0 = clamp64(2 * m0 - AA_DN_LEFT, 0, NZ - 1);
+    const int64_t n1 = clamp64(2 * (m1 - 1) + (H3_AA_TAPS - 1 - AA_DN_LEFT), 0, NZ - 1);
+    const int64_t nz = n1 - n0 + 1;
+    for (int64_t idx = threadIdx.x; idx < nz * TC; idx += AA_THREADS) {
+        const int64_t zi = idx / TC;
+        const int cc = (int)(idx - zi * TC), c = c0 + cc;
+        if (c >= A.C) continue;
+        const int64_t n = n0 + zi;
+        const int par = (int)((n + AA_UP_CROP) & 1);
+        const int64_t s0 = (n + AA_UP_CROP - par) / H3_AA_RATIO - AA_UP_PAD;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < AA_UP_NTAP; j++)
+            acc = __fadd_rn(acc, __fmul_rn(A.x[clamp64(s0 - j, 0, L - 1) * A.C + c], wup[par + H3_AA_RATIO * j]));
+        const float u = __fmul_rn((float)H3_AA_RATIO, acc);
+        aa_z[zi * TC + cc] = __fadd_rn(u, __fmul_rn(A.rb[c], sin2_dev(__fmul_rn(A.a[c], u))));
+    }
+    __syncthreads();
+    for (int64_t idx = threadIdx.x; idx < (m1 - m0) * TC; idx += AA_THREADS) {
+        const int64_t mi = idx / TC;
+        const int cc = (int)(idx - mi * TC), c = c0 + cc;
+        if (c >= A.C) continue;
+        const int64_t m = m0 + mi, first = 2 * m - AA_DN_LEFT;
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < H3_AA_TAPS; k++)
+            acc = __fadd_rn(acc, __fmul_rn(aa_z[(clamp64(first + k, 0, NZ - 1) - n0) * TC + cc], wdn[k]));
+        A.p[((m % A.d) * A.phase_rows + A.margin + m / A.d) * A.C + c] = acc;
+    }
+}
+
+/* The rows of a phased destination the activation does not write: each phase's leading margin and
+   everything after its data. grid.y = phase. */
+__global__ void phased_zero_kernel(float *p, int d, int64_t phase_rows, int64_t margin, int64_t L, int C)
+{
+    const int r = blockIdx.y;
+    const int64_t rows = r < L ? (L - r + d - 1) / d : 0, tail0 = margin + rows;
+    const int64_t nzero = (margin + phase_rows - tail0) * C;
+    float *ph = p + (int64_t)r * phase_rows * C;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < nzero; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = e / C < margin ? e / C : tail0 + (e / C - margin);
+        ph[row * C + e % C] = 0.0f;
+    }
+}
+
+int snake_aa(Backend *b, const h3_bt *x, const float *a, const float *rb, const float *fup, const float *fdown,
+             const h3_bphased *dst)
+{
+    int rc = need_f32(b, "snake_aa", "x", x);
+    if (rc) return rc;
+    if (!dst || !dst->p || !a || !rb || !fup || !fdown)
+        return fail(b, H3_E_INVALID, "cuda: snake_aa: a parameter or the destination is missing");
+    const int64_t L = x->rows;
+    if (x->cols < 1 || x->cols > 65535 || x->ld != x->cols || dst->d < 1 || dst->d > 65535 || dst->margin < 0 ||
+        dst->phase_rows < (L + dst->d - 1) / dst->d + dst->margin)
+        return fail(b, H3_E_INVALID, "cuda: snake_aa of %lld x %lld (row stride %lld) into %d phases of %lld rows",
+                    (long long)L, (long long)x->cols, (long long)x->ld, dst ? dst->d : 0,
+                    (long long)(dst ? dst->phase_rows : 0));
+    const int C = (int)x->cols;
+    const int64_t zrows = (int64_t)dst->d * dst->phase_rows - L; /* rows of zeros over all phases */
+    if (zrows > 0) {
+        const int64_t per_phase = (dst->phase_rows - (L + dst->d - 1) / dst->d + 1) * C;
+        dim3 grid(blocks_for(per_phase, 256, 1024), (unsigned)dst->d);
+        phased_zero_kernel<<<grid, 256, 0, b->stream>>>(dst->p, dst->d, dst->phase_rows, dst->margin, L, C);
+        if ((rc = check_launch(b, "phased_zero_kernel"))) return rc;
+    }
+    if (L == 0) return 0;
+    AaArgs A;
+    A.x = (const float *)x->data;
+    A.L = L;
+    A.C = C;
+    A.TC = C < 32 ? C : 32; /* a warp of channels: coalesced rows; narrow signals take all of theirs */
+    A.a = a, A.rb = rb, A.fup = fup, A.fdown = fdown;
+    A.p = dst->p;
+    A.d = dst->d;
+    A.phase_rows = dst->phase_rows;
+    A.margin = dst->margin;
+    const int64_t mblocks = (L + AA_TM - 1) / AA_TM;
+    if (mblocks > 0x7fffffffLL) return fail(b, H3_E_UNSUPPORTED, "cuda: snake_aa: %lld rows is too many", (long long)L);
+    dim3 grid((unsigned)mblocks, (unsigned)((C + A.TC - 1) / A.TC));
+    const size_t smem = sizeof(float) * (size_t)(2 * AA_TM + H3_AA_TAPS) * (size_t)A.TC;
+    snake_aa_kernel<<<grid, AA_THREADS, smem, b->stream>>>(A);
+    return check_launch(b, "snake_aa_kernel");
+}
+
+/* ---- conv_gemm ----------------------------------------------------------------------------- */
+
+/* Row m of the im2col matrix = the K values from X + m * ldx (windows that overlap), in the GEMM's
+   operand type: bf16 (rounded to nearest even once, as every GEMM input of this backend) or f32;
+   rows are ldd apart (a multiple of 16 bytes, for cuBLASLt's vectorised loads). */
+template <typename T>
+__global__ void im2col_kernel(const void *X, int x_bf16, int64_t ldx, int64_t M, int64_t K, T *d, int64_t ldd)
+{
+    for (int64_t r = blockIdx.y; r < M; r += gridDim.y)
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < K; i += (int64_t)gridDim.x * blockDim.x) {
+            const float v = ld_elem(X, x_bf16, r * ldx + i);
+            if constexpr (sizeof(T) == 2)
+                d[r * ldd + i] = __float2bfloat16_rn(v);
+            else
+                d[r * ldd + i] = v;
+        }
+}
+
+/* Alignment class (bytes, capped at 16) of a pointer and a row stride. */
+static int align16(const void *p, int64_t ld_bytes)
+{
+    const uintptr_t v = (uintptr_t)p | (uintptr_t)ld_bytes;
+    int a = 16;
+    while (a > 1 && (v & (uintptr_t)(a - 1))) a >>= 1;
+    return a;
+}
+
+/* Descriptors and the heuristic's first algorithm of Y = X W^T in f32 (the TN form of cuda_gemm.cu:
+   A = W as K x N, transposed; B = X as K x M; D = Y as N x M), compute type CUBLAS_COMPUTE_32F:
+   true f32 products and sums, no TF32. No split-K and a fixed workspace, so a shape gets the same
+   kernel, hence the same bits, on every run. */
+static bool f32_plan_make(Backend *b, F32Plan *p)
+{
+    const F32Key &k = p->key;
+    bool ok = false;
+    do {
+        if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+            p->op = NULL;
+            break;
+        }
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
+            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))
+            break;
+        if (k.bias) {
+            cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+            int32_t bt = CUDA_R_32F;
+            if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
+                cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))
+                break;
+        }
+        if (cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, (uint64_t)k.K, (uint64_t)k.N, k.K)) {
+            p->la = NULL;
+            break;
+        }
+        if (cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, (uint64_t)k.K, (uint64_t)k.M, k.ldx)) {
+            p->lb = NULL;
+            break;
+        }
+        if (cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, (uint64_t)k.N, (uint64_t)k.M, k.ldy)) {
+            p->ld = NULL;
+            break;
+        }
+        uint32_t aa = (uint32_t)align16(NULL, k.K * 4), abx = (uint32_t)k.ax, ayd = (uint32_t)k.ay;
+        if (!lt_pick_algo(b, p->op, p->la, p->lb, p->ld, aa, abx, ayd, &p->algo)) break;
+        ok = true;
+    } while (0);
+    if (!ok) {
+        const F32Key keep = p->key;
+        f32_plan_clear(p);
+        p->key = keep;
+    }
+    return ok;
+}
+
+static F32Plan *f32_plan(Backend *b, DecState *s, const F32Key &key)
+{
+    F32Plan *victim = NULL;
+    for (int i = 0; i < F32_PLANS; i++) {
+        F32Plan *p = &s->plans[i];
+        if (p->used && memcmp(&p->key, &key, sizeof key) == 0) {
+            p->stamp = ++s->clock;
+            return p;
+        }
+        if (!p->used) {
+            if (!victim || victim->used) victim = p;
+        } else if (!victim || (victim->used && p->stamp < victim->stamp)) {
+            victim = p;
+        }
+    }
+    if (victim->used) f32_plan_clear(victim);
+    memset(victim, 0, sizeof *victim);
+    victim->key = key;
+    victim->ok = f32_plan_make(b, victim);
+    victim->used = true;
+    victim->stamp = ++s->clock;
+    return victim;
+}
+
+#define F32_T 16
+
+__global__ void add_bias_kernel(float *y, int64_t ldy, const float *bias, int64_t rows, int64_t n)
+{
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+            y[r * ldy + i] = __fadd_rn(y[r * ldy + i], bias[i]);
+}
+
+/* Where cuBLASLt has no algorithm: one output per thread, K staged through shared memory in tiles,
+   summed in k order (deterministic), bias added last as the epilogue does. */
+__global__ void gemm_f32_kernel(const float *__restrict__ X, int64_t ldx, const float *__restrict__ W,
+                                const float *__restrict__ bias, float *Y, int64_t ldy, int64_t M, int64_t N, int64_t K)
+{
+    __shared__ float xs[F32_T][F32_T + 1], ws[F32_T][F32_T + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t m = (int64_t)blockIdx.y * F32_T + ty, n = (int64_t)blockIdx.x * F32_T + tx;
+    const int64_t wn = (int64_t)blockIdx.x * F32_T + ty;
+    float acc = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += F32_T) {
+        const int64_t k = k0 + tx;
+        xs[ty][tx] = m < M && k < K ? X[m * ldx + k] : 0.0f;
+        ws[ty][tx] = wn < N && k < K ? W[wn * K + k] : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < F32_T; j++) acc = fmaf(xs[ty][j], ws[tx][j], acc);
+        __syncthreads();
+    }
+    if (m < M && n < N) Y[m * ldy + n] = bias ? __fadd_rn(acc, bias[n]) : acc;
+}
+
+/* Y = X W^T + bias with f32 operands (W an f32 matrix in device memory). */
+static int gemm_f32(Backend *b, const float *X, int64_t ldx, const h3_bw *W, const float *bias, const h3_bt *Y)
+{
+    DecState *s = dec_state(b);
+    if (!s) return -H3_E_NOMEM;
+    const int64_t M = Y->rows, N = W->rows, K = W->cols;
+    F32Key key;
+    memset(&key, 0, sizeof key);
+    key.M = M, key.N = N, key.K = K, key.ldx = ldx, key.ldy = Y->ld;
+    key.bias = bias && ((uintptr_t)bias & 15) == 0;
+    key.ax = align16(X, ldx * 4);
+    key.ay = align16(Y->data, Y->ld * 4);
+    F32Plan *p = K > 0 && ldx >= K && Y->ld >= N ? f32_plan(b, s, key) : NULL;
+    if (p && p->ok) {
+        cublasStatus_t st;
+        if (key.bias &&
+            (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
+            return fail_cublas(b, st, "conv_gemm: setting the bias");
+        const float one = 1.0f, zero = 0.0f;
+        st = cublasLtMatmul(b->lt, p->op, &one, W->data, p->la, X, p->lb, &zero, Y->data, p->ld, Y->data, p->ld,
+                            &p->algo, b->lt_ws, b->lt_ws_bytes, b->stream);
+        if (st == CUBLAS_STATUS_SUCCESS) {
+            if (!bias || key.bias) return 0;
+            /* A bias the epilogue cannot read (not 16-byte aligned): added after, one rounding. */
+            dim3 grid(blocks_for(N, 256, 64), (unsigned)(M < 65535 ? M : 65535));
+            add_bias_kernel<<<grid, 256, 0, b->stream>>>((float *)Y->data, Y->ld, bias, M, N);
+            return check_launch(b, "add_bias_kernel");
+        }
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED) return fail_cublas(b, st, "conv_gemm");
+        p->ok = false; /* refused after all: this shape takes the own kernel from now on */
+    }
+    dim3 block(F32_T, F32_T), grid((unsigned)((N + F32_T - 1) / F32_T), (unsigned)((M + F32_T - 1) / F32_T));
+    if (grid.y > 65535)
+        return fail(b, H3_E_UNSUPPORTED, "cuda: conv_gemm: %lld rows is too many for the fallback GEMM", (long long)M);
+    gemm_f32_kernel<<<grid, block, 0, b->stream>>>(X, ldx, (const float *)W->data, bias, (float *)Y->data, Y->ld, M, N,
+                                                   K);
+    return check_launch(b, "gemm_f32_kernel");
+}
+
+int conv_gemm(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
+{
+    int rc;
+    if ((rc = check_view(b, "conv_gemm", "Y", Y))) return rc;
+    if (!X || !is_act(X->dtype) || X->cols < 0 || X->ld < 0 || (!X->data && Y->rows > 0))
+        return fail(b, H3_E_INVALID, "cuda: conv_gemm: X must be an f32 or bf16 view");
+    if (!W || X->cols != W->cols || Y->cols != W->rows || (!W->data && W->rows * W->cols > 0) ||
+        (W->dtype != H3_DT_BF16 && W->dtype != H3_DT_F32))
+        return fail(b, H3_E_INVALID,
+                    "cuda: conv_gemm: windows of %lld values into %lld outputs for a weight of %lld x %lld",
+                    (long long)X->cols, (long long)Y->cols, W ? (long long)W->rows : -1LL,
+                    W ? (long long)W->cols : -1LL);
+    const int64_t M = Y->rows, K = X->cols;
+    if (M == 0 || W->rows == 0) return 0;
+    const bool f32 = W->dtype == H3_DT_F32;
+    if (f32 && Y->dtype != H3_DT_F32) return fail(b, H3_E_UNSUPPORTED, "cuda: conv_gemm: an f32 weight needs an f32 Y");
+    /* Windows that do not overlap are a plain GEMM input (bf16 weights: `linear`, which rounds an
+       f32 X itself; f32 weights: used in place). Overlapping ones are expanded first. */
+    if (X->ld >= K || M == 1) {
+        const int64_t ld = X->ld >= K ? X->ld : K;
+        if (!f32) {
+            const h3_bt xv = h3_bt_make(X->data, X->dtype, M, K, ld);
+            return linear(b, &xv, W, bias, Y);
+        }
+        if (X->dtype == H3_DT_F32) return gemm_f32(b, (const float *)X->data, ld, W, bias, Y);
+    }
+    const size_t es = f32 ? 4 : 2;
+    const int64_t ldd = (K + 7) / 8 * 8;
+    /* The GEMM-input scratch: linear reads SCR_XBF16 only for f32 inputs, and this X is bf16 or
+       goes to gemm_f32, so the buffer is ours until the GEMM has read it (stream order). */
+    void *d = scratch(b, SCR_XBF16, (size_t)(M * ldd) * es);
+    if (!d) return -H3_E_NOMEM;
+    dim3 grid(blocks_for(K > 0 ? K : 1, 256, 64), (unsigned)(M < 65535 ? M : 65535));
+    if (f32)
+        im2col_kernel<float>
+            <<<grid, 256, 0, b->stream>>>(X->data, X->dtype == H3_DT_BF16, X->ld, M, K, (float *)d, ldd);
+    else
+        im2col_kernel<__nv_bfloat16>
+            <<<grid, 256, 0, b->stream>>>(X->data, X->dtype == H3_DT_BF16, X->ld, M, K, (__nv_bfloat16 *)d, ldd);
+    if ((rc = check_launch(b, "im2col_kernel"))) return rc;
+    if (f32) return gemm_f32(b, (const float *)d, ldd, W, bias, Y);
+    const h3_bt xv = h3_bt_make(d, H3_DT_BF16, M, K, ldd);
+    return linear(b, &xv, W, bias, Y);
+}
+
+/* ---- conv1_clamp --------------------------------------------------------------------------- */
+
+/* y[m] = clamp(w . x_m, -1, 1): eight running sums over lanes j % 8 (the CPU's vector lanes), added
+   in lane order, then the tail; torch.clamp keeps NaN (both comparisons are false). */
+__global__ void conv1_clamp_kernel(const float *__restrict__ X, int64_t ldx, int n, const float *__restrict__ w,
+                                   float *y, int64_t M)
+{
+    for (int64_t m = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
+        const float *x = X + m * ldx;
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        int j = 0;
+        for (; j + 8 <= n; j += 8)
+#pragma unroll
+            for (int l = 0; l < 8; l++) acc[l] = __fadd_rn(acc[l], __fmul_rn(x[j + l], w[j + l]));
+        float s = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 8; l++) s = __fadd_rn(s, acc[l]);
+        for (; j < n; j++) s = __fadd_rn(s, __fmul_rn(x[j], w[j]));
+        y[m] = s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
+    }
+}
+
+int conv1_clamp(Backend *b, const h3_bt *X, const float *w, float *y)
+{
+    if (!X || X->dtype != H3_DT_F32 || X->rows < 0 || X->cols < 0 || X->ld < 0 || X->cols > 0x7fffffffLL)
+        return fail(b, H3_E_INVALID, "cuda: conv1_clamp: X must be an f32 view");
+    if (X->rows == 0) return 0;
+    if (!X->data || !w || !y) return fail(b, H3_E_INVALID, "cuda: conv1_clamp: NULL input, weight or output");
+    conv1_clamp_kernel<<<blocks_for(X->rows, 256, 8192), 256, 0, b->stream>>>((const float *)X->data, X->ld,
+                                                                            (int)X->cols, w, y, X->rows);
+    return check_launch(b, "conv1_clamp_kernel");
+}
+
+/* ---- attention with f32 operands ------------------------------------------------------------ */
+
+/* The text encoder and the video decoder keep q, k and v in f32 views; the attention kernels take
+   bf16. Each f32 operand is rounded once to bf16 into scratch (rows padded to 8 values, so the
+   vectorised kernels and cuDNN can take them), as `linear` rounds an f32 X, and the call goes on. */
+int attention_round_operands(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads,
+                             int D, float scale, bool causal, const h3_bt *O)
+{
+    const h3_bt *in[3] = {Q, K, V};
+    h3_bt out[3];
+    int64_t off[3], total = 0;
+    for (int i = 0; i < 3; i++) {
+        out[i] = *in[i];
+        off[i] = total;
+        if (in[i]->dtype == H3_DT_F32) {
+            const int64_t ld = (in[i]->cols + 7) / 8 * 8;
+            out[i] = h3_bt_make(NULL, H3_DT_BF16, in[i]->rows, in[i]->cols, ld);
+            total += in[i]->rows * ld;
+        }
+    }
+    __nv_bfloat16 *s = (__nv_bfloat16 *)scratch(b, SCR_XBF16, (size_t)(total > 0 ? total : 1) * 2);
+    if (!s) return -H3_E_NOMEM;
+    int rc;
+    for (int i = 0; i < 3; i++) {
+        if (in[i]->dtype != H3_DT_F32) continue;
+        out[i].data = s + off[i];
+        if ((rc = convert_f32_bf16_2d(b, (const float *)in[i]->data, in[i]->ld, s + off[i], out[i].ld, in[i]->rows,
+                                      in[i]->cols)))
+            return rc;
+    }
+    return attention(b, &out[0], &out[1], &out[2], heads, kv_heads, D, scale, causal, O);
+}
+
+} /* namespace h3cuda */

@@ -1,0 +1,292 @@
+/*
+ * fp8 GEMMs (h3_options.precision = H3_PRECISION_FP8): e4m3 weights with one f32 scale per output
+ * channel, e4m3 activations with one f32 scale per token, through cuBLASLt's fp8 matmul (f32
+ * accumulation). The scales are applied where cuBLASLt can: as outer-vector scales in its
+ * epilogue (each product element (n, m) times the weight scale of n and the activation scale of
+ * m) where it offers that for the shape and GPU; otherwise (Hopper's cuBLASLt has no outer-vector
+ * mode) the GEMM runs unscaled into Y and one pass over Y multiplies each element by its two
+ * scales, in f32, rounding once more when Y is bf16 (2^-9 relative, against e4m3's 2^-4).
+ *
+ * Why these granularities: a transformer weight row (one output channel) and an activation row
+ * (one token) are what vary most in range, and outer-vector scales are exactly those, applied in
+ * the GEMM's epilogue at no cost. Scales are amax / 448 (e4m3's largest finite value); values are
+ * divided by the scale and rounded to nearest with saturation. Every reduction is a max (order
+ * free) and every kernel has fixed work per thread, so the fp8 path is deterministic like the
+ * rest of the backend. It is not exact: the bf16 path stays the default.
+ *
+ * Only the weights the caller loads under H3_PRECISION_FP8 take this path (models/dit.c: the main
+ * blocks' qkv, out, fc1, fc2); a weight whose width cuBLASLt's fp8 kernels cannot take (K not a
+ * multiple of 16) stays bf16.
+ */
+#include "backend/cuda/cuda_common.cuh"
+
+#include <cuda_fp8.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace h3cuda {
+
+#define FP8_MAX 448.0f
+
+/* ---- quantisation kernels ------------------------------------------------------------------ */
+
+/* Largest |x| of one row over a block of 256 threads (max: any order gives the same value). */
+static __device__ __forceinline__ float block_amax(float v, float *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) t = fmaxf(t, sh[i]);
+    return t;
+}
+
+/* One row per block: scale[r] = amax / 448 (1 for an all-zero row), q = e4m3(x / scale). x f32 or
+   bf16 with row stride ldx; q with row stride ldq. NaN propagates through fmaxf as the other
+   operand, so a NaN value saturates rather than poisoning the scale. */
+__global__ void __launch_bounds__(256) fp8_rows_kernel(const void *x, int x_bf16, int64_t ldx, int64_t cols,
+                                                       __nv_fp8_storage_t *q, int64_t ldq, float *scale)
+{
+    __shared__ float sh[8];
+    const int64_t r = blockIdx.x;
+    float m = 0.0f;
+    for (int64_t i = threadIdx.x; i < cols; i += 256) m = fmaxf(m, fabsf(ld_elem(x, x_bf16, r * ldx + i)));
+    const float amax = block_amax(m, sh);
+    const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, FP8_MAX) : 1.0f;
+    if (threadIdx.x == 0) scale[r] = s;
+    for (int64_t i = threadIdx.x; i < cols; i += 256)
+        q[r * ldq + i] = __nv_cvt_float_to_fp8(__fdiv_rn(ld_elem(x, x_bf16, r * ldx + i), s), __NV_SATFINITE, __NV_E4M3);
+}
+
+static int quantize_rows(Backend *b, const void *x, int x_bf16, int64_t ldx, int64_t rows, int64_t cols, void *q,
+                         int64_t ldq, float *scale)
+{
+    if (rows <= 0) return 0;
+    if (rows > 0x7fffffffLL) return fail(b, H3_E_UNSUPPORTED, "cuda: fp8: too many rows");
+    fp8_rows_kernel<<<(unsigned)rows, 256, 0, b->stream>>>(x, x_bf16, ldx, cols, (__nv_fp8_storage_t *)q, ldq, scale);
+    return check_launch(b, "fp8_rows_kernel");
+}
+
+int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, void **q, float **scale)
+{
+    *q = NULL;
+    *scale = NULL;
+    void *d = dev_alloc(b, (size_t)(rows * cols), "fp8 weights");
+    if (!d) return -H3_E_NOMEM;
+    float *s = (float *)dev_alloc(b, sizeof(float) * (size_t)rows, "fp8 weight scales");
+    if (!s) {
+        cudaFree(d);
+        return -H3_E_NOMEM;
+    }
+    int rc = quantize_rows(b, w_bf16, 1, cols, rows, cols, d, cols, s);
+    if (rc) {
+        cudaFree(d);
+        cudaFree(s);
+        return rc;
+    }
+    *q = d;
+    *scale = s;
+    return 0;
+}
+
+bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols)
+{
+    /* cuBLASLt's fp8 kernels want K and the leading dimensions in multiples of 16 bytes. */
+    return b->cc_major * 10 + b->cc_minor >= 89 && rows > 0 && cols > 0 && cols % 16 == 0;
+}
+
+/* ---- the GEMM ------------------------------------------------------------------------------ */
+
+struct Fp8Key {
+    int64_t M, N, K, ldy;
+    int y_bf16, ay;
+};
+
+/* Where the scales go (see the top of the file); FP8_POST_BF16: the GEMM writes a bf16 scratch
+   that the scale pass turns into Y, for an f32 Y where cuBLASLt has no f32-output fp8 kernel. */
+enum { FP8_OUTER = 1, FP8_POST = 2, FP8_POST_BF16 = 3 };
+
+struct Fp8Plan {
+    Fp8Key key;
+    bool used;
+    int mode; /* 0: no algorithm */
+    uint64_t stamp;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+
+#define FP8_PLANS 64
+
+struct Fp8Cache {
+    Fp8Plan p[FP8_PLANS];
+    uint64_t clock;
+};
+
+static void fp8_plan_clear(Fp8Plan *p)
+{
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
+    memset(p, 0, sizeof *p);
+}
+
+void fp8_destroy(Backend *b)
+{
+    if (!b->fp8) return;
+    for (int i = 0; i < FP8_PLANS; i++)
+        if (b->fp8->p[i].used) fp8_plan_clear(&b->fp8->p[i]);
+    free(b->fp8);
+    b->fp8 = NULL;
+}
+
+/* Descriptors and the heuristic's first algorithm (no split-K, the fixed workspace: the same
+   kernel every run). False when cuBLASLt offers none. */
+static bool fp8_try_plan(Backend *b, Fp8Plan *p, bool outer, bool d_bf16)
+{
+    const Fp8Key &k = p->key;
+    bool ok = false;
+    do {
+        if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+            p->op = NULL;
+            break;
+        }
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
+            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))
+            break;
+        if (outer && (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec) ||
+                      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec)))
+            break;
+        if (cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, (uint64_t)k.K, (uint64_t)k.N, k.K)) {
+            p->la = NULL;
+            break;
+        }
+        if (cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, (uint64_t)k.K, (uint64_t)k.M, k.K)) {
+            p->lb = NULL;
+            break;
+        }
+        if (cublasLtMatrixLayoutCreate(&p->ld, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)k.N, (uint64_t)k.M,
+                                       d_bf16 && !k.y_bf16 ? k.N : k.ldy)) {
+            p->ld = NULL;
+            break;
+        }
+        uint32_t a16 = 16, ayd = (uint32_t)k.ay;
+        if (!lt_pick_algo(b, p->op, p->la, p->lb, p->ld, a16, a16, ayd, &p->algo)) break;
+        ok = true;
+    } while (0);
+    if (!ok) {
+        const Fp8Key keep = p->key;
+        fp8_plan_clear(p);
+        p->key = keep;
+    }
+    return ok;
+}
+
+static Fp8Plan *fp8_plan(Backend *b, const Fp8Key &k)
+{
+    if (!b->fp8 && !(b->fp8 = (Fp8Cache *)calloc(1, sizeof(Fp8Cache)))) return NULL;
+    Fp8Cache *c = b->fp8;
+    Fp8Plan *victim = NULL;
+    for (int i = 0; i < FP8_PLANS; i++) {
+        Fp8Plan *p = &c->p[i];
+        if (p->used && memcmp(&p->key, &k, sizeof k) == 0) {
+            p->stamp = ++c->clock;
+            return p;
+        }
+        if (!p->used) {
+            if (!victim || victim->used) victim = p;
+        } else if (!victim || (victim->used && p->stamp < victim->stamp)) {
+            victim = p;
+        }
+    }
+    if (victim->used) fp8_plan_clear(victim);
+    memset(victim, 0, sizeof *victim);
+    victim->key = k;
+    const bool yb = k.y_bf16 != 0;
+    victim->mode = fp8_try_plan(b, victim, true, yb)     ? FP8_OUTER
+                   : fp8_try_plan(b, victim, false, yb)  ? FP8_POST
+                   : !yb && fp8_try_plan(b, victim, false, true) ? FP8_POST_BF16
+                                                           : 0;
+    victim->used = true;
+    victim->stamp = ++c->clock;
+    return victim;
+}
+
+/* The scale pass: y[m][n] = (d[m][n] * ws[n]) * xs[m] in f32, rounded to y's dtype (d may be y). */
+__global__ void fp8_scale_kernel(const void *d, int d_bf16, int64_t ldd, void *y, int y_bf16, int64_t ldy,
+                                 const float *ws, const float *xs, int64_t rows, int64_t n)
+{
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float s = xs[r];
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+            st_elem(y, y_bf16, r * ldy + i, __fmul_rn(__fmul_rn(ld_elem(d, d_bf16, r * ldd + i), ws[i]), s));
+    }
+}
+
+/* y[r] += bias over rows x cols (f32 or bf16 rows of stride ldy): the fp8 GEMM has no fused bias. */
+__global__ void add_bias_kernel(void *y, int y_bf16, int64_t ldy, const float *bias, int64_t rows, int64_t n)
+{
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+            st_elem(y, y_bf16, r * ldy + i, __fadd_rn(ld_elem(y, y_bf16, r * ldy + i), bias[i]));
+}
+
+int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
+{
+    const int64_t M = X->rows, N = W->rows, K = W->cols;
+    if (M == 0 || N == 0) return 0;
+    const float *wscale = (const float *)W->priv;
+    if (!wscale) return fail(b, H3_E_INVALID, "cuda: linear: an fp8 weight without its scales");
+    void *xq = scratch(b, SCR_XF8, (size_t)(M * K));
+    float *xs = xq ? (float *)scratch(b, SCR_XSCALE, sizeof(float) * (size_t)M) : NULL;
+    if (!xs) return -H3_E_NOMEM;
+    int rc = quantize_rows(b, X->data, X->dtype == H3_DT_BF16, X->ld, M, K, xq, K, xs);
+    if (rc) return rc;
+    const int y_bf16 = Y->dtype == H3_DT_BF16;
+    Fp8Key key;
+    memset(&key, 0, sizeof key);
+    key.M = M;
+    key.N = N;
+    key.K = K;
+    key.ldy = Y->ld;
+    key.y_bf16 = y_bf16;
+    {
+        uintptr_t v = (uintptr_t)Y->data | (uintptr_t)(Y->ld * (y_bf16 ? 2 : 4));
+        int a = 16;
+        while (a > 1 && (v & (uintptr_t)(a - 1))) a >>= 1;
+        key.ay = a;
+    }
+    Fp8Plan *p = fp8_plan(b, key);
+    if (!p) return fail(b, H3_E_NOMEM, "cuda: out of host memory for the fp8 plan cache");
+    if (!p->mode)
+        return fail(b, H3_E_UNSUPPORTED, "cuda: cuBLASLt has no fp8 GEMM for %lld x %lld x %lld (row stride %lld)",
+                    (long long)M, (long long)N, (long long)K, (long long)Y->ld);
+    cublasStatus_t st;
+    if (p->mode == FP8_OUTER &&
+        ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wscale, sizeof wscale)) ||
+         (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs))))
+        return fail_cublas(b, st, "linear (fp8): setting the scales");
+    const float one = 1.0f, zero = 0.0f;
+    void *D = Y->data;
+    if (p->mode == FP8_POST_BF16 && !(D = scratch(b, SCR_YF32, (size_t)(M * N) * 2))) return -H3_E_NOMEM;
+    st = cublasLtMatmul(b->lt, p->op, &one, W->data, p->la, xq, p->lb, &zero, D, p->ld, D, p->ld, &p->algo, b->lt_ws,
+                        b->lt_ws_bytes, b->stream);
+    if (st != CUBLAS_STATUS_SUCCESS) return fail_cublas(b, st, "linear (fp8)");
+    dim3 grid(blocks_for(N, 256, 64), (unsigned)(M < 65535 ? M : 65535));
+    if (p->mode != FP8_OUTER) {
+        const bool sep = p->mode == FP8_POST_BF16;
+        fp8_scale_kernel<<<grid, 256, 0, b->stream>>>(D, sep ? 1 : y_bf16, sep ? N : Y->ld, Y->data, y_bf16, Y->ld,
+                                                      wscale, xs, M, N);
+        if ((rc = check_launch(b, "fp8_scale_kernel"))) return rc;
+    }
+    if (!bias) return 0;
+    add_bias_kernel<<<grid, 256, 0, b->stream>>>(Y->data, y_bf16, Y->ld, bias, M, N);
+    return check_launch(b, "add_bias_kernel");
+}
+
+} /* namespace h3cuda */

@@ -91,6 +91,7 @@ build/tests-asan/%: tests/c/%.c $(ASAN_OBJ) tests/c/ctest.h
 # test_backend_ops.c includes the decoders' op checks.
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_decoders.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_int8.inc
+build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_audio_enc.inc
 
 test-c: $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done

@@ -362,6 +362,21 @@ H3_API int64_t h3_dit_packed_layout(h3_ctx *ctx, int64_t n_text, const uint8_t *
                              int64_t *video_indices, int64_t *audio_indices);
 
 /*
+ * The packed ref2va layout [text | reference blocks | target audio | target video], as diffusers'
+ * build_ref2va_packed_sequence builds it. refs: n_refs (1 to 12) rows of 5 int32 in request order:
+ * kind (0 image, 1 video, 2 audio), latent frames, latent height, latent width (0 for audio), audio
+ * latents per side (an audio clip, a video's soundtrack, 0 for none). Outputs as
+ * h3_dit_packed_layout (video/audio_indices: reference rows first), plus roles [L] (0 generated
+ * video and text, 1 generated audio, 2 visual reference: t = max(t_video, 0.999), 3 reference
+ * audio: t = 1.0) and n_condition [2] (reference video rows, reference audio rows). Returns L.
+ */
+H3_API int64_t h3_dit_ref2va_layout(h3_ctx *ctx, int64_t n_text, const uint8_t *text_tags, const int32_t *refs,
+                                    int n_refs, int latent_frames, int latent_height, int latent_width,
+                                    int audio_latents, double *position_ids, int64_t *token_tags,
+                                    int64_t *text_indices, int64_t *video_indices, int64_t *audio_indices,
+                                    uint8_t *roles, int64_t *n_condition);
+
+/*
  * One transformer forward with diffusers' arguments (batch 1): hidden_states [num_video_rows,
  * latents_dim * patch_h * patch_w] (conditioning rows first), audio_hidden_states
  * [num_audio_rows, audio_latents_dim], encoder_hidden_states [num_text_rows, text_dim], timestep
@@ -516,6 +531,34 @@ H3_API int h3_video_encode_condition(h3_ctx *ctx, const uint8_t *rgb, int T, int
                                      uint64_t seed, float *out);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Audio encoder                                                                               */
+/*
+ * The audio VAE's encoder, exactly as diffusers' AutoencoderKLMiniMaxH3Audio.encode(...)
+ * .latent_dist.mode(): the waveform right-padded with zeros to a multiple of the hop (the
+ * product of encoder_rates, 800), the DAC trunk, the causal-attention pre_block and mean_proj.
+ * The autoencoder is mono: each channel is encoded as its own batch item (a stereo reference is
+ * batch 2). Needs the encoder weights (encoder.*, pre_block.*, mean_proj.*) in audio_vae/; a
+ * model without them fails here with "model has no audio VAE encoder weights". CPU backend;
+ * results do not depend on the thread count. Progress phase "audio_encode", one unit per
+ * (channel, encoder block).
+ */
+
+/* Latent shape of an encode of `samples` samples per channel: C latent channels, `frames`
+   latent frames. Either output may be NULL. Validates samples (>= 1). */
+H3_API int h3_audio_encode_shape(h3_ctx *ctx, int64_t samples, int *C, int64_t *frames);
+
+/* Encode pcm [channels][samples] f32 (channels 1 or 2, at the config's sample rate) into the
+   posterior mean [channels][C][frames]; cap = floats mean holds. */
+H3_API int h3_audio_encode(h3_ctx *ctx, const float *pcm, int channels, int64_t samples, float *mean,
+                           int64_t cap);
+
+/* Ref2VA's conditioning rows of an encoded audio reference (MiniMaxH3Ref2VAEncodeStep): row
+   (ch * frames + t) = (mean[ch][:, t] - latents_mean) / latents_std, channel-major (all left rows,
+   then all right rows); rows [channels * frames][C], cap floats. */
+H3_API int h3_audio_latent_rows(h3_ctx *ctx, const float *mean, int channels, int64_t frames, float *rows,
+                                int64_t cap);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Audio decoder                                                                               */
 
 /*
@@ -543,6 +586,43 @@ H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int 
 
 /* ------------------------------------------------------------------------------------------ */
 /* Text to video + stereo audio                                                                */
+
+/*
+ * One reference of a Ref2VA request (h3_request.references), in the order the model reads them:
+ *  H3_REFERENCE_IMAGE: uint8 RGB rgb [height][width][3], aspect 1:4 .. 4:1, at most 64 megapixels
+ *    (diffusers resizes it to a 2048-pixel short edge, sides rounded to 32, with Lanczos).
+ *  H3_REFERENCE_VIDEO: rgb [frames][height][width][3] at fps, with an optional soundtrack in pcm.
+ *  H3_REFERENCE_AUDIO: pcm [channels][samples] float32 (1 or 2 channels) at sample_rate.
+ * Hooks: video and audio references are accepted by this struct but refused by this build
+ * (H3_E_UNSUPPORTED) until the audio VAE encoder and the video reference path are wired in.
+ */
+#define H3_REFERENCE_IMAGE 0
+#define H3_REFERENCE_VIDEO 1
+#define H3_REFERENCE_AUDIO 2
+typedef struct h3_reference {
+    int32_t kind;
+    const uint8_t *rgb;
+    int32_t width, height, frames;
+    float fps;
+    const float *pcm;
+    int64_t samples;
+    int32_t channels, sample_rate;
+    /* Optional injected draws of an image reference (parity checks), both [C, 1, h, w] at its
+       encoding size (h3_reference_size / 16): the conditioning noise eps (else libh3's stream
+       2 + k of the request's seed, k = its index among the visual references) and the encoder's
+       posterior noise (else seed 42, stream 16, as for keyframes). */
+    const float *noise;
+    const float *posterior_noise;
+} h3_reference;
+
+/*
+ * The size an image reference of image_width x image_height is encoded and shown to the text
+ * encoder at (diffusers' MiniMaxH3Ref2VASetupStep): its short edge scaled to the model's
+ * reference edge (2048 for the release; a model_index.json "h3ctl" block may give
+ * "reference_image_short_edge", else 2048 scaled by canvas_short_edge / 768), sides rounded
+ * half-to-even to the canvas multiple; upscaling included, no area cap.
+ */
+H3_API int h3_reference_size(h3_ctx *ctx, int image_width, int image_height, int *width, int *height);
 
 /*
  * One render request. `steps` counts sigma grid points including the terminal 0, as diffusers'
@@ -639,6 +719,13 @@ typedef struct h3_request {
     const float *text_states;
     const uint8_t *text_tags;
     int32_t text_rows;
+    /*
+     * References (Ref2VA): n_references entries in request order, at most 9 images, 3 videos, 3
+     * audio clips and 12 in all, not audio alone, not together with first/last frames. They need
+     * a context opened on the Ref2VA partition (H3_OPT_REF2VA).
+     */
+    const h3_reference *references;
+    int32_t n_references;
 } h3_request;
 
 /* h3_request.layer_policy */

@@ -319,6 +319,20 @@ typedef struct h3_backend_ops {
        2*half on are left alone. cos/sin f32 [x->rows, half]; x f32 (a strided view may pick the
        q or k columns of a fused qkv row). */
     int (*rope)(h3_backend *be, const h3_bt *x, int heads, int D, int half, const float *cos, const float *sin);
+
+    /* ---- the audio VAE encoder's ops (models/audio_vae_encoder.c; the CPU versions are in
+       backend/cpu/cpu_audio_enc.c). ---- */
+    /* The DAC trunk's plain Snake on x [L, C] (x->ld == C): v + rb[c] * sin(a[c] * v)^2, each step
+       rounded to f32 (torch's order), output row m to dst as in snake_aa (h3_bphased, its zeros
+       included). a = alpha, rb = 1 / (alpha + 1e-9): f32 [C]. */
+    int (*snake)(h3_backend *be, const h3_bt *x, const float *a, const float *rb, const h3_bphased *dst);
+    /* The pre_block attention's head reduction: per row, m[i] = (sum over h < heads of
+       x[h * D + i]) / heads (f32 sum in head order), then y[j] = the mean of m over
+       adaptive_avg_pool1d's window [floor(j D / n), ceil((j + 1) D / n)), n = y->cols (any n >= 1;
+       windows overlap when n does not divide D, and repeat values when n > D). */
+    int (*head_pool)(h3_backend *be, const h3_bt *x, int heads, int D, const h3_bt *y);
+    /* y = a * b element-wise over rows x cols (y may alias a or b): GeGLU's product. */
+    int (*mul)(h3_backend *be, const h3_bt *a, const h3_bt *b, const h3_bt *y);
 } h3_backend_ops;
 
 struct h3_backend {

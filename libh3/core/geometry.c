@@ -82,3 +82,13 @@ void h3_geom_canvas_rule(h3_model *m, const h3_geom_cfg *g, struct h3_canvas_rul
     out->multiple = g->spatial * (g->patch_h > g->patch_w ? g->patch_h : g->patch_w);
     h3_err_clear();
 }
+
+int h3_geom_ref_image_edge(h3_model *m, const struct h3_canvas_rule *cr)
+{
+    /* The release pairs a 768 canvas short edge with 2048-pixel references; a small model keeps
+       that ratio unless its h3ctl block says otherwise, as its canvas rule scales the same way. */
+    const int64_t dflt = cr->short_edge == 768 ? 2048 : ((int64_t)cr->short_edge * 2048 + 384) / 768;
+    const int64_t v = h3ctl_int(m, "reference_image_short_edge", dflt);
+    h3_err_clear();
+    return v > (1 << 16) ? (1 << 16) : (int)v;
+}

@@ -46,5 +46,8 @@ H3_INTERNAL void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int f
  */
 struct h3_canvas_rule;
 H3_INTERNAL void h3_geom_canvas_rule(h3_model *m, const h3_geom_cfg *g, struct h3_canvas_rule *out);
+/* The short edge Ref2VA image references are resized to: model_index.json's h3ctl
+   "reference_image_short_edge", else 2048 scaled by the canvas rule's short edge / 768. */
+H3_INTERNAL int h3_geom_ref_image_edge(h3_model *m, const struct h3_canvas_rule *cr);
 
 #endif /* H3_GEOMETRY_H */

@@ -73,6 +73,30 @@ typedef struct h3_dit_layout {
 H3_INTERNAL int h3_dit_layout_t2va(const h3_dit_cfg *c, int64_t n_text, const uint8_t *text_tags,
                                    int lat_t, int lat_h, int lat_w, int audio_lat, const int *anchors,
                                    int n_anchors, h3_dit_layout *out);
+/*
+ * One reference of a ref2va request, by the latent geometry its encoder produced (the layout is
+ * built from those shapes, as diffusers builds it from the encoded tensors): an image (lat_t 1,
+ * no audio), a video (lat_t frames; audio_lat > 0 when it carries a soundtrack) or an audio clip
+ * (audio_lat latents per side, no visual rows).
+ */
+enum { H3_REF_IMAGE = 0, H3_REF_VIDEO = 1, H3_REF_AUDIO = 2 };
+#define H3_REF_MAX 12 /* references per request (diffusers' MiniMaxH3Ref2VASetupStep) */
+typedef struct h3_dit_ref {
+    int kind;
+    int lat_t, lat_h, lat_w;
+    int audio_lat;
+} h3_dit_ref;
+/*
+ * The ref2va layout [text | reference blocks | target audio | target video] exactly as
+ * diffusers' MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence builds it: references
+ * in request order on one rotary clock from n_text (image: own grid at the clock, +1; audio:
+ * t = clock + j, w at the target's width extremes, + T_a; video: soundtrack rows then frames,
+ * both from the clock, + max(T_a, span)); the target from the final clock. Visual reference
+ * rows are H3_ROLE_COND_VIDEO, reference audio rows H3_ROLE_COND_AUDIO (t = 1.0).
+ */
+H3_INTERNAL int h3_dit_layout_ref2va(const h3_dit_cfg *c, int64_t n_text, const uint8_t *text_tags,
+                                     const h3_dit_ref *refs, int n_refs, int lat_t, int lat_h, int lat_w,
+                                     int audio_lat, h3_dit_layout *out);
 H3_INTERNAL void h3_dit_layout_free(h3_dit_layout *l);
 /* Deep copy. */
 H3_INTERNAL int h3_dit_layout_copy(h3_dit_layout *dst, const h3_dit_layout *src);

@@ -346,3 +346,173 @@ int h3_dit_layout_from_rows(int64_t seq, int64_t n_text, int64_t n_video, int64_
     if (rc) h3_dit_layout_free(out);
     return rc;
 }
+
+/* ---- the ref2va layout ------------------------------------------------------------------ */
+
+/* One channel-major audio block of `ta` latents per side from rotary time `clock`: no height
+   coordinate, w pinned to the extremes of the width grid of the block it belongs to (diffusers'
+   _fill_audio_positions). */
+static void fill_audio(h3_dit_layout *l, int64_t start, int ta, double clock, double w_left, double w_right,
+                       int64_t *aidx, uint8_t role)
+{
+    for (int64_t r = 0; r < (int64_t)ta * H3_STEREO; r++) {
+        int64_t row = start + r;
+        l->pos[row * 3] = clock + (double)(r % ta);
+        l->pos[row * 3 + 1] = 0.0;
+        l->pos[row * 3 + 2] = r < ta ? w_left : w_right;
+        l->tags[row] = H3_TAG_AUDIO;
+        l->role[row] = role;
+        aidx[r] = row;
+    }
+}
+
+/* `lat_t` frames of one visual grid from `clock`, frames spaced 5/3 * {1,4,4,4,4} summed
+   sequentially (diffusers' _temporal_position_grid). An image passes lat_t = 1. */
+static void fill_video(h3_dit_layout *l, int64_t start, int lat_t, int64_t nh, int64_t nw, const double *hg,
+                       const double *wg, double clock, int64_t *vidx, uint8_t role)
+{
+    const int64_t per_frame = nh * nw;
+    double cum = 0;
+    for (int f = 0; f < lat_t; f++) {
+        const double t = clock + cum;
+        cum += ROPE_FRAME_RESCALE * k_frames_per_latent[f % 5];
+        for (int64_t q = 0; q < per_frame; q++) {
+            int64_t row = start + f * per_frame + q;
+            l->pos[row * 3] = t;
+            l->pos[row * 3 + 1] = hg[q / nw];
+            l->pos[row * 3 + 2] = wg[q % nw];
+            l->tags[row] = H3_TAG_VIDEO;
+            l->role[row] = role;
+            vidx[f * per_frame + q] = row;
+        }
+    }
+}
+
+static int ref_check(const h3_dit_cfg *c, const h3_dit_ref *f, int i)
+{
+    const int ph = c->patch[1], pw = c->patch[2];
+    if (f->kind != H3_REF_IMAGE && f->kind != H3_REF_VIDEO && f->kind != H3_REF_AUDIO)
+        return h3_err(H3_E_INVALID, "layout: reference %d has kind %d (0 image, 1 video, 2 audio)", i, f->kind);
+    if (f->kind != H3_REF_AUDIO) {
+        if (f->lat_t < 1 || (f->kind == H3_REF_IMAGE && f->lat_t != 1) || f->lat_t > 100000 || f->lat_h < ph ||
+            f->lat_w < pw || f->lat_h % ph || f->lat_w % pw || f->lat_h > 100000 || f->lat_w > 100000)
+            return h3_err(H3_E_INVALID,
+                          "layout: reference %d latents %dx%dx%d must be positive (1 frame for an image) with "
+                          "height/width multiples of the patch %dx%d",
+                          i, f->lat_t, f->lat_h, f->lat_w, ph, pw);
+    }
+    if (f->audio_lat < 0 || f->audio_lat > 10000000 || (f->kind == H3_REF_AUDIO && f->audio_lat < 1) ||
+        (f->kind == H3_REF_IMAGE && f->audio_lat))
+        return h3_err(H3_E_INVALID, "layout: reference %d has %d audio latents (audio: >= 1, image: 0)", i,
+                      f->audio_lat);
+    return 0;
+}
+
+int h3_dit_layout_ref2va(const h3_dit_cfg *c, int64_t n_text, const uint8_t *text_tags, const h3_dit_ref *refs,
+                         int n_refs, int lat_t, int lat_h, int lat_w, int audio_lat, h3_dit_layout *out)
+{
+    memset(out, 0, sizeof *out);
+    if (n_refs < 1 || n_refs > H3_REF_MAX || !refs)
+        return h3_err(H3_E_INVALID, "layout: ref2va needs 1 to %d references, got %d", H3_REF_MAX, n_refs);
+    /* The target alone, as the t2va layout builds it (same checks, text rows, tags). Its
+       generated rows are then moved behind the reference rows. */
+    h3_dit_layout base;
+    int rc = h3_dit_layout_t2va(c, n_text, text_tags, lat_t, lat_h, lat_w, audio_lat, NULL, 0, &base);
+    if (rc) return rc;
+    const int ph = c->patch[1], pw = c->patch[2];
+    int64_t ref_v = 0, ref_a = 0;
+    int max_side = lat_h > lat_w ? lat_h : lat_w;
+    for (int i = 0; i < n_refs; i++) {
+        if ((rc = ref_check(c, &refs[i], i))) {
+            h3_dit_layout_free(&base);
+            return rc;
+        }
+        if (refs[i].kind != H3_REF_AUDIO) {
+            ref_v += (int64_t)refs[i].lat_t * (refs[i].lat_h / ph) * (refs[i].lat_w / pw);
+            if (refs[i].lat_h > max_side) max_side = refs[i].lat_h;
+            if (refs[i].lat_w > max_side) max_side = refs[i].lat_w;
+        }
+        ref_a += (int64_t)refs[i].audio_lat * H3_STEREO;
+    }
+    const int64_t seq = base.seq + ref_v + ref_a;
+    if (seq > ((int64_t)1 << 31)) {
+        h3_dit_layout_free(&base);
+        return h3_err(H3_E_INVALID, "layout: %lld rows is more than this engine supports", (long long)seq);
+    }
+    rc = layout_alloc(out, seq, n_text, base.n_video + ref_v, base.n_audio + ref_a);
+    double *grid = rc ? NULL : h3_malloc(sizeof(double) * (size_t)(4 * (max_side + 1)));
+    if (!rc && !grid) {
+        h3_dit_layout_free(out);
+        rc = -H3_E_NOMEM;
+    }
+    if (rc) {
+        h3_dit_layout_free(&base);
+        return rc;
+    }
+    out->n_cond_video = ref_v;
+    out->n_cond_audio = ref_a;
+    out->lat_t = lat_t;
+    out->lat_h = lat_h;
+    out->lat_w = lat_w;
+    out->audio_lat = audio_lat;
+    for (int64_t i = 0; i < n_text; i++) {
+        out->text_idx[i] = i;
+        out->tags[i] = base.tags[i];
+        out->role[i] = H3_ROLE_VIDEO;
+        out->pos[i * 3] = (double)i;
+    }
+    h3_dit_layout_free(&base);
+
+    /* The target's grid: a standalone audio reference is pinned to its width extremes. */
+    double *thg = grid, *twg = thg + max_side, *hg = twg + max_side, *wg = hg + max_side;
+    const int64_t tnh = lat_h / ph, tnw = lat_w / pw;
+    const double tsq = sqrt((double)lat_h * (double)lat_w);
+    spatial_grid(lat_h, ph, tsq, thg);
+    spatial_grid(lat_w, pw, tsq, twg);
+
+    /* References in request order on one rotary clock that starts where the text ends; every
+       block advances it by the time it occupies. */
+    int64_t cursor = n_text, nv = 0, na = 0;
+    double clock = (double)n_text;
+    for (int i = 0; i < n_refs; i++) {
+        const h3_dit_ref *f = &refs[i];
+        if (f->kind == H3_REF_AUDIO) {
+            fill_audio(out, cursor, f->audio_lat, clock, twg[0], twg[tnw - 1], out->audio_idx + na,
+                       H3_ROLE_COND_AUDIO);
+            cursor += (int64_t)f->audio_lat * H3_STEREO;
+            na += (int64_t)f->audio_lat * H3_STEREO;
+            clock += (double)f->audio_lat;
+            continue;
+        }
+        const int64_t nh = f->lat_h / ph, nw = f->lat_w / pw;
+        const double sq = sqrt((double)f->lat_h * (double)f->lat_w);
+        spatial_grid(f->lat_h, ph, sq, hg);
+        spatial_grid(f->lat_w, pw, sq, wg);
+        /* A video's soundtrack is packed right before its frames, from the same origin, on the
+           video's own width extremes, as the generated audio and video are aligned. */
+        if (f->audio_lat) {
+            fill_audio(out, cursor, f->audio_lat, clock, wg[0], wg[nw - 1], out->audio_idx + na,
+                       H3_ROLE_COND_AUDIO);
+            cursor += (int64_t)f->audio_lat * H3_STEREO;
+            na += (int64_t)f->audio_lat * H3_STEREO;
+        }
+        fill_video(out, cursor, f->lat_t, nh, nw, hg, wg, clock, out->video_idx + nv, H3_ROLE_COND_VIDEO);
+        cursor += (int64_t)f->lat_t * nh * nw;
+        nv += (int64_t)f->lat_t * nh * nw;
+        if (f->kind == H3_REF_IMAGE) {
+            clock += 1.0; /* an image takes one integer slot, not a latent frame's 5/3 */
+        } else {
+            /* Summed sequentially like diffusers' `sum(...)` here (not numpy's pairwise sum
+               of the FL2VA last-frame anchor: the two differ in the last ulp from 16 frames). */
+            double span = 0;
+            for (int k = 0; k < f->lat_t; k++) span += ROPE_FRAME_RESCALE * k_frames_per_latent[k % 5];
+            clock += (double)f->audio_lat > span ? (double)f->audio_lat : span;
+        }
+    }
+    /* The generated rows: target audio, then target video, both from the final clock. */
+    fill_audio(out, cursor, audio_lat, clock, twg[0], twg[tnw - 1], out->audio_idx + na, H3_ROLE_AUDIO);
+    cursor += (int64_t)audio_lat * H3_STEREO;
+    fill_video(out, cursor, lat_t, tnh, tnw, thg, twg, clock, out->video_idx + nv, H3_ROLE_VIDEO);
+    free(grid);
+    return 0;
+}

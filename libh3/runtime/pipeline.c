@@ -28,6 +28,7 @@
 #include "core/keyframe.h"
 #include "core/resample.h"
 #include "core/tokenizer.h"
+#include "runtime/references.h"
 #include "runtime/runtime.h"
 
 #include <math.h>
@@ -409,9 +410,9 @@ static int keyframe_encode(h3_runtime *rt, const uint8_t *rgb, int W, int H, con
     return h3_venc_condition(rt->model, cpu, &c);
 }
 
-/* Plan-time check of the prompt's presentation with keyframes of W x H (tokenizer and configs;
-   no pixels read): the model has a vision tower and the processor takes the size. */
-static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, int W, int H)
+/* Plan-time check of the prompt's presentation with n images of w[i] x h[i] (tokenizer and
+   configs; no pixels read): the model has a vision tower and the processor takes the sizes. */
+static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const int *w, const int *h)
 {
     h3_model *m = rt->model;
     int rc = h3_model_require(m, H3_COMP_TEXT_ENCODER, "encoding keyframes for the prompt");
@@ -421,7 +422,6 @@ static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, int W,
     if (!h3_store_find(&c->store, "model.visual.patch_embed.proj.weight"))
         return h3_err(H3_E_SCHEMA, "%s: the text encoder has no vision tower (model.visual.*), which keyframes need",
                       c->weights_dir ? c->weights_dir : c->dir);
-    const int w[2] = {W, W}, h[2] = {H, H};
     rc = h3_rt_text_image_rows(rt, prompt ? prompt : "", n, w, h);
     return rc < 0 ? rc : 0;
 }
@@ -443,7 +443,7 @@ static int keyframe_text_encode(h3_runtime *rt, const char *prompt, const uint8_
     return 0;
 }
 
-static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, keyframes *kf)
+static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, keyframes *kf, h3_ref_plan *rp)
 {
     if (!q) return h3_err(H3_E_INVALID, "NULL argument");
     if (q->vae_tile_px < 0 || q->vae_tile_px > 65536)
@@ -466,9 +466,22 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
                       "audio VAE %d, text encoder %d)",
                       m->partition_dir, k->dc.video_ch, k->dc.audio_ch, k->dc.text_dim, k->vc.latent_ch,
                       k->ac.latent_ch, k->tc.hidden);
+    /* References (Ref2VA): checked first so a bad reference fails before any other work. */
+    memset(rp, 0, sizeof *rp);
+    if ((rc = h3_ref_request_check(m, q))) return rc;
     /* Keyframes: a canvas left at 0 x 0 follows the first keyframe's aspect by the model's rule. */
     if ((rc = request_keyframes(q, kf))) return rc;
     bool derived = false;
+    if (q->n_references && (q->width == 0 || q->height == 0)) {
+        /* References never set the canvas: diffusers' setup step resolves 16:9 by the model's rule. */
+        if (q->width || q->height) return h3_err(H3_E_INVALID, "give width and height together, or neither");
+        h3_geom_cfg gc;
+        h3_geom_cfg_of_model(m, &gc);
+        h3_canvas_rule cr;
+        h3_geom_canvas_rule(m, &gc, &cr);
+        if ((rc = h3_canvas_resolve(&cr, 16, 9, &q->width, &q->height))) return rc;
+        derived = true;
+    }
     if (kf->n && (q->width == 0 || q->height == 0)) {
         if (q->width || q->height)
             return h3_err(H3_E_INVALID, "give width and height together, or neither (the canvas then follows the %s)",
@@ -496,7 +509,21 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
             return h3_err(H3_E_INVALID, "%s: its image is needed to present it to the text encoder", kf->name[i]);
     }
     if (encode && (rc = keyframe_encoder_check(m, r->rw, r->rh, r->C, r->lh, r->lw))) return rc;
-    if (kf->n && !q->text_states && (rc = keyframe_text_check(rt, q->prompt, kf->n, q->width, q->height))) return rc;
+    if (q->n_references) {
+        /* Each image reference is encoded and shown to the text encoder at its own size. */
+        if (q->text_states) return h3_err(H3_E_INVALID, "references: text_states cannot be injected with references");
+        if ((rc = h3_ref_plan_images(m, q, r->C, k->vc.spatial, rp))) return rc;
+        for (int i = 0; i < rp->n; i++)
+            if ((rc = keyframe_encoder_check(m, rp->w[i], rp->h[i], r->C, rp->lh[i], rp->lw[i]))) {
+                h3_err_prefix("reference %d", rp->index[i] + 1);
+                return rc;
+            }
+        if ((rc = keyframe_text_check(rt, q->prompt, rp->n, rp->w, rp->h))) return rc;
+    }
+    if (kf->n && !q->text_states) {
+        const int kw[2] = {q->width, q->width}, kh[2] = {q->height, q->height};
+        if ((rc = keyframe_text_check(rt, q->prompt, kf->n, kw, kh))) return rc;
+    }
     r->n_cond = kf->n;
     for (int i = 0; i < kf->n; i++) r->anchors[i] = kf->anchor[i];
     if (q->vae_tile_px && (q->vae_tile_px % k->vc.spatial || q->vae_tile_px <= k->vc.tile_overlap))
@@ -553,7 +580,8 @@ int h3_rt_plan(h3_runtime *rt, const h3_request *request, h3_render_info *out)
     memset(&r, 0, sizeof r);
     cfgs k;
     keyframes kf;
-    rc = plan(rt, q, &k, &r, &kf);
+    h3_ref_plan rp;
+    rc = plan(rt, q, &k, &r, &kf, &rp);
     if (rc) return rc;
     fill_info(&r, out);
     return 0;
@@ -561,10 +589,32 @@ int h3_rt_plan(h3_runtime *rt, const h3_request *request, h3_render_info *out)
 
 /* Step 1: the conditioning rows. Injected (text_states), the fl2va presentation of the keyframes,
    or the prompt alone (tokenized, then the cached text encoder). */
-static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf, int hidden, h3_pool *pool,
-                        struct h3_render *r)
+static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf, const h3_ref_plan *rp, int hidden,
+                        h3_pool *pool, struct h3_render *r)
 {
     int rc;
+    if (rp->n) {
+        /* ref2va's presentation of image references is fl2va's ("<Picture k>: " and a vision block
+           each, then the prompt), every image at its own encoding size. */
+        uint8_t *sized[H3_REF_MAX] = {NULL};
+        rc = 0;
+        for (int i = 0; i < rp->n && !rc; i++) {
+            const h3_reference *f = &q->references[rp->index[i]];
+            if (!(sized[i] = h3_malloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3)))
+                rc = -H3_E_NOMEM;
+            else
+                rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized[i]);
+        }
+        h3_text_rows tr;
+        if (!rc) rc = h3_rt_text_encode_images(rt, q->prompt, rp->n, (const uint8_t *const *)sized, rp->w, rp->h, &tr);
+        for (int i = 0; i < rp->n; i++) free(sized[i]);
+        if (rc) return rc;
+        r->n_ids = r->n_text = tr.n;
+        r->ids = tr.ids;
+        r->text = tr.rows;
+        r->text_tags = tr.tags;
+        return 0;
+    }
     if (q->text_states) {
         r->n_text = q->text_rows;
         r->text = h3_malloc(sizeof(float) * (size_t)r->n_text * (size_t)hidden);
@@ -653,6 +703,25 @@ static void pack_conditions(const h3_dit_cfg *dc, const keyframes *kf, const str
     }
 }
 
+/* Step 2 for Ref2VA: each image reference resized (PIL's Lanczos) to its encoding size and
+   encoded like a keyframe into one condition buffer (*out, request order, h3_ref_plan offsets). */
+static int prepare_reference_latents(h3_runtime *rt, const h3_request *q, const h3_ref_plan *rp, h3_pool *pool,
+                                     float **out)
+{
+    if (!(*out = h3_alloc_aligned(sizeof(float) * (size_t)rp->floats))) return -H3_E_NOMEM;
+    int rc = 0;
+    for (int i = 0; i < rp->n && !rc; i++) {
+        const h3_reference *f = &q->references[rp->index[i]];
+        uint8_t *sized = h3_malloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3);
+        if (!sized) return -H3_E_NOMEM;
+        rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized);
+        if (!rc) rc = keyframe_encode(rt, sized, rp->w[i], rp->h[i], f->posterior_noise, *out + rp->off[i]);
+        free(sized);
+        if (rc) h3_err_prefix("reference %d", rp->index[i] + 1);
+    }
+    return rc;
+}
+
 int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
 {
     if (!request) return h3_err(H3_E_INVALID, "NULL request");
@@ -666,7 +735,8 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     float *cond = NULL;
     cfgs k;
     keyframes kf;
-    if ((rc = plan(rt, q, &k, r, &kf))) goto fail;
+    h3_ref_plan rp;
+    if ((rc = plan(rt, q, &k, r, &kf, &rp))) goto fail;
     h3_dit_cfg dc = k.dc;
     h3_text_cfg tc = k.tc;
     h3_pool *pool = h3_rt_pool(rt);
@@ -677,8 +747,12 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
 
     /* 1. conditioning rows (the text encoder streams its layers and caches); 2. keyframe latents,
        before the transformer maps its weights. */
-    if ((rc = prepare_text(rt, q, &kf, tc.hidden, pool, r))) goto fail;
-    const int64_t clat = (int64_t)r->C * r->lh * r->lw;
+    if ((rc = prepare_text(rt, q, &kf, &rp, tc.hidden, pool, r))) goto fail;
+    int64_t clat = (int64_t)r->C * r->lh * r->lw;
+    if (rp.n) {
+        if ((rc = prepare_reference_latents(rt, q, &rp, pool, &cond))) goto fail;
+        clat = rp.max_floats;
+    }
     if (kf.n) {
         if (!(cond = h3_alloc_aligned(sizeof(float) * (size_t)(kf.n * clat)))) {
             rc = -H3_E_NOMEM;
@@ -697,9 +771,16 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     request_knobs(q, &kn);
     h3_dit *d;
     if ((rc = h3_rt_dit_for(rt, &oo, &d))) goto fail;
-    if ((rc = h3_dit_layout_t2va(&dc, r->n_text, r->text_tags, r->T, r->lh, r->lw, r->Ta, r->anchors, r->n_cond,
-                                 &r->layout)))
-        goto fail;
+    if (rp.n) {
+        h3_dit_ref rf[H3_REF_MAX];
+        for (int i = 0; i < rp.n; i++)
+            rf[i] = (h3_dit_ref){.kind = H3_REF_IMAGE, .lat_t = 1, .lat_h = rp.lh[i], .lat_w = rp.lw[i]};
+        rc = h3_dit_layout_ref2va(&dc, r->n_text, r->text_tags, rf, rp.n, r->T, r->lh, r->lw, r->Ta, &r->layout);
+    } else {
+        rc = h3_dit_layout_t2va(&dc, r->n_text, r->text_tags, r->T, r->lh, r->lw, r->Ta, r->anchors, r->n_cond,
+                                &r->layout);
+    }
+    if (rc) goto fail;
     if ((rc = h3_dit_set_layout(d, &r->layout)) || (rc = h3_dit_set_text(d, r->text, r->n_text)) ||
         (rc = h3_dit_set_knobs(d, &kn)))
         goto fail;
@@ -734,6 +815,7 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
         goto fail;
     }
     if (kf.n) pack_conditions(&dc, &kf, r, cond, vlatents, vrows);
+    if (rp.n) h3_ref_pack(&dc, q, &rp, q->seed, cond, vlatents, vrows);
     if (q->video_noise)
         memcpy(vlatents, q->video_noise, sizeof(float) * (size_t)vlat);
     else if (r->lh != r->olh || r->lw != r->olw)

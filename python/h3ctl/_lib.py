@@ -79,7 +79,23 @@ class H3Request(ctypes.Structure):
                 ("first_noise", c_float_p), ("last_noise", c_float_p),
                 ("first_posterior_noise", c_float_p), ("last_posterior_noise", c_float_p),
                 ("first_latent", c_float_p), ("last_latent", c_float_p),
-                ("text_states", c_float_p), ("text_tags", c_uint8_p), ("text_rows", c_int32)]
+                ("text_states", c_float_p), ("text_tags", c_uint8_p), ("text_rows", c_int32),
+                # Ref2VA references (H3Reference entries, request order)
+                ("references", ctypes.c_void_p), ("n_references", c_int32)]
+
+
+# h3_reference.kind
+H3_REFERENCE_IMAGE = 0
+H3_REFERENCE_VIDEO = 1
+H3_REFERENCE_AUDIO = 2
+
+
+class H3Reference(ctypes.Structure):
+    _fields_ = [("kind", c_int32), ("rgb", c_uint8_p), ("width", c_int32), ("height", c_int32), ("frames", c_int32),
+                ("fps", ctypes.c_float), ("pcm", c_float_p), ("samples", c_int64), ("channels", c_int32),
+                ("sample_rate", c_int32),
+                # optional injected draws of an image reference: conditioning noise, posterior noise
+                ("noise", c_float_p), ("posterior_noise", c_float_p)]
 
 
 # h3_request.layer_policy
@@ -141,6 +157,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_noise_fill": (c_int, [c_uint64, c_uint32, c_uint64, c_float_p, c_int64]),
     "h3_dit_packed_layout": (c_int64, [c_void_p, c_int64, c_uint8_p, c_int, c_int, c_int, c_int, c_int32_p, c_int,
                                        c_double_p, c_int64_p, c_int64_p, c_int64_p, c_int64_p]),
+    "h3_dit_ref2va_layout": (c_int64, [c_void_p, c_int64, c_uint8_p, c_int32_p, c_int, c_int, c_int, c_int, c_int,
+                                       c_double_p, c_int64_p, c_int64_p, c_int64_p, c_int64_p, c_uint8_p,
+                                       c_int64_p]),
     "h3_dit_forward": (c_int, [c_void_p, c_float_p, c_int64, c_float_p, c_int64, c_float_p, c_int64, c_float_p,
                                c_int32, c_int64_p, c_int64_p, c_double_p, c_int64, c_int64_p, c_int64_p,
                                c_int64_p, c_float_p, c_float_p]),
@@ -163,6 +182,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_audio_info": (c_int, [c_void_p, c_int_p, c_int_p, c_int_p]),
     "h3_audio_samples": (c_int64, [c_void_p, c_int]),
     "h3_audio_decode": (c_int, [c_void_p, c_float_p, c_int, c_int, c_float_p, c_int64, H3ProgressFn, c_void_p]),
+    "h3_audio_encode_shape": (c_int, [c_void_p, c_int64, c_int_p, c_int64_p]),
+    "h3_audio_encode": (c_int, [c_void_p, c_float_p, c_int, c_int64, c_float_p, c_int64]),
+    "h3_audio_latent_rows": (c_int, [c_void_p, c_float_p, c_int, c_int64, c_float_p, c_int64]),
     # text to video + audio
     "h3_request_default": (None, [ctypes.POINTER(H3Request)]),
     "h3_prepare": (c_int, [c_void_p, ctypes.POINTER(H3Request)]),
@@ -174,6 +196,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_decode": (c_int, [c_void_p, c_uint8_p, c_float_p]),
     "h3_decode_video_f32": (c_int, [c_void_p, c_float_p]),
     "h3_keyframe_canvas": (c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
+    "h3_reference_size": (c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
     "h3_keyframe_resize": (c_int, [c_uint8_p, c_int, c_int, c_int, c_int, c_int, c_uint8_p]),
 }
 

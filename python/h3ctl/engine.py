@@ -14,6 +14,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,8 +112,9 @@ class Engine:
     """
 
     def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
-                 device_index: int = 0, precision: str = "default"):
-        """`device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
+                 device_index: int = 0, precision: str = "default", ref2va: bool = False):
+        """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`.
+        `device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
         "cuda"; `device_index`: the GPU ordinal. `precision`: the transformer blocks' weights, "default" (= "bf16",
         exact), "fp8" (CUDA) or "int8" (CPU); refused with the reason where the device cannot run it."""
         # Threading state first: close() and the guards must work even if opening fails below.
@@ -125,7 +127,7 @@ class Engine:
         if model_dir is None and not self.model_dir.exists():
             raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")
         self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index,
-                            precision=precision)
+                            precision=precision, ref2va=ref2va)
         self.defaults = model_defaults(self.model_dir)
         self._progress: ProgressFn | None = None
         self.last_transformer_profile: dict = {}
@@ -216,7 +218,7 @@ class Engine:
                 seconds: float | None = None, steps: int = 20, seed: int = 42,
                 video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
                 vae_tile: int | None = None, preset: str | None = None, first_frame=None, last_frame=None,
-                injected: dict | None = None, **knobs) -> dict:
+                injected: dict | None = None, references=None, **knobs) -> dict:
         """Everything before the first step. `preset` and the speed knobs (reuse, core_reuse, layers,
         layer_policy, token_reduction, render_size, cache_threshold, lora) as in `request`; `first_frame` /
         `last_frame` (a path or a uint8 [H, W, 3] RGB array) condition the render on keyframes (FL2VA).
@@ -231,14 +233,21 @@ class Engine:
             if not isinstance(prompt, str):
                 raise H3Error("the prompt must be a string")
             injected = dict(injected or {})
+            # Ref2VA parity: "reference_noise_<k>" / "reference_posterior_noise_<k>" ([C, 1, h, w] at the k-th
+            # reference's encoding size, k from 0 in request order) ride on the h3_reference entries.
+            ref_inj = {n: injected.pop(n) for n in list(injected)
+                       if re.fullmatch(r"reference_(posterior_)?noise_\d+", n)}
             unknown = sorted(set(injected) - set(INJECTED))
             if unknown:
                 raise H3Error(f"unknown injected tensor(s): {', '.join(unknown)} (known: {', '.join(INJECTED)})")
             anchors = {"first": first_frame is not None or injected.get("first_latent") is not None,
                        "last": last_frame is not None or injected.get("last_latent") is not None}
             req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset,
-                               first_frame=first_frame, last_frame=last_frame, anchors=anchors, **knobs)
+                               first_frame=first_frame, last_frame=last_frame, anchors=anchors,
+                               references=references, **knobs)
             keep = []
+            if ref_inj:
+                self._inject_references(req, ref_inj, req._keep)
             for name, arr in (("video_noise", video_noise), ("audio_noise", audio_noise)):
                 if arr is not None:
                     arr = np.ascontiguousarray(arr, dtype=np.float32)
@@ -281,10 +290,40 @@ class Engine:
             self._call(self._hooked(_lib.lib().h3_prepare, self._ctx.ptr, ctypes.byref(req)))
             return self.render_info()
 
+    def reference_size(self, width: int, height: int) -> tuple[int, int]:
+        """The size an image reference of width x height is encoded at (h3_reference_size)."""
+        w, h = ctypes.c_int(), ctypes.c_int()
+        _lib.check(_lib.lib().h3_reference_size(self._ctx.ptr, int(width), int(height), ctypes.byref(w),
+                                                ctypes.byref(h)))
+        return w.value, h.value
+
+    def _inject_references(self, req, ref_inj: dict, keep: list) -> None:
+        """Point the request's h3_reference entries at injected draws, after checking their shapes (libh3 cannot:
+        it only receives pointers)."""
+        n = int(req.n_references)
+        arr = ctypes.cast(req.references, ctypes.POINTER(_lib.H3Reference)) if n else None
+        info = self.plan(req)
+        for name, value in ref_inj.items():
+            k = int(name.rsplit("_", 1)[1])
+            if not 0 <= k < n:
+                raise H3Error(f"{name}: the request has {n} references")
+            ref = arr[k]
+            w, h = self.reference_size(ref.width, ref.height)
+            # the video VAE's pixels per latent: the canvas over its latent grid (the output, not a render_size)
+            ratio = info["height"] // info["latent_height"] if not req.render_width else 16
+            want = [info["latent_channels"], 1, h // ratio, w // ratio]
+            value = np.ascontiguousarray(value, dtype=np.float32)
+            if list(value.shape) != want:
+                raise H3Error(f"{name} must have shape {want}, got {list(value.shape)}")
+            keep.append(value)
+            field = "posterior_noise" if "posterior" in name else "noise"
+            setattr(arr[k], field, value.ctypes.data_as(_lib.c_float_p))
+
     def request(self, prompt: str = "", width: int | None = None, height: int | None = None,
                 frames: int | None = None, seconds: float | None = None, steps: int = 20,
                 seed: int = 42, vae_tile: int | None = None, preset: str | None = None,
-                first_frame=None, last_frame=None, anchors: dict | None = None, **knobs) -> _lib.H3Request:
+                first_frame=None, last_frame=None, anchors: dict | None = None, references=None,
+                **knobs) -> _lib.H3Request:
         """An h3_request. `preset`: a name of h3ctl.presets.PRESETS (None: every knob off, the exact render);
         knobs given explicitly (reuse=, core_reuse=, layers=, layer_policy="gate"|"uniform", token_reduction=,
         render_size="WxH", cache_threshold=, lora=["FILE[:SCALE]", ...]) override the preset's. libh3 checks
@@ -292,7 +331,11 @@ class Engine:
 
         `first_frame` / `last_frame`: keyframes (a path, decoded with the bundled ffmpeg, or a uint8 [H, W, 3]
         RGB array). With a keyframe and no width/height, the canvas follows the first keyframe's aspect by the
-        model's canvas rule (libh3 resolves it; `plan` reports it). The request keeps the arrays alive."""
+        model's canvas rule (libh3 resolves it; `plan` reports it). The request keeps the arrays alive.
+
+        `references` (Ref2VA): a list in the order the model reads them; an item is an image (a path or a uint8
+        [H, W, 3] array) or ("image", image). Needs an Engine opened with ref2va=True on a model with Ref2VA/.
+        Video and audio references are not supported yet (libh3 refuses them with a message)."""
         from . import media, presets
 
         resolved = presets.resolve(preset, **knobs)
@@ -313,6 +356,17 @@ class Engine:
                 setattr(req, f"{which}_frame", rgb.ctypes.data_as(_lib.c_uint8_p))
                 setattr(req, f"{which}_width", rgb.shape[1])
                 setattr(req, f"{which}_height", rgb.shape[0])
+        if references:
+            refs = media.as_references(references)
+            arr = (_lib.H3Reference * len(refs))()
+            for i, (kind, rgb) in enumerate(refs):
+                keep.append(rgb)
+                arr[i].kind = {"image": _lib.H3_REFERENCE_IMAGE}[kind]
+                arr[i].rgb = rgb.ctypes.data_as(_lib.c_uint8_p)
+                arr[i].width, arr[i].height, arr[i].frames = rgb.shape[1], rgb.shape[0], 1
+            keep.append(arr)
+            req.references = ctypes.cast(arr, ctypes.c_void_p)
+            req.n_references = len(refs)
         req._keep = keep  # the pointers above borrow these arrays' memory
         # With keyframes an unset canvas is 0 x 0: libh3 takes it from the first keyframe's aspect.
         keyed = bool(keep) or any((anchors or {}).values())
@@ -398,7 +452,7 @@ class Engine:
                seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
                vae_tile: int | None = None, preview: Callable | None = None, preview_every: int = 1,
-               preset: str | None = None, first_frame=None, last_frame=None, **knobs) -> Result:
+               preset: str | None = None, first_frame=None, last_frame=None, references=None, **knobs) -> Result:
         """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate).
 
         `first_frame` / `last_frame` (a path or a uint8 [H, W, 3] RGB array): the video starts / ends on these
@@ -421,6 +475,7 @@ class Engine:
             try:
                 info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise,
                                     vae_tile, preset=preset, first_frame=first_frame, last_frame=last_frame,
+                                    references=references,
                                     **knobs)
                 if previewer is not None:
                     previewer.run(steps)

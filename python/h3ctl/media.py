@@ -399,6 +399,21 @@ def as_keyframe(image, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def as_references(references) -> list[tuple[str, np.ndarray]]:
+    """Ref2VA references in request order as (kind, uint8 [H, W, 3]) pairs: an item is an image (a path or an
+    array) or ("image", image). Video and audio references have no decoder here yet: they are refused."""
+    if isinstance(references, (str, os.PathLike, np.ndarray)):
+        references = [references]
+    out = []
+    for i, item in enumerate(references, 1):
+        kind, value = item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) else ("image",
+                                                                                                         item)
+        if kind != "image":
+            raise H3Error(f"reference {i}: {kind!r} references are not supported yet (images are)")
+        out.append(("image", as_keyframe(value, f"reference image {i}")))
+    return out
+
+
 def _reason(text: str) -> str:
     """ffmpeg's first line that reports a problem with the data (its tag `[png @ 0x...]` dropped), as
     ": reason", or ""."""

@@ -33,6 +33,8 @@ def add_arguments(p) -> None:
                    "without a size the canvas follows its aspect (FL2VA)")
     p.add_argument("--last-frame", metavar="IMG", help="end the video on this image (stretched to the canvas, or "
                    "cover-cropped to it with --first-frame)")
+    p.add_argument("--ref-image", metavar="IMG", action="append", default=[],
+                   help="a reference image (Ref2VA; repeatable, read in the order given); needs a model with Ref2VA/")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--frames", type=int, help="frames at 24 fps, aligned up to 17n+5 (default: the model's)")
     g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")
@@ -169,7 +171,7 @@ class PhaseProfile:
 
 def main(args) -> int:
     from . import media
-    from .engine import Engine
+    from .engine import Engine, default_model_dir
 
     if args.threads < 0:
         raise H3Error("--threads must be 0 (all cores) or more")
@@ -193,16 +195,19 @@ def main(args) -> int:
     # Keyframes are decoded and checked before the model is opened.
     keyframes = {f"{k}_frame": media.read_image(v, f"{k} frame") if v else None
                  for k, v in (("first", args.first_frame), ("last", args.last_frame))}
+    refs = [media.read_image(v, f"reference image {i}") for i, v in enumerate(args.ref_image, 1)]
+    if refs and not (Path(args.model_dir or default_model_dir()) / "Ref2VA").is_dir():
+        raise H3Error(f"{args.model_dir or 'the embedded h3-tiny'}: --ref-image needs a model with a Ref2VA/ folder")
 
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
-                    precision=getattr(args, "precision", "default"))
+                    precision=getattr(args, "precision", "default"), ref2va=bool(refs))
     # read now: the engine is closed before the profile is printed
     # where h3_stages_device says the text encoder and the decoders run (the device unless H3_STAGES_CPU=1)
     stages = getattr(engine, "stages_device", None) or engine.device
     device_line = f"device: {engine.device_description}; text encoder and decoders on the {stages}"
     knobs = speed_knobs(args)
     req = engine.request(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed, args.vae_tile,
-                         **keyframes, **knobs)
+                         **keyframes, references=refs or None, **knobs)
     plan = engine.plan(req)  # every shape rule checked before any work
 
     live = None

@@ -1150,6 +1150,7 @@ static void bench(bk *b)
 /* The decoders' layout and convolution ops (channels_last ... conv1_clamp): run_decoder_ops. */
 #include "backend_ops_decoders.inc"
 #include "backend_ops_int8.inc"
+#include "backend_ops_audio_enc.inc"
 
 /* ---- the suite ------------------------------------------------------------------------------ */
 
@@ -1455,6 +1456,7 @@ int main(void)
         CHECK(cpu->act_dtype == H3_DT_F32 && strcmp(cpu->ops->name, "cpu") == 0);
         run_all(&b);
         run_int8(&b);
+        run_audio_enc_ops(&b);
         h3_backend_destroy(cpu);
     }
 

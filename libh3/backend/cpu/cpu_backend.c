@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_models.h"
 #include "backend/cpu/cpu_conv3d.h"
 #include "backend/cpu/cpu_vision.h"
+#include "backend/cpu/cpu_audio_enc.h"
 #include "backend/cpu/ops.h"
 #include "core/schedule.h"
 
@@ -377,6 +378,9 @@ static const h3_backend_ops cpu_ops = {
     .group_norm = h3_cpu_group_norm,
     .gelu = h3_cpu_gelu,
     .rope = h3_cpu_rope,
+    .snake = h3_cpu_snake,
+    .head_pool = h3_cpu_head_pool,
+    .mul = h3_cpu_mul,
 };
 
 int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)

@@ -622,6 +622,8 @@ static const h3_backend_ops cuda_ops = {
        kernels yet: NULL, and those stages run on the CPU backend (the model code names the op when
        a backend lacks it). */
     NULL,            NULL,            NULL,          NULL,
+    /* The audio VAE encoder's snake / head_pool / mul: CPU only for now. */
+    NULL,            NULL,            NULL,
 };
 
 /* Why the runtime found no usable device, as one line. */

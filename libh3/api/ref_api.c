@@ -1,0 +1,50 @@
+/* Public Ref2VA entry points (h3.h "References (Ref2VA)"): thin checks around the layout of
+   models/dit_layout.c, so tests can hold it against diffusers' function directly. */
+#include "api/api.h"
+#include "models/dit.h"
+#include "runtime/references.h"
+
+#include <string.h>
+
+H3_API int64_t h3_dit_ref2va_layout(h3_ctx *ctx, int64_t n_text, const uint8_t *text_tags, const int32_t *refs,
+                                    int n_refs, int latent_frames, int latent_height, int latent_width,
+                                    int audio_latents, double *position_ids, int64_t *token_tags,
+                                    int64_t *text_indices, int64_t *video_indices, int64_t *audio_indices,
+                                    uint8_t *roles, int64_t *n_condition)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    if (n_refs < 1 || n_refs > H3_REF_MAX || !refs)
+        return h3_err(H3_E_INVALID, "layout: ref2va needs 1 to %d references, got %d", H3_REF_MAX, n_refs);
+    h3_dit_cfg c;
+    int rc = h3_dit_cfg_load(&ctx->model, &c);
+    if (rc) return rc;
+    h3_dit_ref rf[H3_REF_MAX];
+    for (int i = 0; i < n_refs; i++)
+        rf[i] = (h3_dit_ref){.kind = refs[i * 5], .lat_t = refs[i * 5 + 1], .lat_h = refs[i * 5 + 2],
+                             .lat_w = refs[i * 5 + 3], .audio_lat = refs[i * 5 + 4]};
+    h3_dit_layout l;
+    rc = h3_dit_layout_ref2va(&c, n_text, text_tags, rf, n_refs, latent_frames, latent_height, latent_width,
+                              audio_latents, &l);
+    if (rc) return rc;
+    if (position_ids) memcpy(position_ids, l.pos, sizeof(double) * 3 * (size_t)l.seq);
+    if (token_tags)
+        for (int64_t r = 0; r < l.seq; r++) token_tags[r] = l.tags[r];
+    if (text_indices) memcpy(text_indices, l.text_idx, sizeof(int64_t) * (size_t)l.n_text);
+    if (video_indices) memcpy(video_indices, l.video_idx, sizeof(int64_t) * (size_t)l.n_video);
+    if (audio_indices) memcpy(audio_indices, l.audio_idx, sizeof(int64_t) * (size_t)l.n_audio);
+    if (roles) memcpy(roles, l.role, (size_t)l.seq);
+    if (n_condition) {
+        n_condition[0] = l.n_cond_video;
+        n_condition[1] = l.n_cond_audio;
+    }
+    int64_t seq = l.seq;
+    h3_dit_layout_free(&l);
+    return seq;
+}
+
+H3_API int h3_reference_size(h3_ctx *ctx, int image_width, int image_height, int *width, int *height)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    if (!width || !height) return h3_err(H3_E_INVALID, "reference size: NULL output");
+    return h3_ref_model_image_size(&ctx->model, image_width, image_height, width, height);
+}

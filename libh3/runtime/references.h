@@ -1,0 +1,61 @@
+/*
+ * Ref2VA references of a render request (h3_request.references): their validation against
+ * diffusers' MiniMaxH3Ref2VASetupStep limits and the image reference's normalised size. The
+ * layout they produce is h3_dit_layout_ref2va (models/dit.h).
+ */
+#ifndef H3_RUNTIME_REFERENCES_H
+#define H3_RUNTIME_REFERENCES_H
+
+#include "core/internal.h"
+#include "models/dit.h"
+
+#define H3_REF_MAX_IMAGES 9
+#define H3_REF_MAX_VIDEOS 3
+#define H3_REF_MAX_AUDIOS 3
+#define H3_REF_IMAGE_SHORT_EDGE 2048 /* diffusers' reference_image_short_edge of the release */
+
+/*
+ * An image reference's encoding size (diffusers' setup step): scale = short_edge / min(w, h), each
+ * side round(side * scale / multiple) * multiple with Python's half-to-even, at least one
+ * multiple; upscaling included, no area cap.
+ */
+H3_INTERNAL int h3_ref_image_size(int width, int height, int short_edge, int multiple, int *out_width,
+                                  int *out_height);
+
+/*
+ * Validate the request's references before any work: counts per kind, not audio alone, not
+ * beside first/last frames, the context opened on the Ref2VA partition, each image's size.
+ * Returns 0 when there are none.
+ */
+H3_INTERNAL int h3_ref_request_check(const h3_model *m, const h3_request *q);
+
+/*
+ * The visual references of a request as the render encodes them: each image's encoding size
+ * (h3_ref_image_size with the model's reference edge), its latent grid, and where its
+ * normalised latent [C, 1, lh, lw] lives in one condition buffer (floats, request order).
+ */
+typedef struct h3_ref_plan {
+    int n;
+    int index[H3_REF_MAX]; /* position in h3_request.references */
+    int w[H3_REF_MAX], h[H3_REF_MAX];
+    int lh[H3_REF_MAX], lw[H3_REF_MAX];
+    int64_t off[H3_REF_MAX];
+    int64_t floats, max_floats;
+} h3_ref_plan;
+
+/* The model's encoding size of an image reference (h3.h h3_reference_size). */
+H3_INTERNAL int h3_ref_model_image_size(h3_model *m, int width, int height, int *out_width, int *out_height);
+
+/* Fill `p` for a request that passed h3_ref_request_check. C: latent channels; spatial: the
+   video VAE's pixels per latent. */
+H3_INTERNAL int h3_ref_plan_images(h3_model *m, const h3_request *q, int C, int spatial, h3_ref_plan *p);
+
+/*
+ * The reference rows, each condition noised as diffusers' scale_noise(z, 0.999, eps) and
+ * patchified on its own grid, concatenated in request order into rows. eps: the reference's
+ * injected noise, else libh3's stream H3_STREAM_COND + k under `seed`. scratch: max_floats.
+ */
+H3_INTERNAL void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3_ref_plan *p, uint64_t seed,
+                             const float *cond, float *scratch, float *rows);
+
+#endif

@@ -1,0 +1,290 @@
+"""Ref2VA (references: image, video, audio) against diffusers 0.42.1's ref2va workflow.
+
+* the packed layout (positions, tags, indices, row timesteps) against diffusers'
+  `MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence` and `build_row_timesteps`, called directly, for
+  mixes of image / video (with and without a soundtrack) / audio references with synthetic shapes: bit-exact;
+* bad layouts refused with a message;
+* requests: the checks before any work, the 16:9 default canvas and each image's encoding size (the model's
+  reference short edge, sides rounded half-to-even to 32);
+* the whole workflow with image references (setup resize with PIL's Lanczos, the `"<Picture k>: "` presentation
+  through Qwen3-VL's vision tower, the reference encoder, conditioning noise, layout, loop on the Ref2VA
+  transformer) against diffusers on random-weight fixture models, diffusers' draws injected: final latents within
+  1e-3 rel-L2 for one image and for two images of different aspects; libh3's own noise streams.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from h3ctl import _lib
+from h3ctl._lib import H3Error
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "python" / "h3ctl" / "models" / "h3-tiny"
+
+
+def _diffusers_layout(tags, refs, T, H, W, Ta):
+    """diffusers' layout of synthetic references: latents of the given shapes (only shapes are read)."""
+    import torch
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import (MiniMaxH3Ref2VAPrepareLayoutStep,
+                                                                      MiniMaxH3SetTimestepsStep)
+
+    objs, cond, audio = [], [], []
+    for kind, t, h, w, ta in refs:
+        objs.append(SimpleNamespace(kind=kind, has_audio=ta > 0))
+        if kind != "audio":
+            cond.append(torch.zeros(1, 4, t, h, w))
+        if ta:
+            audio.append(torch.zeros(2 * ta, 3))
+    out = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
+        torch.from_numpy(tags), objs, cond, audio, T, H, W, Ta, (1, 2, 2), 2, 2, 0)
+    pos, tok, vix, aix, tix, ncv, nca = out
+    # Row timesteps at a video / audio step of 0.5 / 0.25 (visual references max(t, 0.999), reference audio 1.0).
+    uniq, inv = MiniMaxH3SetTimestepsStep.build_row_timesteps(vix, aix, ncv, nca, tix.numel(), 0.5, 0.25, 0.999, 1.0)
+    return {"position_ids": pos.numpy(), "token_tags": tok.numpy(), "video_indices": vix.numpy(),
+            "audio_indices": aix.numpy(), "text_indices": tix.numpy(), "n_condition": np.array([ncv, nca]),
+            "row_t": uniq.numpy()[inv.numpy()]}
+
+
+CASES = [
+    [("image", 1, 4, 6, 0)],
+    [("image", 1, 6, 4, 0), ("image", 1, 8, 8, 0)],
+    [("audio", 0, 0, 0, 7), ("image", 1, 4, 4, 0)],
+    [("video", 17, 2, 4, 0)],
+    [("video", 7, 4, 2, 9), ("audio", 0, 0, 0, 5), ("image", 1, 2, 2, 0)],
+    [("video", 2, 2, 2, 40), ("video", 16, 4, 4, 3)],                      # soundtrack longer / shorter than video
+    [("image", 1, 4, 4, 0)] * 9 + [("video", 3, 2, 2, 2), ("audio", 0, 0, 0, 1), ("audio", 0, 0, 0, 4)],
+]
+
+
+@pytest.mark.parametrize("refs", CASES, ids=[f"refs{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("target", [(3, 4, 6, 5), (22, 2, 2, 1)])
+def test_layout_matches_diffusers(refs, target):
+    from h3ctl.context import Context
+    from h3ctl.references import ref2va_layout
+
+    rng = np.random.default_rng(len(refs))
+    n_text = 11
+    tags = np.ones(n_text, np.int64)
+    tags[3:3 + rng.integers(1, 6)] = 0
+    T, H, W, Ta = target
+    ref = _diffusers_layout(tags, refs, T, H, W, Ta)
+    with Context(TINY, threads=1) as ctx:
+        got = ref2va_layout(ctx, n_text, refs, T, H, W, Ta, text_tags=tags)
+    for key in ("position_ids", "token_tags", "video_indices", "audio_indices", "text_indices", "n_condition"):
+        assert np.array_equal(got[key], ref[key]), key
+    # libh3's roles -> the timestep diffusers assigns each row
+    row_t = np.array([0.5, 0.25, 0.999, 1.0], np.float32)[got["roles"]]
+    assert np.array_equal(row_t, ref["row_t"])
+
+
+def test_layout_check_value():
+    """The facts page's check: 116 text rows, then an image, a video with sound, an audio clip -> target t0 = 267."""
+    from h3ctl.context import Context
+    from h3ctl.references import ref2va_layout
+
+    refs = [("image", 1, 128, 128, 0), ("video", 17, 48, 84, 100), ("audio", 0, 0, 0, 50)]
+    tags = np.ones(116, np.int64)
+    ref = _diffusers_layout(tags, refs, 31, 48, 84, 100)
+    with Context(TINY, threads=1) as ctx:
+        got = ref2va_layout(ctx, 116, refs, 31, 48, 84, 100, text_tags=tags)
+    assert np.array_equal(got["position_ids"], ref["position_ids"])
+    assert got["position_ids"][got["video_indices"][-1], 0] >= 267
+    target_first = got["video_indices"][int(got["n_condition"][0])]
+    assert got["position_ids"][target_first, 0] == 267.0
+
+
+@pytest.mark.parametrize("refs,msg", [
+    ([], "1 to 12 references"),
+    ([("image", 1, 4, 4, 0)] * 13, "1 to 12 references"),
+    ([("image", 2, 4, 4, 0)], "1 frame for an image"),
+    ([("image", 1, 3, 4, 0)], "multiples of the patch"),
+    ([("audio", 0, 0, 0, 0)], "audio latents"),
+    ([(7, 1, 4, 4, 0)], "has kind 7"),
+])
+def test_layout_refuses(refs, msg):
+    from h3ctl.context import Context
+    from h3ctl.references import ref2va_layout
+
+    with Context(TINY, threads=1) as ctx, pytest.raises(H3Error, match=msg):
+        ref2va_layout(ctx, 5, refs or [("image", 1, 4, 4, 0)][:0], 3, 4, 4, 2)
+
+
+# ---- requests with references: checks before any work ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_with_ref2va(tmp_path_factory):
+    """h3-tiny with a Ref2VA/ partition (links to its FL2VA/ weights: the checks only need its presence)."""
+    d = tmp_path_factory.mktemp("tiny_ref2va")
+    for p in TINY.iterdir():
+        (d / p.name).symlink_to(p)
+    (d / "Ref2VA").symlink_to(TINY / "FL2VA")
+    return d
+
+
+def _img(h, w):
+    return np.full((h, w, 3), 128, np.uint8)
+
+
+@pytest.mark.parametrize("refs,msg", [
+    ([_img(40, 60)] * 10, "at most 9 image references"),
+    ([_img(10, 50)], "1:4"),
+    ([("audio", _img(4, 4))], "'audio' references are not supported yet"),
+])
+def test_request_refused(tiny_with_ref2va, refs, msg):
+    from h3ctl import Engine
+
+    with Engine(tiny_with_ref2va, threads=1, ref2va=True) as eng, pytest.raises(H3Error, match=msg):
+        eng.plan(eng.request("x", references=refs))
+
+
+def test_request_needs_the_ref2va_partition(tiny_with_ref2va):
+    from h3ctl import Engine
+
+    with Engine(TINY, threads=1) as eng, pytest.raises(H3Error, match="no Ref2VA/ folder"):
+        eng.plan(eng.request("x", references=[_img(40, 60)]))
+    with Engine(tiny_with_ref2va, threads=1) as eng, pytest.raises(H3Error, match="open the model with the Ref2VA"):
+        eng.plan(eng.request("x", references=[_img(40, 60)]))
+
+
+def test_plan_defaults_to_16_9_and_sizes_references(tiny_with_ref2va):
+    """References never set the canvas: 16:9 by h3-tiny's rule (short edge 128 -> 224 x 128). Each image's encoding
+    size is diffusers' rule with the model's edge (h3-tiny: 2048 * 128 / 768 -> 341), rounded half-to-even to 32."""
+    from h3ctl import Engine
+
+    with Engine(tiny_with_ref2va, threads=1, ref2va=True) as eng:
+        info = eng.plan(eng.request("x", references=[_img(40, 60), _img(60, 40)]))
+        assert (info["width"], info["height"]) == (224, 128)
+        edge = round(128 * 2048 / 768)
+        for w, h in ((60, 40), (40, 60), (50, 40), (400, 100), (33, 129)):
+            s = edge / min(w, h)
+            want = (max(32, round(w * s / 32) * 32), max(32, round(h * s / 32) * 32))
+            assert eng.reference_size(w, h) == want, (w, h)
+
+
+def test_cli_without_ref2va_folder(tmp_path):
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    Image.fromarray(_img(40, 60)).save(tmp_path / "a.png")
+    out = tmp_path / "o.mp4"
+    r = subprocess.run([sys.executable, "-m", "h3ctl", "render", "-p", "x", "--ref-image", str(tmp_path / "a.png"),
+                        "-o", str(out)], capture_output=True, text=True, cwd=ROOT / "python")
+    assert r.returncode == 2 and "Ref2VA/" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+# ---- the workflow against diffusers ------------------------------------------------------------------------------
+
+W, H, FRAMES, STEPS, SEED = 96, 64, 22, 4, 9
+REF_EDGE = 64  # the fixture's reference short edge (the release's 2048 would make the CPU oracle far too slow)
+PROMPT = "a red circle moves right on a black background, a high beep"
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def ref2va_ckpt(tiny_models, tmp_path_factory):
+    """The random-weight fixture in the official layout with a Ref2VA/ partition: the same components, another
+    transformer (seed 1), and the reference short edge in its model_index.json "h3ctl" block."""
+    import json
+
+    from tests.fixtures import build_models, write_official
+
+    ref_transformer = build_models("tiny", seed=1)["transformer"]
+    d = tmp_path_factory.mktemp("h3_tiny_ref2va")
+    write_official(tiny_models, d, dtype="f32")
+    write_official({**tiny_models, "transformer": ref_transformer}, d, dtype="f32", partition="Ref2VA",
+                   write_root_tokenizer=False)
+    mi = d / "Ref2VA" / "model_index.json"
+    index = json.loads(mi.read_text())
+    index["h3ctl"] = {**index.get("h3ctl", {}), "reference_image_short_edge": REF_EDGE}
+    mi.write_text(json.dumps(index, indent=2))
+    return d, ref_transformer
+
+
+def _picture(seed, h, w):
+    from tests.test_fl2va import keyframe
+
+    return keyframe(seed, h, w)
+
+
+@pytest.mark.parametrize("case", ["one", "two"])
+def test_pipeline_matches_diffusers(case, ref2va_ckpt, tiny_models, tiny_ckpt_f32):
+    """diffusers' ref2va workflow (setup resize, Qwen3-VL presentation, reference encoder, conditioning noise, layout,
+    loop on transformer_ref) vs libh3 with diffusers' draws injected: final latents within 1e-3 rel-L2. "two": a
+    landscape image shrunk and a portrait one enlarged (100 x 56 -> 64 x 128), so the blocks have different grids."""
+    from h3ctl import Engine
+    from tests.fl2va_oracle import rel_l2
+    from tests.ref2va_oracle import ref2va_pipeline, run_ref2va
+
+    d, ref_transformer = ref2va_ckpt
+    images = [_picture(11, 80, 120)] + ([_picture(12, 100, 56)] if case == "two" else [])
+    rng = np.random.default_rng(5)
+    v = rng.standard_normal((24, 7, H // 16, W // 16)).astype(np.float32)
+    a = rng.standard_normal((2, 32, 37)).astype(np.float32)
+    pipe = ref2va_pipeline(tiny_models, ref_transformer, tiny_ckpt_f32 / "tokenizer", REF_EDGE)
+    ref = run_ref2va(pipe, PROMPT, images, FRAMES, STEPS, v, a, width=W, height=H, seed=SEED)
+    inj = {}
+    for k in range(len(images)):
+        inj[f"reference_noise_{k}"] = ref["cond_noise"][k]
+        inj[f"reference_posterior_noise_{k}"] = ref["posterior_noise"][k]
+    with Engine(d, threads=2, ref2va=True) as eng:
+        for im, c in zip(images, ref["condition_latents"]):
+            assert eng.reference_size(im.shape[1], im.shape[0]) == (c.shape[3] * 16, c.shape[2] * 16)
+        eng.prepare(PROMPT, W, H, FRAMES, steps=STEPS, seed=SEED, video_noise=v, audio_noise=a, references=images,
+                    injected=inj)
+        while eng.step() > 0:
+            pass
+        gv, ga = eng.latents()
+    ev, ea = rel_l2(gv, ref["latents"]), rel_l2(ga, ref["audio_latents"])
+    print(f"parity: ref2va {case} image reference(s) {W}x{H}x{FRAMES} {STEPS} steps: latents rel-L2 video "
+          f"{ev:.2e}, audio {ea:.2e}")
+    assert ev <= TOL and ea <= TOL
+    if case != "two":
+        return
+    # the test would notice references that were ignored or misplaced: in the other order the latents are far off
+    swapped = {f"reference_{kind}_{1 - k}": inj[f"reference_{kind}_{k}"] for kind in ("noise", "posterior_noise")
+               for k in range(2)}
+    with Engine(d, threads=2, ref2va=True) as eng:
+        eng.prepare(PROMPT, W, H, FRAMES, steps=STEPS, seed=SEED, video_noise=v, audio_noise=a,
+                    references=images[::-1], injected=swapped)
+        while eng.step() > 0:
+            pass
+        assert rel_l2(eng.latents()[0], ref["latents"]) > 100 * max(ev, 1e-7)
+
+
+def test_own_noise_streams(ref2va_ckpt):
+    """Without injected draws reference k's conditioning noise is stream 2 + k under the request's seed and its
+    posterior noise seed 42, stream 16 (as for keyframes); a reference's draw of the wrong shape is refused."""
+    from h3ctl import Engine
+
+    def noise(seed, stream, shape):
+        out = np.empty(shape, np.float32)
+        _lib.check(_lib.lib().h3_noise_fill(seed, stream, 0, out.ctypes.data_as(_lib.c_float_p), out.size))
+        return out
+
+    d, _ = ref2va_ckpt
+    images = [_picture(21, 64, 96), _picture(22, 100, 56)]
+    shapes = [(24, 1, 64 // 16, 96 // 16), (24, 1, 128 // 16, 64 // 16)]
+
+    def final(eng, **kw):
+        eng.prepare(PROMPT, W, H, FRAMES, steps=3, seed=77, references=images, **kw)
+        while eng.step() > 0:
+            pass
+        return eng.latents()[0]
+
+    with Engine(d, threads=2, ref2va=True) as eng:
+        plain = final(eng)
+        inj = {f"reference_noise_{k}": noise(77, 2 + k, s) for k, s in enumerate(shapes)}
+        inj.update({f"reference_posterior_noise_{k}": noise(42, 16, s) for k, s in enumerate(shapes)})
+        assert np.array_equal(final(eng, injected=inj), plain)
+        inj["reference_noise_1"] = noise(77, 5, shapes[1])
+        assert not np.array_equal(final(eng, injected=inj), plain)
+        with pytest.raises(H3Error, match="reference_noise_0 must have shape"):
+            final(eng, injected={"reference_noise_0": np.zeros((24, 1, 2, 2), np.float32)})

@@ -592,9 +592,13 @@ H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int 
  *  H3_REFERENCE_IMAGE: uint8 RGB rgb [height][width][3], aspect 1:4 .. 4:1, at most 64 megapixels
  *    (diffusers resizes it to a 2048-pixel short edge, sides rounded to 32, with Lanczos).
  *  H3_REFERENCE_VIDEO: rgb [frames][height][width][3] at fps, with an optional soundtrack in pcm.
- *  H3_REFERENCE_AUDIO: pcm [channels][samples] float32 (1 or 2 channels) at sample_rate.
- * Hooks: video and audio references are accepted by this struct but refused by this build
- * (H3_E_UNSUPPORTED) until the audio VAE encoder and the video reference path are wired in.
+ *  H3_REFERENCE_AUDIO: pcm [channels][samples] float32 planar (1 or 2 channels) at sample_rate,
+ *    which must be the audio VAE's (h3_audio_info; 32000 for H3): libh3 does not resample, other
+ *    rates are refused (H3_E_UNSUPPORTED). Truncated to frames / 24 s, mono duplicated to stereo,
+ *    encoded to the posterior mode, normalised; never noised (its rows run at t = 1.0). At most 3,
+ *    and never without an image (or video) reference. The text side gets "<Audio j>: " only.
+ * Hook: video references are accepted by this struct but refused by this build (H3_E_UNSUPPORTED)
+ * until the video reference path is wired in.
  */
 #define H3_REFERENCE_IMAGE 0
 #define H3_REFERENCE_VIDEO 1

@@ -30,13 +30,19 @@ def ref2va_pipeline(models, ref_transformer, tokenizer_dir, reference_edge: int)
 
 @torch.no_grad()
 def run_ref2va(pipe, prompt, images, frames, steps, latents, audio_latents, width=None, height=None, seed=0):
-    """The whole ref2va workflow with image references (uint8 [H, W, 3] arrays, request order). Returns a dict:
+    """The whole ref2va workflow with image references (uint8 [H, W, 3] arrays, request order) and audio references
+    (("audio", waveform, sample_rate) items). Returns a dict (the draws: visual references only):
     latents [C, T, h, w], audio_latents [2, C_a, T_a], condition_latents (list of [C, 1, h_k, w_k]),
     cond_noise / posterior_noise (the draws, same shapes), prompt_embeds, text_token_tags, height, width."""
     from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3ImageReference
     from PIL import Image
 
-    refs = [MiniMaxH3ImageReference(image=Image.fromarray(np.ascontiguousarray(im))) for im in images]
+    from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3AudioReference
+
+    # an item ("audio", waveform [channels, samples] float32, sample_rate) is an audio reference
+    refs = [MiniMaxH3AudioReference(audio=torch.from_numpy(np.ascontiguousarray(im[1])), sample_rate=im[2])
+            if isinstance(im, tuple) else MiniMaxH3ImageReference(image=Image.fromarray(np.ascontiguousarray(im)))
+            for im in images]
     keys = ["latents", "audio_latents", "condition_latents", "prompt_embeds", "text_token_tags", "height", "width"]
     kw = {} if width is None else {"width": width, "height": height}
     out = pipe(prompt=prompt, references=refs, num_frames=frames, num_inference_steps=steps,

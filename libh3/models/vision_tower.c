@@ -590,6 +590,25 @@ static int vision_token(h3_tokenizer *tok, const char *name, int want, const cha
 int h3_vl_prompt_build(h3_model *m, h3_tokenizer *tok, const char *prompt, int n_images, const int *widths,
                        const int *heights, h3_vl_prompt *out)
 {
+    return h3_vl_prompt_build_refs(m, tok, prompt, n_images, widths, heights, NULL, out);
+}
+
+/* Audio labels are text segments of their own, tokenized apart from their neighbours as diffusers
+   emits them (a concatenated string could merge tokens across the boundary). */
+static int audio_labels(id_buf *b, h3_tokenizer *tok, int n, int *counter)
+{
+    int rc = 0;
+    for (int j = 0; j < n && !rc; j++) {
+        char label[32];
+        snprintf(label, sizeof label, "<Audio %d>: ", ++*counter);
+        rc = buf_text(b, tok, label, H3_TAG_TEXT);
+    }
+    return rc;
+}
+
+int h3_vl_prompt_build_refs(h3_model *m, h3_tokenizer *tok, const char *prompt, int n_images, const int *widths,
+                            const int *heights, const int *audio_before, h3_vl_prompt *out)
+{
     memset(out, 0, sizeof *out);
     if (!tok || !prompt) return h3_err(H3_E_INVALID, "text encoder: NULL tokenizer or prompt");
     if (n_images < 0 || n_images > H3_VL_MAX_IMAGES)
@@ -597,6 +616,7 @@ int h3_vl_prompt_build(h3_model *m, h3_tokenizer *tok, const char *prompt, int n
     if (n_images && (!widths || !heights)) return h3_err(H3_E_INVALID, "text encoder: NULL image sizes");
     int rc = 0;
     int32_t vs = 0, pad = 0, ve = 0;
+    int n_audio = 0; /* "<Audio j>" numbers run over the whole presentation */
     id_buf b = {0};
     if (n_images) {
         if ((rc = h3_vision_cfg_load(m, &out->vc)) || (rc = h3_image_proc_cfg_load(m, &out->pc))) return rc;
@@ -632,11 +652,13 @@ int h3_vl_prompt_build(h3_model *m, h3_tokenizer *tok, const char *prompt, int n
         out->grid_w[i] = grid[2];
         /* diffusers: the label as text, then <|vision_start|>, the pads, <|vision_end|> as video rows */
         snprintf(label, sizeof label, "<Picture %d>: ", i + 1);
-        if ((rc = buf_text(&b, tok, label, H3_TAG_TEXT)) || (rc = buf_token(&b, vs, 1, H3_TAG_VIDEO))) break;
+        if ((audio_before && (rc = audio_labels(&b, tok, audio_before[i], &n_audio))) ||
+            (rc = buf_text(&b, tok, label, H3_TAG_TEXT)) || (rc = buf_token(&b, vs, 1, H3_TAG_VIDEO))) break;
         out->start[i] = b.n;
         if ((rc = buf_token(&b, pad, tokens, H3_TAG_VIDEO)) || (rc = buf_token(&b, ve, 1, H3_TAG_VIDEO))) break;
         out->tokens += (int)tokens;
     }
+    if (!rc && audio_before) rc = audio_labels(&b, tok, audio_before[n_images], &n_audio);
     if (!rc && (rc = buf_text(&b, tok, prompt, H3_TAG_TEXT))) h3_err_prefix("prompt");
     if (!rc && b.n == 0)
         rc = h3_err(H3_E_INVALID, "text encoder: empty prompt and no keyframes: nothing to encode");

@@ -58,6 +58,11 @@ typedef struct h3_vl_prompt {
  */
 H3_INTERNAL int h3_vl_prompt_build(h3_model *m, struct h3_tokenizer *tok, const char *prompt, int n_images,
                                    const int *widths, const int *heights, h3_vl_prompt *out);
+/* The Ref2VA presentation: as above, with audio_before[i] "<Audio j>: " labels (j numbered from 1
+   over the request) before image i and audio_before[n_images] after the last image (NULL: none). */
+H3_INTERNAL int h3_vl_prompt_build_refs(h3_model *m, struct h3_tokenizer *tok, const char *prompt, int n_images,
+                                        const int *widths, const int *heights, const int *audio_before,
+                                        h3_vl_prompt *out);
 H3_INTERNAL void h3_vl_prompt_free(h3_vl_prompt *p);
 
 /*

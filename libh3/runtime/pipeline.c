@@ -50,6 +50,7 @@ struct h3_render {
     int n_cond;           /* keyframe conditions, in packed order (0 for text only) */
     int anchors[2];       /* H3_ANCHOR_* of each */
     int64_t cond_floats;  /* leading floats of vrows that are conditioning rows, never stepped */
+    int64_t acond_floats; /* the same of arows: Ref2VA's audio reference rows */
     h3_dit_layout layout;
     float *vrows, *arows; /* packed latents on the transformer's backend, stepped in place */
     h3_backend *be;       /* where vrows/arows live (outlives the transformer: owned by the runtime) */
@@ -412,7 +413,8 @@ static int keyframe_encode(h3_runtime *rt, const uint8_t *rgb, int W, int H, con
 
 /* Plan-time check of the prompt's presentation with n images of w[i] x h[i] (tokenizer and
    configs; no pixels read): the model has a vision tower and the processor takes the sizes. */
-static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const int *w, const int *h)
+static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const int *w, const int *h,
+                               const int *audio_before)
 {
     h3_model *m = rt->model;
     int rc = h3_model_require(m, H3_COMP_TEXT_ENCODER, "encoding keyframes for the prompt");
@@ -422,7 +424,7 @@ static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const 
     if (!h3_store_find(&c->store, "model.visual.patch_embed.proj.weight"))
         return h3_err(H3_E_SCHEMA, "%s: the text encoder has no vision tower (model.visual.*), which keyframes need",
                       c->weights_dir ? c->weights_dir : c->dir);
-    rc = h3_rt_text_image_rows(rt, prompt ? prompt : "", n, w, h);
+    rc = h3_rt_text_refs_rows(rt, prompt ? prompt : "", n, w, h, audio_before);
     return rc < 0 ? rc : 0;
 }
 
@@ -518,11 +520,12 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
                 h3_err_prefix("reference %d", rp->index[i] + 1);
                 return rc;
             }
-        if ((rc = keyframe_text_check(rt, q->prompt, rp->n, rp->w, rp->h))) return rc;
+        if ((rc = h3_ref_plan_audio(m, q, r->frames, rp))) return rc;
+        if ((rc = keyframe_text_check(rt, q->prompt, rp->n, rp->w, rp->h, rp->audio_before))) return rc;
     }
     if (kf->n && !q->text_states) {
         const int kw[2] = {q->width, q->width}, kh[2] = {q->height, q->height};
-        if ((rc = keyframe_text_check(rt, q->prompt, kf->n, kw, kh))) return rc;
+        if ((rc = keyframe_text_check(rt, q->prompt, kf->n, kw, kh, NULL))) return rc;
     }
     r->n_cond = kf->n;
     for (int i = 0; i < kf->n; i++) r->anchors[i] = kf->anchor[i];
@@ -606,7 +609,9 @@ static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf
                 rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized[i]);
         }
         h3_text_rows tr;
-        if (!rc) rc = h3_rt_text_encode_images(rt, q->prompt, rp->n, (const uint8_t *const *)sized, rp->w, rp->h, &tr);
+        if (!rc)
+            rc = h3_rt_text_encode_refs(rt, q->prompt, rp->n, (const uint8_t *const *)sized, rp->w, rp->h,
+                                        rp->audio_before, &tr);
         for (int i = 0; i < rp->n; i++) free(sized[i]);
         if (rc) return rc;
         r->n_ids = r->n_text = tr.n;
@@ -732,7 +737,7 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     h3_rt_render_free(rt);
     struct h3_render *r = h3_calloc(1, sizeof *r);
     if (!r) return -H3_E_NOMEM;
-    float *cond = NULL;
+    float *cond = NULL, *aref = NULL;
     cfgs k;
     keyframes kf;
     h3_ref_plan rp;
@@ -753,6 +758,17 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
         if ((rc = prepare_reference_latents(rt, q, &rp, pool, &cond))) goto fail;
         clat = rp.max_floats;
     }
+    if (rp.n_audio) {
+        /* Audio references: encoded once, never noised (their rows run at t = 1.0). */
+        h3_backend *cpu;
+        if (!(aref = h3_alloc_aligned(sizeof(float) * (size_t)rp.a_floats))) {
+            rc = -H3_E_NOMEM;
+            goto fail;
+        }
+        if ((rc = h3_rt_cpu_backend(rt, &cpu)) ||
+            (rc = h3_ref_encode_audio(rt->model, cpu, q, &rp, aref, rt->progress, rt->progress_user)))
+            goto fail;
+    }
     if (kf.n) {
         if (!(cond = h3_alloc_aligned(sizeof(float) * (size_t)(kf.n * clat)))) {
             rc = -H3_E_NOMEM;
@@ -772,10 +788,19 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     h3_dit *d;
     if ((rc = h3_rt_dit_for(rt, &oo, &d))) goto fail;
     if (rp.n) {
+        /* Request order: the layout's rotary clock runs over every reference in turn. */
         h3_dit_ref rf[H3_REF_MAX];
-        for (int i = 0; i < rp.n; i++)
-            rf[i] = (h3_dit_ref){.kind = H3_REF_IMAGE, .lat_t = 1, .lat_h = rp.lh[i], .lat_w = rp.lw[i]};
-        rc = h3_dit_layout_ref2va(&dc, r->n_text, r->text_tags, rf, rp.n, r->T, r->lh, r->lw, r->Ta, &r->layout);
+        int nr = 0, ki = 0, ka = 0;
+        for (int i = 0; i < q->n_references; i++) {
+            if (ki < rp.n && rp.index[ki] == i) {
+                rf[nr++] = (h3_dit_ref){.kind = H3_REF_IMAGE, .lat_t = 1, .lat_h = rp.lh[ki], .lat_w = rp.lw[ki]};
+                ki++;
+            } else if (ka < rp.n_audio && rp.aindex[ka] == i) {
+                rf[nr++] = (h3_dit_ref){.kind = H3_REF_AUDIO, .audio_lat = rp.a_lat[ka]};
+                ka++;
+            }
+        }
+        rc = h3_dit_layout_ref2va(&dc, r->n_text, r->text_tags, rf, nr, r->T, r->lh, r->lw, r->Ta, &r->layout);
     } else {
         rc = h3_dit_layout_t2va(&dc, r->n_text, r->text_tags, r->T, r->lh, r->lw, r->Ta, r->anchors, r->n_cond,
                                 &r->layout);
@@ -798,6 +823,12 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     r->vrow_floats = r->layout.n_video * pd;
     r->arow_floats = r->layout.n_audio * dc.audio_ch;
     r->cond_floats = r->layout.n_cond_video * pd;
+    r->acond_floats = r->layout.n_cond_audio * dc.audio_ch;
+    if (r->acond_floats != rp.a_floats) {
+        rc = h3_err(H3_E_FORMAT, "references: %lld audio reference floats planned, %lld laid out",
+                    (long long)rp.a_floats, (long long)r->acond_floats);
+        goto fail;
+    }
     float *vlatents = h3_alloc_aligned(sizeof(float) * (size_t)(vlat > clat ? vlat : clat));
     float *alatents = h3_alloc_aligned(sizeof(float) * (size_t)alat);
     float *vrows = h3_alloc_aligned(sizeof(float) * (size_t)r->vrow_floats);
@@ -827,7 +858,8 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     else
         h3_noise(q->seed, 1, 0, alatents, alat);
     h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, vrows + r->cond_floats);
-    h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, arows);
+    if (rp.n_audio) memcpy(arows, aref, sizeof(float) * (size_t)rp.a_floats);
+    h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, arows + r->acond_floats);
     if (!rc) rc = r->be->ops->upload(r->be, r->vrows, vrows, sizeof(float) * (size_t)r->vrow_floats);
     if (!rc) rc = r->be->ops->upload(r->be, r->arows, arows, sizeof(float) * (size_t)r->arow_floats);
     if (!rc) rc = r->be->ops->sync(r->be);
@@ -837,11 +869,13 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     h3_free_aligned(arows);
     if (rc || (rc = progress(rt, "prepare", 2, 2))) goto fail;
     h3_free_aligned(cond);
+    h3_free_aligned(aref);
     r->dit_gen = h3_dit_generation(d);
     rt->render = r;
     return 0;
 fail:
     h3_free_aligned(cond);
+    h3_free_aligned(aref);
     render_free(r);
     return rc;
 }
@@ -897,7 +931,7 @@ int h3_rt_get_latents(h3_runtime *rt, float *video, float *audio)
     h3_free_aligned(rows);
     rows = NULL;
     if (!rc && audio) rc = download_rows(r, r->arows, r->arow_floats, &rows);
-    if (!rc && audio) h3_dit_unpack_audio(r->AC, r->Ta, rows, audio);
+    if (!rc && audio) h3_dit_unpack_audio(r->AC, r->Ta, rows + r->acond_floats, audio);
     h3_free_aligned(rows);
     return rc;
 }
@@ -931,7 +965,7 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
         float *alat = h3_alloc_aligned(sizeof(float) * 2 * (size_t)r->AC * (size_t)r->Ta), *rows = NULL;
         rc = alat ? download_rows(r, r->arows, r->arow_floats, &rows) : -H3_E_NOMEM;
         if (!rc) {
-            h3_dit_unpack_audio(r->AC, r->Ta, rows, alat);
+            h3_dit_unpack_audio(r->AC, r->Ta, rows + r->acond_floats, alat);
             rc = h3_avae_run(rt->model, be, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
                              rt->progress_user);
         }

@@ -1,14 +1,18 @@
 /*
- * Ref2VA references: request validation and the image reference's size rule, as diffusers'
- * MiniMaxH3Ref2VASetupStep (before_encoder.py) applies them. Kept out of pipeline.c, which only
- * asks whether a request is valid and, later, for the normalised references.
+ * Ref2VA references: request validation, the image reference's size rule and the audio
+ * reference's truncation and encoding, as diffusers' MiniMaxH3Ref2VASetupStep (before_encoder.py)
+ * and its reference encode step apply them. Kept out of pipeline.c, which only asks whether a
+ * request is valid and, later, for the normalised references.
  */
 #include "runtime/references.h"
 
 #include "core/geometry.h"
 #include "core/keyframe.h"
 #include "core/schedule.h"
+#include "models/audio_vae_encoder.h"
 #include "models/dit.h"
+
+#include <stdlib.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -64,8 +68,17 @@ int h3_ref_request_check(const h3_model *m, const h3_request *q)
             if (!f->rgb) return h3_err(H3_E_INVALID, "%s: no pixels", what);
             int rc = h3_keyframe_check(f->width, f->height, what);
             if (rc) return rc;
+        } else if (f->kind == H3_REFERENCE_AUDIO) {
+            if (!f->pcm) return h3_err(H3_E_INVALID, "%s: no samples (pcm is NULL)", what);
+            if (f->samples < 1 || f->samples > ((int64_t)1 << 40))
+                return h3_err(H3_E_INVALID, "%s: %lld samples per channel (at least 1)", what, (long long)f->samples);
+            if (f->channels != 1 && f->channels != 2)
+                return h3_err(H3_E_INVALID, "%s: %d channels (1 mono or 2 stereo)", what, f->channels);
+            if (f->sample_rate < 1)
+                return h3_err(H3_E_INVALID, "%s: sample rate %d Hz (give the rate the samples are at)", what,
+                              f->sample_rate);
         } else {
-            /* Hook: the audio VAE encoder (h3_aenc_*) and the video reference path plug in here. */
+            /* Hook: the video reference path plugs in here. */
             return h3_err(H3_E_UNSUPPORTED, "%s: %s references are not supported by this build yet (image "
                                             "references are)", what, names[f->kind]);
         }
@@ -132,4 +145,74 @@ void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3_ref_plan *p
         h3_dit_patchify_video(dc, scratch, 1, p->lh[k], p->lw[k], rows + at);
         at += n; /* patchify permutes: a condition's rows hold exactly its latent's floats */
     }
+}
+
+int h3_ref_plan_audio(h3_model *m, const h3_request *q, int frames, h3_ref_plan *p)
+{
+    p->n_audio = 0;
+    p->a_floats = 0;
+    memset(p->audio_before, 0, sizeof p->audio_before);
+    int images = 0, rc;
+    h3_aenc_cfg cfg;
+    bool loaded = false;
+    for (int i = 0; i < q->n_references; i++) {
+        const h3_reference *f = &q->references[i];
+        if (f->kind == H3_REFERENCE_IMAGE) images++;
+        if (f->kind != H3_REFERENCE_AUDIO) continue;
+        if (!loaded) {
+            if ((rc = h3_model_require(m, H3_COMP_AUDIO_VAE, "encoding audio references")) ||
+                (rc = h3_aenc_cfg_load(m, &cfg)))
+                return rc;
+            loaded = true;
+        }
+        const int rate = cfg.av.sample_rate;
+        if (f->sample_rate != rate)
+            return h3_err(H3_E_UNSUPPORTED, "reference %d (audio): %d Hz, but libh3 does not resample: give the "
+                                            "audio at the model's %d Hz", i + 1, f->sample_rate, rate);
+        /* Python: waveform[:, : int(num_frames / fps * sample_rate)], both divisions in doubles. */
+        const int64_t keep = (int64_t)((double)frames / (double)H3_FPS * (double)f->sample_rate);
+        const int k = p->n_audio++;
+        p->aindex[k] = i;
+        p->a_samples[k] = f->samples < keep ? f->samples : keep;
+        const int64_t lat = h3_aenc_frames(&cfg, p->a_samples[k]);
+        if (lat < 0) return (int)lat;
+        if (lat < 1 || lat > 10000000)
+            return h3_err(H3_E_INVALID, "reference %d (audio): %lld samples give %lld latents", i + 1,
+                          (long long)p->a_samples[k], (long long)lat);
+        p->a_lat[k] = (int)lat;
+        p->a_off[k] = p->a_floats;
+        p->a_floats += (int64_t)H3_STEREO * lat * cfg.av.latent_ch;
+        p->audio_before[images]++;
+    }
+    return 0;
+}
+
+int h3_ref_encode_audio(h3_model *m, h3_backend *be, const h3_request *q, const h3_ref_plan *p, float *rows,
+                        h3_progress_fn progress, void *user)
+{
+    if (!p->n_audio) return 0;
+    h3_aenc_cfg cfg;
+    int rc = h3_aenc_cfg_load(m, &cfg);
+    if (rc) return rc;
+    for (int k = 0; k < p->n_audio && !rc; k++) {
+        const h3_reference *f = &q->references[p->aindex[k]];
+        const int64_t n = p->a_samples[k], lat = p->a_lat[k];
+        const int64_t nmean = (int64_t)H3_STEREO * cfg.av.latent_ch * lat;
+        /* pcm is planar [channels][samples]; the kept head of each channel, a mono one twice
+           (diffusers' expand(2, -1)). */
+        float *pcm = h3_malloc(sizeof(float) * (size_t)(H3_STEREO * n));
+        float *mean = h3_malloc(sizeof(float) * (size_t)nmean);
+        if (!pcm || !mean) {
+            rc = -H3_E_NOMEM;
+        } else {
+            for (int ch = 0; ch < H3_STEREO; ch++)
+                memcpy(pcm + ch * n, f->pcm + (f->channels == 2 ? ch : 0) * f->samples, sizeof(float) * (size_t)n);
+            rc = h3_aenc_run(m, be, pcm, H3_STEREO, n, mean, nmean, progress, user);
+            if (!rc) rc = h3_aenc_rows(&cfg, mean, H3_STEREO, lat, rows + p->a_off[k], nmean);
+        }
+        free(pcm);
+        free(mean);
+        if (rc) h3_err_prefix("reference %d (audio)", p->aindex[k] + 1);
+    }
+    return rc;
 }

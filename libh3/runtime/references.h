@@ -24,7 +24,8 @@ H3_INTERNAL int h3_ref_image_size(int width, int height, int short_edge, int mul
 
 /*
  * Validate the request's references before any work: counts per kind, not audio alone, not
- * beside first/last frames, the context opened on the Ref2VA partition, each image's size.
+ * beside first/last frames, the context opened on the Ref2VA partition, each image's size, each
+ * audio clip's samples / channels / rate given (the rate is held to the model's in h3_ref_plan_audio).
  * Returns 0 when there are none.
  */
 H3_INTERNAL int h3_ref_request_check(const h3_model *m, const h3_request *q);
@@ -41,6 +42,15 @@ typedef struct h3_ref_plan {
     int lh[H3_REF_MAX], lw[H3_REF_MAX];
     int64_t off[H3_REF_MAX];
     int64_t floats, max_floats;
+    /* Audio references (request order): samples kept per channel after the truncation to the
+       render's duration, latent frames, and where their rows [2 * lat][C_a] start in one buffer. */
+    int n_audio;
+    int aindex[H3_REF_MAX_AUDIOS];
+    int64_t a_samples[H3_REF_MAX_AUDIOS];
+    int a_lat[H3_REF_MAX_AUDIOS];
+    int64_t a_off[H3_REF_MAX_AUDIOS], a_floats;
+    /* "<Audio j>: " labels before image k of the presentation; [n] after the last image. */
+    int audio_before[H3_REF_MAX + 1];
 } h3_ref_plan;
 
 /* The model's encoding size of an image reference (h3.h h3_reference_size). */
@@ -57,5 +67,20 @@ H3_INTERNAL int h3_ref_plan_images(h3_model *m, const h3_request *q, int C, int 
  */
 H3_INTERNAL void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3_ref_plan *p, uint64_t seed,
                              const float *cond, float *scratch, float *rows);
+
+/*
+ * Plan the audio references of a request that passed h3_ref_request_check (after
+ * h3_ref_plan_images): each waveform truncated to frames / 24 s at its own rate (diffusers'
+ * int(num_frames / fps * sample_rate)), then encoded at the audio VAE's rate. A waveform at another
+ * rate is refused: libh3 has no resampler (diffusers resamples with torchaudio).
+ */
+H3_INTERNAL int h3_ref_plan_audio(h3_model *m, const h3_request *q, int frames, h3_ref_plan *p);
+
+/*
+ * Encode each audio reference (mono duplicated to stereo, posterior mode, per-channel
+ * normalisation, channel-major rows) into rows (p->a_floats floats). On the CPU backend `be`.
+ */
+H3_INTERNAL int h3_ref_encode_audio(h3_model *m, h3_backend *be, const h3_request *q, const h3_ref_plan *p,
+                                    float *rows, h3_progress_fn progress, void *user);
 
 #endif

@@ -316,10 +316,17 @@ void h3_text_rows_free(h3_text_rows *r)
 
 int h3_rt_text_image_rows(h3_runtime *rt, const char *prompt, int n_images, const int *widths, const int *heights)
 {
+    return h3_rt_text_refs_rows(rt, prompt, n_images, widths, heights, NULL);
+}
+
+int h3_rt_text_refs_rows(h3_runtime *rt, const char *prompt, int n_images, const int *widths, const int *heights,
+                         const int *audio_before)
+{
     h3_tokenizer *tok;
     h3_vl_prompt p;
     int rc = rt_tokenizer(rt, &tok);
-    if (rc || (rc = h3_vl_prompt_build(rt->model, tok, prompt, n_images, widths, heights, &p))) return rc;
+    if (rc || (rc = h3_vl_prompt_build_refs(rt->model, tok, prompt, n_images, widths, heights, audio_before, &p)))
+        return rc;
     const int n = p.n;
     h3_vl_prompt_free(&p);
     return n;
@@ -328,13 +335,20 @@ int h3_rt_text_image_rows(h3_runtime *rt, const char *prompt, int n_images, cons
 int h3_rt_text_encode_images(h3_runtime *rt, const char *prompt, int n_images, const uint8_t *const *rgb,
                              const int *widths, const int *heights, h3_text_rows *out)
 {
+    return h3_rt_text_encode_refs(rt, prompt, n_images, rgb, widths, heights, NULL, out);
+}
+
+int h3_rt_text_encode_refs(h3_runtime *rt, const char *prompt, int n_images, const uint8_t *const *rgb,
+                           const int *widths, const int *heights, const int *audio_before, h3_text_rows *out)
+{
     if (!out) return h3_err(H3_E_INVALID, "text encoder: NULL output");
     memset(out, 0, sizeof *out);
     if (n_images > 0 && !rgb) return h3_err(H3_E_INVALID, "text encoder: NULL keyframes");
     h3_tokenizer *tok;
     h3_vl_prompt p;
     int rc = rt_tokenizer(rt, &tok);
-    if (rc || (rc = h3_vl_prompt_build(rt->model, tok, prompt, n_images, widths, heights, &p))) return rc;
+    if (rc || (rc = h3_vl_prompt_build_refs(rt->model, tok, prompt, n_images, widths, heights, audio_before, &p)))
+        return rc;
     for (int i = 0; i < n_images && !rc; i++) {
         char what[32];
         snprintf(what, sizeof what, "keyframe %d", i + 1);

@@ -290,6 +290,11 @@ class Engine:
             self._call(self._hooked(_lib.lib().h3_prepare, self._ctx.ptr, ctypes.byref(req)))
             return self.render_info()
 
+    @property
+    def sample_rate(self) -> int:
+        """The audio VAE's sample rate (Hz): what audio references must be given at."""
+        return int(self._ctx.info()["components"]["audio_vae"]["config"]["sample_rate"])
+
     def reference_size(self, width: int, height: int) -> tuple[int, int]:
         """The size an image reference of width x height is encoded at (h3_reference_size)."""
         w, h = ctypes.c_int(), ctypes.c_int()
@@ -308,6 +313,8 @@ class Engine:
             if not 0 <= k < n:
                 raise H3Error(f"{name}: the request has {n} references")
             ref = arr[k]
+            if ref.kind == _lib.H3_REFERENCE_AUDIO:
+                raise H3Error(f"{name}: reference {k + 1} is audio, which is never noised (nothing to inject)")
             w, h = self.reference_size(ref.width, ref.height)
             # the video VAE's pixels per latent: the canvas over its latent grid (the output, not a render_size)
             ratio = info["height"] // info["latent_height"] if not req.render_width else 16
@@ -334,8 +341,10 @@ class Engine:
         model's canvas rule (libh3 resolves it; `plan` reports it). The request keeps the arrays alive.
 
         `references` (Ref2VA): a list in the order the model reads them; an item is an image (a path or a uint8
-        [H, W, 3] array) or ("image", image). Needs an Engine opened with ref2va=True on a model with Ref2VA/.
-        Video and audio references are not supported yet (libh3 refuses them with a message)."""
+        [H, W, 3] array) or ("image", image), or audio: a dict {"audio": float [channels, samples] (or [samples])
+        array, "sample_rate": Hz} at the model's rate (libh3 does not resample) or ("audio", path) decoded with
+        the bundled ffmpeg at the model's rate. Needs an Engine opened with ref2va=True on a model with Ref2VA/.
+        Video references are not supported yet (refused with a message)."""
         from . import media, presets
 
         resolved = presets.resolve(preset, **knobs)
@@ -357,11 +366,19 @@ class Engine:
                 setattr(req, f"{which}_width", rgb.shape[1])
                 setattr(req, f"{which}_height", rgb.shape[0])
         if references:
-            refs = media.as_references(references)
+            refs = media.as_references(references, self.sample_rate)
             arr = (_lib.H3Reference * len(refs))()
-            for i, (kind, rgb) in enumerate(refs):
+            for i, (kind, value) in enumerate(refs):
+                if kind == "audio":
+                    pcm, rate = value  # planar [channels, samples], as h3_reference.pcm
+                    keep.append(pcm)
+                    arr[i].kind = _lib.H3_REFERENCE_AUDIO
+                    arr[i].pcm = pcm.ctypes.data_as(_lib.c_float_p)
+                    arr[i].channels, arr[i].samples, arr[i].sample_rate = pcm.shape[0], pcm.shape[1], rate
+                    continue
+                rgb = value
                 keep.append(rgb)
-                arr[i].kind = {"image": _lib.H3_REFERENCE_IMAGE}[kind]
+                arr[i].kind = _lib.H3_REFERENCE_IMAGE
                 arr[i].rgb = rgb.ctypes.data_as(_lib.c_uint8_p)
                 arr[i].width, arr[i].height, arr[i].frames = rgb.shape[1], rgb.shape[0], 1
             keep.append(arr)

@@ -399,18 +399,59 @@ def as_keyframe(image, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def as_references(references) -> list[tuple[str, np.ndarray]]:
-    """Ref2VA references in request order as (kind, uint8 [H, W, 3]) pairs: an item is an image (a path or an
-    array) or ("image", image). Video and audio references have no decoder here yet: they are refused."""
-    if isinstance(references, (str, os.PathLike, np.ndarray)):
+def read_audio(path: str | os.PathLike, sample_rate: int, what: str = "audio") -> np.ndarray:
+    """An audio file (or a video's soundtrack) decoded with the bundled ffmpeg to float32 stereo [2, samples] at
+    `sample_rate` (ffmpeg resamples; a mono file is duplicated onto both sides)."""
+    if not os.path.isfile(path):
+        raise H3Error(f"{what}: {path}: no such file")
+    proc = subprocess.run([ffmpeg_exe(), "-v", "error", "-i", str(path), "-map", "0:a:0", "-vn", "-f", "f32le",
+                           "-ac", "2", "-ar", str(int(sample_rate)), "-"], capture_output=True)
+    if proc.returncode != 0:
+        raise H3Error(f"{what}: {path}: cannot be decoded as audio{_reason(proc.stderr.decode('utf-8', 'replace'))}")
+    pcm = np.frombuffer(proc.stdout, dtype="<f4").reshape(-1, 2).T.copy()
+    if pcm.shape[1] == 0:
+        raise H3Error(f"{what}: {path}: no audio samples")
+    return pcm
+
+
+def as_audio_reference(value, what: str, sample_rate: int) -> tuple[np.ndarray, int]:
+    """An audio reference as (float32 [channels, samples] C-contiguous, its rate): a path (decoded at
+    `sample_rate`, the model's) or a dict {"audio": array [channels, samples] or [samples], "sample_rate": Hz}
+    (the rate is required; libh3 refuses any but the model's)."""
+    if isinstance(value, (str, os.PathLike)):
+        return read_audio(value, sample_rate, what), int(sample_rate)
+    if not isinstance(value, dict) or "audio" not in value or "sample_rate" not in value:
+        raise H3Error(f"{what}: must be a path or a dict {{'audio': array, 'sample_rate': Hz}}")
+    pcm = np.asarray(value["audio"])
+    if pcm.ndim == 1:
+        pcm = pcm[None]
+    if pcm.ndim != 2 or pcm.shape[0] not in (1, 2) or not np.issubdtype(pcm.dtype, np.floating):
+        raise H3Error(f"{what}: audio must be a float mono or stereo [channels, samples] array, got {pcm.dtype} "
+                      f"{list(pcm.shape)}")
+    if pcm.shape[1] == 0:
+        raise H3Error(f"{what}: no audio samples")
+    return np.ascontiguousarray(pcm, dtype=np.float32), int(value["sample_rate"])
+
+
+def as_references(references, sample_rate: int = 32000) -> list[tuple[str, object]]:
+    """Ref2VA references in request order as ("image", uint8 [H, W, 3]) or ("audio", (float32 [ch, samples],
+    rate)): an item is an image (a path or an array), ("image", image), ("audio", path or dict) or a dict
+    {"audio": array, "sample_rate": Hz}. Video references have no decoder here yet: they are refused."""
+    if isinstance(references, (str, os.PathLike, np.ndarray, dict)):
         references = [references]
     out = []
     for i, item in enumerate(references, 1):
-        kind, value = item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) else ("image",
-                                                                                                         item)
-        if kind != "image":
-            raise H3Error(f"reference {i}: {kind!r} references are not supported yet (images are)")
-        out.append(("image", as_keyframe(value, f"reference image {i}")))
+        if isinstance(item, dict):
+            kind, value = "audio", item
+        else:
+            kind, value = item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) else (
+                "image", item)
+        if kind == "image":
+            out.append(("image", as_keyframe(value, f"reference image {i}")))
+        elif kind == "audio":
+            out.append(("audio", as_audio_reference(value, f"reference audio {i}", sample_rate)))
+        else:
+            raise H3Error(f"reference {i}: {kind!r} references are not supported yet (images and audio are)")
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ PHASE_LABELS = {
     "tokenize": "encode prompt",
     "vision_encoder": "encode prompt",
     "video_encode": "encode frames",
+    "audio_encode": "encode audio",
     "text_encoder": "encode prompt",
     "prepare": "prepare",
     "denoise": "denoise",
@@ -21,6 +23,15 @@ PHASE_LABELS = {
     "video_decode": "decode video",
 }
 
+
+class _Reference(argparse.Action):
+    """--ref-image / --ref-audio: each value also goes to args.references as (kind, value), so the order of
+    all reference options is kept (it is the order the model reads them in)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest) or []) + [values])
+        kind = "audio" if self.dest == "ref_audio" else "image"
+        namespace.references = list(getattr(namespace, "references", None) or []) + [(kind, values)]
 
 def add_arguments(p) -> None:
     p.add_argument("-p", "--prompt", required=True, help="what to render (used verbatim)")
@@ -33,8 +44,11 @@ def add_arguments(p) -> None:
                    "without a size the canvas follows its aspect (FL2VA)")
     p.add_argument("--last-frame", metavar="IMG", help="end the video on this image (stretched to the canvas, or "
                    "cover-cropped to it with --first-frame)")
-    p.add_argument("--ref-image", metavar="IMG", action="append", default=[],
+    p.add_argument("--ref-image", metavar="IMG", action=_Reference, default=[],
                    help="a reference image (Ref2VA; repeatable, read in the order given); needs a model with Ref2VA/")
+    p.add_argument("--ref-audio", metavar="FILE", action=_Reference, default=[],
+                   help="a reference sound (Ref2VA; repeatable, at most 3, needs a --ref-image too; decoded with the "
+                   "bundled ffmpeg at the model's rate); its place among the --ref-image options is kept")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--frames", type=int, help="frames at 24 fps, aligned up to 17n+5 (default: the model's)")
     g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")
@@ -195,9 +209,18 @@ def main(args) -> int:
     # Keyframes are decoded and checked before the model is opened.
     keyframes = {f"{k}_frame": media.read_image(v, f"{k} frame") if v else None
                  for k, v in (("first", args.first_frame), ("last", args.last_frame))}
-    refs = [media.read_image(v, f"reference image {i}") for i, v in enumerate(args.ref_image, 1)]
+    # References in the order given; audio is decoded once the model (its sample rate) is open.
+    refs = []
+    for i, (kind, v) in enumerate(getattr(args, "references", None) or [], 1):
+        if kind == "image":
+            refs.append(media.read_image(v, f"reference image {i}"))
+        elif not Path(v).is_file():
+            raise H3Error(f"reference audio {i}: {v}: no such file")
+        else:
+            refs.append(("audio", v))
     if refs and not (Path(args.model_dir or default_model_dir()) / "Ref2VA").is_dir():
-        raise H3Error(f"{args.model_dir or 'the embedded h3-tiny'}: --ref-image needs a model with a Ref2VA/ folder")
+        which = "--ref-image" if args.ref_image else "--ref-audio"
+        raise H3Error(f"{args.model_dir or 'the embedded h3-tiny'}: {which} needs a model with a Ref2VA/ folder")
 
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
                     precision=getattr(args, "precision", "default"), ref2va=bool(refs))
@@ -258,7 +281,7 @@ def main(args) -> int:
         result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
                                progress=on_progress, vae_tile=args.vae_tile,
                                preview=live.callback if live is not None and live.active else None,
-                               preview_every=args.preview_every, **keyframes, **knobs)
+                               preview_every=args.preview_every, **keyframes, references=refs or None, **knobs)
         state["computing"] = False
         if engine._cancel:
             raise KeyboardInterrupt

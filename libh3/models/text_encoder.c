@@ -18,7 +18,7 @@
  * inv_freq[j] = theta^(-2j/head_dim), applied rotate-half style (dims j and j + head_dim/2).
  * transformers forms inv_freq and the angle in f32; we do the same so the argument rounding
  * matches, and take cos/sin of that f32 angle. With vision rows the positions are 3-D
- * (get_rope_index) and rope_table_3d picks each slot's axis; the text-only table stays the 1-D one.
+ * (get_rope_index) and rope_table picks each slot's axis; text-only prompts use the row index.
  *
  * Streaming. Only layers 0..K-1 are read, one at a time, into owned buffers (see te_reader). The
  * embedding table is touched only at the rows of the prompt's tokens.
@@ -433,10 +433,13 @@ static int act_alloc(te_act *a, h3_backend *be, const h3_text_cfg *c, int n, voi
     return 0;
 }
 
-/* cos/sin of p * inv_freq[j] for positions 0..n-1, with inv_freq and the angle formed in f32 as
-   transformers forms them (powf matches torch's f32 pow to the ulp on the tested head sizes).
-   Built on the host ROPE_ROWS positions at a time and uploaded. */
-static int rope_table(h3_backend *be, te_act *a, double theta)
+/* cos/sin of pos * inv_freq[j], with inv_freq and the angle formed in f32 as transformers forms
+   them (powf matches torch's f32 pow to the ulp on the tested head sizes). Built on the host
+   ROPE_ROWS positions at a time and uploaded. pos NULL: text only, position p is row p. Otherwise
+   3-D positions pos[axis][token] (axis 0 t, 1 h, 2 w) in Qwen3-VL's interleaved slot layout: slot j
+   takes h when j % 3 == 1 and j < 3 * sec[1], w when j % 3 == 2 and j < 3 * sec[2], else t
+   (transformers' recomposition_frequencies). */
+static int rope_table(h3_backend *be, te_act *a, double theta, const int32_t *const pos[3], const int sec[3])
 {
     const int half = a->half;
     for (int64_t p0 = 0; p0 < a->n; p0 += ROPE_ROWS) {
@@ -444,35 +447,9 @@ static int rope_table(h3_backend *be, te_act *a, double theta)
         float *cs = a->stage, *sn = a->stage + rows * half;
         for (int j = 0; j < half; j++) {
             float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)a->hd);
+            const int axis = !pos ? 0 : (j % 3 == 1 && j < 3 * sec[1]) ? 1 : (j % 3 == 2 && j < 3 * sec[2]) ? 2 : 0;
             for (int64_t p = 0; p < rows; p++) {
-                float ang = (float)(p0 + p) * inv_freq;
-                cs[p * half + j] = (float)cos((double)ang);
-                sn[p * half + j] = (float)sin((double)ang);
-            }
-        }
-        const size_t bytes = sizeof(float) * (size_t)(rows * half);
-        int rc;
-        if ((rc = be->ops->upload(be, a->cosb + p0 * half, cs, bytes)) ||
-            (rc = be->ops->upload(be, a->sinb + p0 * half, sn, bytes)))
-            return rc;
-    }
-    return 0;
-}
-
-/* The same table for 3-D positions pos[axis][token] (axis 0 t, 1 h, 2 w) and Qwen3-VL's
-   interleaved slot layout: slot j takes h when j % 3 == 1 and j < 3 * sec[1], w when
-   j % 3 == 2 and j < 3 * sec[2], else t (transformers' recomposition_frequencies). */
-static int rope_table_3d(h3_backend *be, te_act *a, double theta, const int32_t *const pos[3], const int sec[3])
-{
-    const int half = a->half;
-    for (int64_t p0 = 0; p0 < a->n; p0 += ROPE_ROWS) {
-        const int64_t rows = a->n - p0 < ROPE_ROWS ? a->n - p0 : ROPE_ROWS;
-        float *cs = a->stage, *sn = a->stage + rows * half;
-        for (int j = 0; j < half; j++) {
-            float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)a->hd);
-            const int axis = (j % 3 == 1 && j < 3 * sec[1]) ? 1 : (j % 3 == 2 && j < 3 * sec[2]) ? 2 : 0;
-            for (int64_t p = 0; p < rows; p++) {
-                float ang = (float)pos[axis][p0 + p] * inv_freq;
+                float ang = (float)(pos ? (int64_t)pos[axis][p0 + p] : p0 + p) * inv_freq;
                 cs[p * half + j] = (float)cos((double)ang);
                 sn[p * half + j] = (float)sin((double)ang);
             }
@@ -714,9 +691,9 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
         int32_t *const axes[3] = {pos, pos + n, pos + 2 * (size_t)n};
         vision_positions(vis, n, axes);
         const int32_t *const caxes[3] = {axes[0], axes[1], axes[2]};
-        rc = rope_table_3d(be, &a, p.cfg.rope_theta, caxes, vis->mrope_section);
+        rc = rope_table(be, &a, p.cfg.rope_theta, caxes, vis->mrope_section);
     } else {
-        rc = rope_table(be, &a, p.cfg.rope_theta);
+        rc = rope_table(be, &a, p.cfg.rope_theta, NULL, NULL);
     }
     if (rc || (rc = be->ops->upload(be, a.x, out, stream_bytes))) goto done;
     if ((rc = h3_progress_check(progress, user, "text_encoder", 0, L))) goto done;

@@ -4,23 +4,12 @@
  * pooling, and an element-wise product (GeGLU's gate). Work is split over rows only, so results
  * do not depend on the thread count.
  */
+#include "backend/cpu/cpu_common.h"
 #include "backend/cpu/cpu_audio_enc.h"
 #include "backend/cpu/ops.h"
 
 #include <math.h>
 #include <string.h>
-
-/* The worker pool of a CPU backend (cpu_backend.c). */
-H3_INTERNAL h3_pool *h3_cpu_backend_pool(h3_backend *be);
-
-static int need_f32(const char *op, const h3_bt *t)
-{
-    if (t->dtype != H3_DT_F32)
-        return h3_err(H3_E_UNSUPPORTED, "cpu backend: %s takes f32 tensors, got %s", op, h3_dtype_name(t->dtype));
-    return 0;
-}
-
-static int64_t grain(int64_t cols) { return cols >= (1 << 14) ? 1 : (1 << 14) / (cols > 0 ? cols : 1); }
 
 /* ---- snake ----------------------------------------------------------------------------------- */
 
@@ -51,7 +40,7 @@ static void snake_task(void *arg, int64_t r0, int64_t r1, int thread)
 
 int h3_cpu_snake(h3_backend *be, const h3_bt *x, const float *a, const float *rb, const h3_bphased *dst)
 {
-    int rc = need_f32("snake", x);
+    int rc = h3_cpu_need_f32("snake", x);
     if (rc) return rc;
     const int64_t C = x->cols, L = x->rows;
     if (x->ld != C || C < 1 || !a || !rb || !dst || !dst->p || dst->d < 1 || dst->margin < 0 ||
@@ -67,7 +56,7 @@ int h3_cpu_snake(h3_backend *be, const h3_bt *x, const float *a, const float *rb
         memset(ph + tail * C, 0, sizeof(float) * (size_t)((dst->phase_rows - tail) * C));
     }
     snake_job j = {x->data, a, rb, *dst, C};
-    h3_parallel_for(h3_cpu_backend_pool(be), L, grain(C), snake_task, &j);
+    h3_parallel_for(h3_cpu_backend_pool(be), L, h3_cpu_row_grain(C), snake_task, &j);
     return 0;
 }
 
@@ -108,13 +97,13 @@ static void pool_task(void *arg, int64_t r0, int64_t r1, int thread)
 int h3_cpu_head_pool(h3_backend *be, const h3_bt *x, int heads, int D, const h3_bt *y)
 {
     int rc;
-    if ((rc = need_f32("head_pool", x)) || (rc = need_f32("head_pool", y))) return rc;
+    if ((rc = h3_cpu_need_f32("head_pool", x)) || (rc = h3_cpu_need_f32("head_pool", y))) return rc;
     if (heads < 1 || D < 1 || D > 4096 || (int64_t)heads * D > x->cols || y->cols < 1 || y->cols > 65536 ||
         y->rows != x->rows)
         return h3_err(H3_E_INVALID, "cpu backend: head_pool of %d heads x %d over %lld x %lld into %lld x %lld", heads,
                       D, (long long)x->rows, (long long)x->cols, (long long)y->rows, (long long)y->cols);
     pool_job j = {x->data, y->data, x->ld, y->ld, heads, D, (int)y->cols};
-    h3_parallel_for(h3_cpu_backend_pool(be), x->rows, grain((int64_t)heads * D), pool_task, &j);
+    h3_parallel_for(h3_cpu_backend_pool(be), x->rows, h3_cpu_row_grain((int64_t)heads * D), pool_task, &j);
     return 0;
 }
 
@@ -140,12 +129,12 @@ static void mul_task(void *arg, int64_t r0, int64_t r1, int thread)
 int h3_cpu_mul(h3_backend *be, const h3_bt *a, const h3_bt *b, const h3_bt *y)
 {
     int rc;
-    if ((rc = need_f32("mul", a)) || (rc = need_f32("mul", b)) || (rc = need_f32("mul", y))) return rc;
+    if ((rc = h3_cpu_need_f32("mul", a)) || (rc = h3_cpu_need_f32("mul", b)) || (rc = h3_cpu_need_f32("mul", y))) return rc;
     if (a->rows != y->rows || b->rows != y->rows || a->cols != y->cols || b->cols != y->cols)
         return h3_err(H3_E_INVALID, "cpu backend: mul of %lldx%lld by %lldx%lld into %lldx%lld", (long long)a->rows,
                       (long long)a->cols, (long long)b->rows, (long long)b->cols, (long long)y->rows,
                       (long long)y->cols);
     mul_job j = {a->data, b->data, y->data, a->ld, b->ld, y->ld, y->cols};
-    h3_parallel_for(h3_cpu_backend_pool(be), y->rows, grain(y->cols), mul_task, &j);
+    h3_parallel_for(h3_cpu_backend_pool(be), y->rows, h3_cpu_row_grain(y->cols), mul_task, &j);
     return 0;
 }

@@ -7,6 +7,7 @@
  *
  * Row ops split work over rows only, so results do not depend on the thread count.
  */
+#include "backend/cpu/cpu_common.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_extra.h"
 #include "backend/cpu/cpu_int8.h"
@@ -34,7 +35,7 @@ static h3_pool *pool_of(h3_backend *be) { return ((cpu_backend *)be)->pool; }
 
 h3_pool *h3_cpu_backend_pool(h3_backend *be) { return pool_of(be); }
 
-static int need_f32(const char *op, const h3_bt *t)
+int h3_cpu_need_f32(const char *op, const h3_bt *t)
 {
     if (t->dtype != H3_DT_F32)
         return h3_err(H3_E_UNSUPPORTED, "cpu backend: %s takes f32 tensors, got %s", op, h3_dtype_name(t->dtype));
@@ -123,7 +124,7 @@ static void cpu_weight_free(h3_backend *be, h3_bw *w)
 static int cpu_linear(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
 {
     int rc;
-    if ((rc = need_f32("linear", X)) || (rc = need_f32("linear", Y))) return rc;
+    if ((rc = h3_cpu_need_f32("linear", X)) || (rc = h3_cpu_need_f32("linear", Y))) return rc;
     if (W->dtype == H3_DT_I8) {
         if (!W->priv) return h3_err(H3_E_INVALID, "cpu backend: an int8 weight without its scales");
         const h3_i8w q = h3_i8_view(W->priv, W->rows, W->cols);
@@ -137,8 +138,8 @@ static int cpu_attention(h3_backend *be, const h3_bt *Q, const h3_bt *K, const h
                          int D, float scale, bool causal, const h3_bt *O)
 {
     int rc;
-    if ((rc = need_f32("attention", Q)) || (rc = need_f32("attention", K)) || (rc = need_f32("attention", V)) ||
-        (rc = need_f32("attention", O)))
+    if ((rc = h3_cpu_need_f32("attention", Q)) || (rc = h3_cpu_need_f32("attention", K)) || (rc = h3_cpu_need_f32("attention", V)) ||
+        (rc = h3_cpu_need_f32("attention", O)))
         return rc;
     return h3_attention(pool_of(be), Q->data, Q->ld, K->data, K->ld, V->data, V->ld, Q->rows, K->rows, heads,
                         kv_heads, D, scale, causal, O->data, O->ld);
@@ -179,7 +180,7 @@ static int cpu_norm_mod(h3_backend *be, const h3_bt *x, const int64_t *rows, con
                         float eps, const h3_bt *y)
 {
     int rc;
-    if ((rc = need_f32("norm", x)) || (rc = need_f32("norm", y))) return rc;
+    if ((rc = h3_cpu_need_f32("norm", x)) || (rc = h3_cpu_need_f32("norm", y))) return rc;
     norm_job j = {x->data, y->data, w, rows, {0}, x->cols, x->ld, y->ld, eps};
     if (mod) j.mod = *mod;
     h3_parallel_for(pool_of(be), y->rows, 8, norm_task, &j);
@@ -230,9 +231,9 @@ static int cpu_qk_norm_rope(h3_backend *be, const h3_bt *qin, const h3_bt *kin, 
                             int kv_heads, int D, int half, float eps, const h3_bt *q, const h3_bt *k, const h3_bt *v)
 {
     int rc;
-    if ((rc = need_f32("qk_norm_rope", qin)) || (rc = need_f32("qk_norm_rope", kin)) ||
-        (rc = need_f32("qk_norm_rope", q)) || (rc = need_f32("qk_norm_rope", k)) ||
-        (vin && ((rc = need_f32("qk_norm_rope", vin)) || (rc = need_f32("qk_norm_rope", v)))))
+    if ((rc = h3_cpu_need_f32("qk_norm_rope", qin)) || (rc = h3_cpu_need_f32("qk_norm_rope", kin)) ||
+        (rc = h3_cpu_need_f32("qk_norm_rope", q)) || (rc = h3_cpu_need_f32("qk_norm_rope", k)) ||
+        (vin && ((rc = h3_cpu_need_f32("qk_norm_rope", vin)) || (rc = h3_cpu_need_f32("qk_norm_rope", v)))))
         return rc;
     if (D > CPU_MAX_HEAD_DIM || 2 * half > D)
         return h3_err(H3_E_UNSUPPORTED, "cpu backend: head dim %d (rope %d) is outside what qk_norm_rope supports",
@@ -274,7 +275,7 @@ static void gate_task(void *a, int64_t b, int64_t e, int thread)
 static int cpu_gated_add(h3_backend *be, const h3_bt *x, const h3_bt *y, const h3_bmod *mod)
 {
     int rc;
-    if ((rc = need_f32("gated_add", x)) || (rc = need_f32("gated_add", y))) return rc;
+    if ((rc = h3_cpu_need_f32("gated_add", x)) || (rc = h3_cpu_need_f32("gated_add", y))) return rc;
     gate_job j = {x->data, y->data, {0}, x->cols, x->ld, y->ld};
     if (mod) j.mod = *mod;
     h3_parallel_for(pool_of(be), x->rows, 8, gate_task, &j);
@@ -295,7 +296,7 @@ static int cpu_gated_add_norm(h3_backend *be, const h3_bt *x, const h3_bt *y, co
 static int cpu_swiglu(h3_backend *be, const h3_bt *gate, const h3_bt *up, const h3_bt *out)
 {
     int rc;
-    if ((rc = need_f32("swiglu", gate)) || (rc = need_f32("swiglu", up)) || (rc = need_f32("swiglu", out))) return rc;
+    if ((rc = h3_cpu_need_f32("swiglu", gate)) || (rc = h3_cpu_need_f32("swiglu", up)) || (rc = h3_cpu_need_f32("swiglu", out))) return rc;
     h3_swiglu(pool_of(be), gate->data, gate->ld, up->data, up->ld, out->data, out->ld, out->rows, out->cols);
     return 0;
 }
@@ -318,7 +319,7 @@ static void scatter_task(void *a, int64_t b, int64_t e, int thread)
 static int cpu_scatter_rows(h3_backend *be, const h3_bt *src, const int64_t *idx, const h3_bt *dst)
 {
     int rc;
-    if ((rc = need_f32("scatter_rows", src)) || (rc = need_f32("scatter_rows", dst))) return rc;
+    if ((rc = h3_cpu_need_f32("scatter_rows", src)) || (rc = h3_cpu_need_f32("scatter_rows", dst))) return rc;
     scatter_job j = {dst->data, src->data, idx, src->cols, dst->ld, src->ld};
     h3_parallel_for(pool_of(be), src->rows, 16, scatter_task, &j);
     return 0;

@@ -5,6 +5,7 @@
  * rounding is the contract's. Work is split over elements or rows only, so results do not depend
  * on the thread count.
  */
+#include "backend/cpu/cpu_common.h"
 #include "backend/cpu/cpu_extra.h"
 
 #include <math.h>
@@ -12,13 +13,6 @@
 #include <string.h>
 
 #define EXTRA_BLOCK 4096 /* elements per task chunk and per partial sum of abs_diff_sum */
-
-static int need_f32(const char *op, const h3_bt *t)
-{
-    if (t->dtype != H3_DT_F32)
-        return h3_err(H3_E_UNSUPPORTED, "cpu backend: %s takes f32 tensors, got %s", op, h3_dtype_name(t->dtype));
-    return 0;
-}
 
 typedef struct {
     float *out;
@@ -95,7 +89,7 @@ static void pool_task(void *arg, int64_t begin, int64_t end, int thread)
 int h3_cpu_pool_pairs(h3_backend *be, const h3_bt *src, const int64_t *pairs, const h3_bt *dst)
 {
     int rc;
-    if ((rc = need_f32("pool_pairs", src)) || (rc = need_f32("pool_pairs", dst))) return rc;
+    if ((rc = h3_cpu_need_f32("pool_pairs", src)) || (rc = h3_cpu_need_f32("pool_pairs", dst))) return rc;
     if (src->cols != dst->cols)
         return h3_err(H3_E_INVALID, "cpu backend: pool_pairs of %lld-wide rows into %lld-wide rows",
                       (long long)src->cols, (long long)dst->cols);
@@ -134,8 +128,8 @@ static void unpool_task(void *arg, int64_t begin, int64_t end, int thread)
 int h3_cpu_unpool_pairs(h3_backend *be, const h3_bt *red, const h3_bt *base, const int64_t *pairs, const h3_bt *full)
 {
     int rc;
-    if ((rc = need_f32("unpool_pairs", red)) || (rc = need_f32("unpool_pairs", base)) ||
-        (rc = need_f32("unpool_pairs", full)))
+    if ((rc = h3_cpu_need_f32("unpool_pairs", red)) || (rc = h3_cpu_need_f32("unpool_pairs", base)) ||
+        (rc = h3_cpu_need_f32("unpool_pairs", full)))
         return rc;
     if (red->cols != full->cols || base->cols != red->cols)
         return h3_err(H3_E_INVALID, "cpu backend: unpool_pairs rows of different widths");

@@ -7,10 +7,8 @@
 #define H3_CPU_EXTRA_H
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_common.h"
 #include "backend/cpu/ops.h"
-
-/* The worker pool of a CPU backend (cpu_backend.c). */
-H3_INTERNAL h3_pool *h3_cpu_backend_pool(h3_backend *be);
 
 H3_INTERNAL int h3_cpu_extrapolate(h3_backend *be, float *out, const float *a, const float *b, int64_t n, float r);
 H3_INTERNAL int h3_cpu_sub(h3_backend *be, float *out, const float *a, const float *b, int64_t n);

@@ -5,6 +5,7 @@
  * operations (products before sums, a sum before a division); builds pin -ffp-contract=off, so no
  * compiler fuses them.
  */
+#include "backend/cpu/cpu_common.h"
 #include "backend/cpu/cpu_models.h"
 #include "backend/cpu/avae_kern.h"
 
@@ -14,13 +15,6 @@
 #define SCRATCH_SLOT 3 /* per-thread rows of vae_stitch and snake_aa (h3_linear uses slot 3 of thread 0
                           only inside its own call) */
 #define ACT_TILE 128   /* snake_aa output rows per scratch tile (17 KB: 16 channels at a time) */
-
-static int need_f32(const char *op, const h3_bt *t)
-{
-    if (t->dtype != H3_DT_F32)
-        return h3_err(H3_E_UNSUPPORTED, "cpu backend: %s takes f32 tensors, got %s", op, h3_dtype_name(t->dtype));
-    return 0;
-}
 
 /* Per-thread scratch of `bytes` in `slot`, taken before a parallel loop because a task cannot fail. */
 static int reserve(h3_pool *p, int slot, size_t bytes)
@@ -65,7 +59,7 @@ static void ln_task(void *a, int64_t r0, int64_t r1, int thread)
 int h3_cpu_layernorm(h3_backend *be, const h3_bt *x, const float *w, const float *b, float eps, const h3_bt *y)
 {
     int rc;
-    if ((rc = need_f32("layernorm", x)) || (rc = need_f32("layernorm", y))) return rc;
+    if ((rc = h3_cpu_need_f32("layernorm", x)) || (rc = h3_cpu_need_f32("layernorm", y))) return rc;
     ln_job j = {x->data, w, b, y->data, x->ld, y->ld, x->cols, eps};
     h3_parallel_for(h3_cpu_backend_pool(be), x->rows, 16, ln_task, &j);
     return 0;
@@ -88,14 +82,12 @@ static void copy_task(void *a, int64_t r0, int64_t r1, int thread)
 }
 
 /* Rows per task for element-wise work: about 16K values, whatever the row width. */
-static int64_t ew_grain(int64_t cols) { return cols >= (1 << 14) ? 1 : (1 << 14) / (cols > 0 ? cols : 1); }
-
 int h3_cpu_copy(h3_backend *be, const h3_bt *src, const h3_bt *dst)
 {
     int rc;
-    if ((rc = need_f32("copy", src)) || (rc = need_f32("copy", dst))) return rc;
+    if ((rc = h3_cpu_need_f32("copy", src)) || (rc = h3_cpu_need_f32("copy", dst))) return rc;
     ew_job j = {dst->data, src->data, dst->ld, src->ld, src->cols, 0};
-    h3_parallel_for(h3_cpu_backend_pool(be), src->rows, ew_grain(src->cols), copy_task, &j);
+    h3_parallel_for(h3_cpu_backend_pool(be), src->rows, h3_cpu_row_grain(src->cols), copy_task, &j);
     return 0;
 }
 
@@ -116,9 +108,9 @@ static void add_div_task(void *a, int64_t r0, int64_t r1, int thread)
 int h3_cpu_add_div(h3_backend *be, const h3_bt *y, const h3_bt *x, float div)
 {
     int rc;
-    if ((rc = need_f32("add_div", y)) || (rc = need_f32("add_div", x))) return rc;
+    if ((rc = h3_cpu_need_f32("add_div", y)) || (rc = h3_cpu_need_f32("add_div", x))) return rc;
     ew_job j = {y->data, x->data, y->ld, x->ld, y->cols, div};
-    h3_parallel_for(h3_cpu_backend_pool(be), y->rows, ew_grain(y->cols), add_div_task, &j);
+    h3_parallel_for(h3_cpu_backend_pool(be), y->rows, h3_cpu_row_grain(y->cols), add_div_task, &j);
     return 0;
 }
 
@@ -150,7 +142,7 @@ static void cl_task(void *a, int64_t r0, int64_t r1, int thread)
 int h3_cpu_channels_last(h3_backend *be, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt, int t_avail,
                          int ny, int nx, const float *scale, const float *shift, const h3_bt *y)
 {
-    int rc = need_f32("channels_last", y);
+    int rc = h3_cpu_need_f32("channels_last", y);
     if (rc) return rc;
     if (t_avail < 1 || nt < 0 || ny < 1 || nx < 1 || y->rows != (int64_t)nt * ny * nx)
         return h3_err(H3_E_INVALID, "cpu backend: channels_last of %d x %d x %d (%d frames present) into %lld rows",
@@ -195,7 +187,7 @@ static void unpatch_task(void *arg, int64_t i0, int64_t i1, int thread)
 int h3_cpu_unpatchify(h3_backend *be, const h3_bt *src, int64_t tok0, int gh, int gw, int C, int pt, int ps,
                       const int32_t *fmap, float *dst)
 {
-    int rc = need_f32("unpatchify", src);
+    int rc = h3_cpu_need_f32("unpatchify", src);
     if (rc) return rc;
     if (src->cols != (int64_t)C * pt * ps * ps)
         return h3_err(H3_E_INVALID, "cpu backend: unpatchify rows of %lld values, patches of %d", (long long)src->cols,
@@ -365,7 +357,7 @@ int h3_cpu_snake_aa(h3_backend *be, const h3_bt *x, const float *a, const float 
                     const float *fdown, const h3_bphased *dst)
 {
     h3_pool *pool = h3_cpu_backend_pool(be);
-    int rc = need_f32("snake_aa", x);
+    int rc = h3_cpu_need_f32("snake_aa", x);
     if (rc) return rc;
     const int C = (int)x->cols;
     const int64_t L = x->rows;
@@ -394,7 +386,7 @@ int h3_cpu_snake_aa(h3_backend *be, const h3_bt *x, const float *a, const float 
 int h3_cpu_conv_gemm(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
 {
     int rc;
-    if ((rc = need_f32("conv_gemm", X)) || (rc = need_f32("conv_gemm", Y))) return rc;
+    if ((rc = h3_cpu_need_f32("conv_gemm", X)) || (rc = h3_cpu_need_f32("conv_gemm", Y))) return rc;
     h3_mat m = {W->data, W->dtype, W->rows, W->cols};
     return h3_linear_blocked(h3_cpu_backend_pool(be), X->data, Y->rows, X->ld, &m, bias, Y->data, Y->ld);
 }
@@ -416,7 +408,7 @@ static void post_task(void *arg, int64_t b, int64_t e, int thread)
 
 int h3_cpu_conv1_clamp(h3_backend *be, const h3_bt *X, const float *w, float *y)
 {
-    int rc = need_f32("conv1_clamp", X);
+    int rc = h3_cpu_need_f32("conv1_clamp", X);
     if (rc) return rc;
     post_job j = {h3_avae_kern(), X->data, w, y, X->ld, (int)X->cols};
     h3_parallel_for(h3_cpu_backend_pool(be), X->rows, 4096, post_task, &j);

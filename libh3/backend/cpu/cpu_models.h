@@ -7,10 +7,8 @@
 #define H3_CPU_MODELS_H
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_common.h"
 #include "backend/cpu/ops.h"
-
-/* The worker pool of a CPU backend (cpu_backend.c). */
-H3_INTERNAL h3_pool *h3_cpu_backend_pool(h3_backend *be);
 
 H3_INTERNAL int h3_cpu_layernorm(h3_backend *be, const h3_bt *x, const float *w, const float *b, float eps,
                                  const h3_bt *y);

@@ -3,22 +3,11 @@
  * rotate-half rotary embedding. Work is split over rows only, so results do not depend on the
  * thread count.
  */
+#include "backend/cpu/cpu_common.h"
 #include "backend/cpu/cpu_vision.h"
 #include "backend/cpu/ops.h"
 
 #include <math.h>
-
-/* The worker pool of a CPU backend (cpu_backend.c). */
-H3_INTERNAL h3_pool *h3_cpu_backend_pool(h3_backend *be);
-
-static int need_f32(const char *op, const h3_bt *t)
-{
-    if (t->dtype != H3_DT_F32)
-        return h3_err(H3_E_UNSUPPORTED, "cpu backend: %s takes f32 tensors, got %s", op, h3_dtype_name(t->dtype));
-    return 0;
-}
-
-static int64_t grain(int64_t cols) { return cols >= (1 << 14) ? 1 : (1 << 14) / (cols > 0 ? cols : 1); }
 
 /* ---- gelu ------------------------------------------------------------------------------------ */
 
@@ -56,12 +45,12 @@ static void gelu_task(void *a, int64_t r0, int64_t r1, int thread)
 int h3_cpu_gelu(h3_backend *be, const h3_bt *x, bool tanh_approx, const h3_bt *y)
 {
     int rc;
-    if ((rc = need_f32("gelu", x)) || (rc = need_f32("gelu", y))) return rc;
+    if ((rc = h3_cpu_need_f32("gelu", x)) || (rc = h3_cpu_need_f32("gelu", y))) return rc;
     if (x->rows != y->rows || x->cols != y->cols)
         return h3_err(H3_E_INVALID, "gelu: %lldx%lld input, %lldx%lld output", (long long)x->rows,
                       (long long)x->cols, (long long)y->rows, (long long)y->cols);
     gelu_job j = {x->data, y->data, x->ld, y->ld, x->cols, tanh_approx};
-    h3_parallel_for(h3_cpu_backend_pool(be), x->rows, grain(x->cols), gelu_task, &j);
+    h3_parallel_for(h3_cpu_backend_pool(be), x->rows, h3_cpu_row_grain(x->cols), gelu_task, &j);
     return 0;
 }
 
@@ -96,12 +85,12 @@ static void rope_task(void *a, int64_t r0, int64_t r1, int thread)
 
 int h3_cpu_rope(h3_backend *be, const h3_bt *x, int heads, int D, int half, const float *cos, const float *sin)
 {
-    int rc = need_f32("rope", x);
+    int rc = h3_cpu_need_f32("rope", x);
     if (rc) return rc;
     if (heads < 1 || D < 1 || half < 0 || 2 * half > D || (int64_t)heads * D > x->cols || !cos || !sin)
         return h3_err(H3_E_INVALID, "rope: %d heads of %d dims, %d rotated pairs, over %lld columns", heads, D, half,
                       (long long)x->cols);
     rope_job j = {x->data, cos, sin, x->ld, heads, D, half};
-    h3_parallel_for(h3_cpu_backend_pool(be), x->rows, grain((int64_t)heads * D), rope_task, &j);
+    h3_parallel_for(h3_cpu_backend_pool(be), x->rows, h3_cpu_row_grain((int64_t)heads * D), rope_task, &j);
     return 0;
 }

@@ -76,7 +76,8 @@ def transport(dit_run: Path, out: Path, split_bytes: int = 15 * 2**20) -> list[P
     return written
 
 
-def build_trained(weights: Path, vae_run: Path | None, meta: Path, vae_official: Path | None = None) -> dict:
+def build_trained(weights: Path, vae_run: Path | None, meta: Path, vae_official: Path | None = None,
+                  video_vae_weights: Path | None = None) -> dict:
     """The four trained modules (float32) + tokenizer_json, ready for `write_official`. VAEs from a stage-1 run
     (`vae_run`, statistics from `meta/latent_stats.json`) or from an official partition (`vae_official`)."""
     from train.common import load_weights
@@ -107,6 +108,17 @@ def build_trained(weights: Path, vae_run: Path | None, meta: Path, vae_official:
     else:
         vv.load_state_dict(load_weights(vae_run, "video_vae", "model"))
         av.load_state_dict(load_weights(vae_run, "audio_vae", "model"))
+    if video_vae_weights is not None:  # stage 8: the fine-tuned decoder (encoder side checked unchanged below)
+        from safetensors.torch import load_file
+
+        ft = load_file(str(video_vae_weights))
+        enc = {k: v for k, v in vv.state_dict().items() if not k.startswith(("decoder.", "post_quant_conv."))}
+        missing, unexpected = vv.load_state_dict({k: v.float() for k, v in ft.items()}, strict=False)
+        if unexpected or any(k.startswith(("decoder.", "post_quant_conv.")) for k in missing):
+            raise SystemExit(f"{video_vae_weights}: not a video VAE decoder state dict")
+        for k, v in enc.items():
+            if not torch.equal(vv.state_dict()[k], v):
+                raise SystemExit(f"{video_vae_weights}: {k} differs from the partition's encoder side")
     models = {"transformer": dit, "text_encoder": te, "video_vae": vv, "audio_vae": av, "tokenizer_json": tok_json}
     for k, m in models.items():
         if k != "tokenizer_json":
@@ -115,11 +127,11 @@ def build_trained(weights: Path, vae_run: Path | None, meta: Path, vae_official:
 
 
 def export(weights: Path, vae_run: Path | None, meta: Path, out: Path, vae_official: Path | None = None,
-           stage_name: str | None = None) -> Path:
+           stage_name: str | None = None, video_vae_weights: Path | None = None) -> Path:
     from tests.fixtures import write_official
     from train.models import exported_bytes, param_count
 
-    models = build_trained(weights, vae_run, meta, vae_official)
+    models = build_trained(weights, vae_run, meta, vae_official, video_vae_weights)
     old_facts = {}
     if (out / "h3tiny.json").exists():
         old_facts = json.loads((out / "h3tiny.json").read_text())
@@ -141,7 +153,7 @@ def export(weights: Path, vae_run: Path | None, meta: Path, out: Path, vae_offic
         "bytes": sizes,
         "total_bytes": sum(sizes.values()),
     })
-    for name in ("dit-meta.json", "video_vae-meta.json", "audio_vae-meta.json"):
+    for name in ("dit-meta.json", "video_vae-meta.json", "audio_vae-meta.json", "video_decoder-meta.json"):
         for base in (meta, vae_run):
             p = base / name if base is not None else None
             if p is not None and p.exists():
@@ -172,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vae-official", default=None, help="official partition dir to take both VAEs (and their "
                     "latent statistics) from instead of --vae-run")
     ap.add_argument("--meta", help="dir with tokenizer.json, latent_stats.json (and dit-meta.json)")
+    ap.add_argument("--video-vae-weights", default=None, help="a fine-tuned video VAE (diffusers-layout safetensors, "
+                    "stage 8) over the one read from --vae-official / --vae-run; its encoder side must be unchanged")
     ap.add_argument("--stage-name", default=None, help="h3tiny.json key for this run's dit-meta.json (default 'dit')")
     ap.add_argument("--out", default="python/h3ctl/models/h3-tiny")
     args = ap.parse_args(argv)
@@ -180,7 +194,8 @@ def main(argv=None) -> int:
         return 0
     vae_off = Path(args.vae_official) if args.vae_official else None
     export(Path(args.weights), None if vae_off else Path(args.vae_run), Path(args.meta or args.weights),
-           Path(args.out), vae_off, args.stage_name)
+           Path(args.out), vae_off, args.stage_name,
+           Path(args.video_vae_weights) if args.video_vae_weights else None)
     return 0
 
 

@@ -90,12 +90,24 @@ def load_from_runs(dit_run: Path, vae_run: Path, ema: bool = True) -> Models:
     return Models(dit, te, vv, av, tok_json, COND_LAYER)
 
 
-def load_official(partition_dir: Path, dit_run: Path | None = None, ema: bool = True) -> Models:
+def load_official(partition_dir: Path, dit_run: Path | None = None, ema: bool = True,
+                  video_vae_weights: Path | None = None) -> Models:
     """An official partition; with ``dit_run``, its transformer and text encoder replaced by the run's (EMA) weights
-    (a stage-7 fine-tune keeps the partition's VAEs, statistics and tokenizer)."""
+    (a stage-7 fine-tune keeps the partition's VAEs, statistics and tokenizer); with ``video_vae_weights``, its video
+    VAE's weights replaced by a diffusers-layout state dict (stage 8's fine-tuned decoder)."""
     from tests.fixtures.official import conditioning_layer, read_official_to_diffusers
 
     m = read_official_to_diffusers(partition_dir)
+    if video_vae_weights is not None:
+        from safetensors.torch import load_file
+
+        vv = m["video_vae"]
+        dt = next(vv.parameters()).dtype
+        # the decoder side only (stage 8 trains post_quant_conv + decoder); the encoder stays the partition's
+        missing, unexpected = vv.load_state_dict({k: v.to(dt) for k, v in load_file(str(video_vae_weights)).items()},
+                                                 strict=False)
+        if unexpected or any(k.startswith(("decoder.", "post_quant_conv.")) for k in missing):
+            raise SystemExit(f"{video_vae_weights}: not a video VAE decoder state dict")
     if dit_run is not None:
         from train.common import load_weights
 
@@ -286,6 +298,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vae-run", default="train/runs/vae")
     ap.add_argument("--official", default=None, help="load an exported official partition dir instead; with "
                     "--over-run, only its VAEs / tokenizer and the run's transformer + text encoder")
+    ap.add_argument("--video-vae-weights", default=None, help="with --official: a diffusers-layout video VAE state "
+                    "dict (safetensors) over the partition's (stage 8)")
     ap.add_argument("--over-run", action="store_true", help="with --official: the --dit-run weights over it")
     ap.add_argument("--out", default="train/runs/samples")
     ap.add_argument("--sets", default="heldout,train")
@@ -301,7 +315,8 @@ def main(argv=None) -> int:
 
     dev = device_of(args.device)
     if args.official:
-        models = load_official(Path(args.official), Path(args.dit_run) if args.over_run else None, ema=not args.raw)
+        models = load_official(Path(args.official), Path(args.dit_run) if args.over_run else None, ema=not args.raw,
+                               video_vae_weights=Path(args.video_vae_weights) if args.video_vae_weights else None)
     else:
         models = load_from_runs(Path(args.dit_run), Path(args.vae_run), ema=not args.raw)
     models.to(dev, torch.bfloat16 if args.bf16 else torch.float32)

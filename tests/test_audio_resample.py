@@ -252,5 +252,5 @@ def test_cli_bad_rate(ref2va_ckpt, tmp_path, rate, needle):  # noqa: F811
                            "--frames", str(FRAMES), "--steps", "2", "-q", "-o", str(tmp_path / "o.mp4"),
                            "--ref-image", str(tmp_path / "a.png"), "--ref-audio", str(tmp_path / "s.wav")],
                           capture_output=True, text=True, cwd=ROOT / "python")
-    assert_clean_error(proc, "reference 2 (audio)", needle)
+    assert_clean_error(proc, "reference audio 2", "s.wav", needle)
     assert sorted(str(q) for q in tmp_path.rglob("*")) == before

@@ -545,6 +545,14 @@ def read_audio(path: str | os.PathLike, what: str = "audio") -> tuple[np.ndarray
         raise H3Error(f"{label}: no audio samples")
     if _audio_cut(p, demuxer, pcm.shape[1]):
         raise H3Error(f"{label}: the file is truncated (its end is missing)")
+    # The rate and length libh3's resampler takes (its own check, before the model does any work).
+    import ctypes
+
+    from . import _lib
+
+    if _lib.lib().h3_audio_resample(None, pcm.shape[0], pcm.shape[1], rate, rate, None, 0, ctypes.byref(
+            ctypes.c_int64())):
+        raise H3Error(f"{label}: {_lib.last_error()}")
     if not np.isfinite(pcm).all():
         raise H3Error(f"{label}: decodes to samples that are not finite numbers")
     return np.ascontiguousarray(pcm), rate

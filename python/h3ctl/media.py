@@ -474,7 +474,7 @@ def _mp3_cut(data: bytes) -> bool:
         if frames == 0:
             at = data.find(b"Xing", pos, pos + size)
             at = at if at >= 0 else data.find(b"Info", pos, pos + size)
-            if at >= 0 and data[at + 7] & 1:  # the frame count is present
+            if at >= 0 and at + 12 <= len(data) and data[at + 7] & 1:  # the frame count is present
                 counted = struct.unpack(">I", data[at + 8:at + 12])[0] + 1  # the header frame itself
         if pos + size > end:
             return True

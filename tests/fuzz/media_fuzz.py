@@ -61,11 +61,13 @@ def base_files() -> dict[str, bytes]:
     pcm = np.stack([0.4 * np.sin(2 * np.pi * 440 * t), 0.3 * np.sin(2 * np.pi * 660 * t)]).astype(np.float32)
     files = {"wav": wav16(pcm, 44100)}
     src = wav16(pcm[:1, ::2], 22050)
-    for name, args in (("flac", ["-c:a", "flac", "-f", "flac"]), ("mp3", ["-c:a", "libmp3lame", "-b:a", "64k",
-                                                                        "-f", "mp3"])):
-        proc = subprocess.run([media.ffmpeg_exe(), "-v", "error", "-f", "wav", "-i", "pipe:0", *args, "pipe:1"],
-                              input=src, capture_output=True, check=True)
-        files[name] = proc.stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args in (("flac", ["-c:a", "flac"]), ("mp3", ["-c:a", "libmp3lame", "-b:a", "64k"])):
+            # to a file, not a pipe: the muxers go back to fill in the FLAC sample count and the MP3 Info frame
+            out = Path(tmp) / f"seed.{name}"
+            subprocess.run([media.ffmpeg_exe(), "-v", "error", "-f", "wav", "-i", "pipe:0", *args, str(out)],
+                           input=src, capture_output=True, check=True)
+            files[name] = out.read_bytes()
     from PIL import Image
 
     img = Image.linear_gradient("L").resize((48, 40)).convert("RGB")

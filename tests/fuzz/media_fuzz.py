@@ -13,7 +13,7 @@ payload with overwritten bytes can still be valid audio or pixels; PCM has no ch
 tests/fuzz/test_media_fuzz.py runs a seeded handful in CI (a few seconds) and a few through the CLI (exit 2, one
 line, nothing written). A longer run, for a fuzzing session:
 
-    python tests/fuzz/media_fuzz.py --runs 3000 --seed 1 --keep /tmp/media-fuzz-failures
+    python tests/fuzz/media_fuzz.py --runs 3000 --seed 1 --keep media-fuzz-failures
 
 prints a summary line and exits 1 when any case breaks the contract (its input is kept under --keep).
 """

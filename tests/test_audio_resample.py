@@ -12,6 +12,7 @@ here, so the resampler is held to:
 * a float64 direct convolution written here from torchaudio's documented kernel formula: <= 1e-5 rel-L2
   (measured ~4e-8: the kernel rounded to f32 and f32 inputs);
 * bad rates / lengths / channels / capacity: one-line errors through h3_last_error;
+* files: WAV, FLAC, MP3, Ogg, M4A, AIFF and Matroska decode at their own rate and channel count to the tone encoded;
 * Ref2VA: diffusers' ref2va workflow with a 44.1 kHz stereo reference longer than the render and a 22.05 kHz mono
   one, its torchaudio call answered by the documented kernel in float64 (torchaudio is not installable here):
   final latents within 1e-3 rel-L2 (measured 1.2e-7 .. 1.4e-7); a 44.1 kHz PCM reference renders and gives
@@ -325,3 +326,31 @@ def test_cli_bad_rate(ref2va_ckpt, tmp_path, rate, needle):  # noqa: F811
                           capture_output=True, text=True, cwd=ROOT / "python")
     assert_clean_error(proc, "reference audio 2", "s.wav", needle)
     assert sorted(str(q) for q in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("ext,codec,rate,channels", [
+    ("wav", ["-c:a", "pcm_s16le"], 44100, 2), ("flac", ["-c:a", "flac"], 22050, 1),
+    ("mp3", ["-c:a", "libmp3lame", "-b:a", "128k"], 48000, 2), ("ogg", ["-c:a", "libvorbis"], 44100, 1),
+    ("m4a", ["-c:a", "aac", "-b:a", "128k"], 48000, 2), ("aiff", ["-c:a", "pcm_s16be"], 16000, 1),
+    ("mkv", ["-c:a", "libopus", "-b:a", "96k"], 48000, 2)])
+def test_audio_containers_decode_at_their_rate(tmp_path, ext, codec, rate, channels):
+    """Each container read_audio accepts (sniffed by content) decodes at the file's own rate and channel count to
+    the tone that was encoded: a 440 Hz sine of amplitude 0.3 (its spectrum's peak within 1 Hz, its RMS within
+    0.5 dB; lossless formats within 1 / 32768 of it)."""
+    from h3ctl import media
+
+    path = tmp_path / f"tone.{ext}"
+    layout = "stereo" if channels == 2 else "mono"
+    subprocess.run([media.ffmpeg_exe(), "-v", "error", "-f", "lavfi", "-i",
+                    f"aevalsrc=0.3*sin(2*PI*440*t):s={rate}:d=1:c={layout}", *codec, str(path)], check=True)
+    pcm, got_rate = media.read_audio(path)
+    assert got_rate == rate and pcm.shape[0] == channels and pcm.dtype == np.float32
+    x = pcm[0].astype(np.float64)
+    assert abs(pcm.shape[1] - rate) <= rate // 20  # a second, give or take codec framing
+    spec = np.abs(np.fft.rfft(x * np.hanning(x.size), n=8 * x.size))
+    assert abs(np.argmax(spec) * rate / (8 * x.size) - 440) < 1
+    mid = x[x.size // 4: 3 * x.size // 4]
+    assert abs(20 * math.log10(np.sqrt(np.mean(mid**2)) / (0.3 / math.sqrt(2)))) < 0.5
+    if ext in ("wav", "flac", "aiff"):
+        want = 0.3 * np.sin(2 * np.pi * 440 * np.arange(x.size) / rate)
+        assert np.abs(x - want).max() <= 1.01 / 32768

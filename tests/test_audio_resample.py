@@ -16,9 +16,9 @@ here, so the resampler is held to:
 * Ref2VA: diffusers' ref2va workflow with a 44.1 kHz stereo reference longer than the render and a 22.05 kHz mono
   one, its torchaudio call answered by the documented kernel in float64 (torchaudio is not installable here):
   final latents within 1e-3 rel-L2 (measured 1.2e-7 .. 1.4e-7); a 44.1 kHz PCM reference renders and gives
-  bit-for-bit the latents of the same clip resampled here and passed at 32 kHz (one code path); truncation happens at the source rate before resampling, as diffusers does; a
-  44.1 kHz WAV file decodes at its own rate and takes the same path as its PCM; a bad rate from the CLI is one
-  line and exit 2 with nothing written.
+  bit-for-bit the latents of the same clip resampled here and passed at 32 kHz (one code path); truncation happens
+  at the source rate before resampling, as diffusers does; a 44.1 kHz WAV file decodes at its own rate and takes
+  the same path as its PCM; a bad rate from the CLI is one line and exit 2 with nothing written.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ class _StandInResample:
 
 
 @pytest.mark.parametrize("channels,seconds,rate", [(2, 1.3, 44100), (1, 0.55, 22050)])
-def test_pipeline_with_resampled_audio_matches_diffusers(ref2va_ckpt, tiny_models, tiny_ckpt_f32, monkeypatch,  # noqa: F811
-                                                         channels, seconds, rate):
+def test_pipeline_with_resampled_audio_matches_diffusers(ref2va_ckpt, tiny_models, tiny_ckpt_f32,  # noqa: F811
+                                                         monkeypatch, channels, seconds, rate):
     """diffusers' ref2va workflow with an audio reference at 44.1 kHz (stereo, longer than the render: truncated at
     44.1 kHz, then resampled) or 22.05 kHz (mono: duplicated, then resampled), its torchaudio call answered by the
     documented kernel in float64, vs libh3 given the same PCM at its own rate, diffusers' visual draws injected:

@@ -528,8 +528,9 @@ def read_audio(path: str | os.PathLike, what: str = "audio") -> tuple[np.ndarray
         raise H3Error(f"{label}: not an audio file ({AUDIO_FORMATS})")
     # Every decoding error is fatal (a damaged stream is refused, not patched with silence); `file:` keeps a name
     # with a colon from being read as a protocol. aformat leaves mono and stereo as they are.
-    proc = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", "-v", "error", "-xerror", "-err_detect",
-                           "crccheck+bitstream+buffer+explode", "-f", demuxer, "-i", f"file:{p}", "-map", "0:a:0", "-vn",
+    proc = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", "-v", "error", "-xerror",
+                           "-err_detect", "crccheck+bitstream+buffer+explode", "-f", demuxer, "-i", f"file:{p}",
+                           "-map", "0:a:0", "-vn",
                            "-af", "aformat=channel_layouts=mono|stereo", "-c:a", "pcm_f32le", "-f", "wav", "pipe:1"],
                           capture_output=True)
     err = proc.stderr.decode("utf-8", "replace")

@@ -585,6 +585,22 @@ H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int 
                            int64_t pcm_capacity, h3_progress_fn progress, void *user);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Audio resampling                                                                            */
+
+/*
+ * Resample planar f32 audio pcm [channels][samples] from in_rate to out_rate (integers, 4000 ..
+ * 384000 Hz; channels 1 .. 64; samples >= 1) into out [channels][*out_samples], as
+ * torchaudio.functional.resample does with its defaults (sinc_interp_hann, lowpass_filter_width 6,
+ * rolloff 0.99, rates reduced by their gcd): *out_samples = ceil(out_rate * samples / in_rate),
+ * output sample 0 on input sample 0, zeros beyond both ends; equal rates copy. Deterministic (one
+ * thread, a fixed summation order). out NULL: a size query that only sets *out_samples.
+ * out_capacity: floats out holds. Needs no context; this is the resampler Ref2VA runs on an audio
+ * reference at another rate than the audio VAE's.
+ */
+H3_API int h3_audio_resample(const float *pcm, int channels, int64_t samples, int in_rate, int out_rate, float *out,
+                             int64_t out_capacity, int64_t *out_samples);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Text to video + stereo audio                                                                */
 
 /*
@@ -592,10 +608,11 @@ H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int 
  *  H3_REFERENCE_IMAGE: uint8 RGB rgb [height][width][3], aspect 1:4 .. 4:1, at most 64 megapixels
  *    (diffusers resizes it to a 2048-pixel short edge, sides rounded to 32, with Lanczos).
  *  H3_REFERENCE_VIDEO: rgb [frames][height][width][3] at fps, with an optional soundtrack in pcm.
- *  H3_REFERENCE_AUDIO: pcm [channels][samples] float32 planar (1 or 2 channels) at sample_rate,
- *    which must be the audio VAE's (h3_audio_info; 32000 for H3): libh3 does not resample, other
- *    rates are refused (H3_E_UNSUPPORTED). Truncated to frames / 24 s, mono duplicated to stereo,
- *    encoded to the posterior mode, normalised; never noised (its rows run at t = 1.0). At most 3,
+ *  H3_REFERENCE_AUDIO: pcm [channels][samples] float32 planar (1 or 2 channels) at sample_rate
+ *    (an integer rate, 4000 .. 384000 Hz). Truncated to frames / 24 s at that rate, mono duplicated
+ *    to stereo, resampled once to the audio VAE's rate (h3_audio_info; 32000 for H3) as
+ *    h3_audio_resample does (a clip at that rate is used as is), encoded to the posterior mode,
+ *    normalised; never noised (its rows run at t = 1.0). At most 3,
  *    and never without an image (or video) reference. The text side gets "<Audio j>: " only.
  * Hook: video references are accepted by this struct but refused by this build (H3_E_UNSUPPORTED)
  * until the video reference path is wired in.

@@ -140,8 +140,9 @@ def _img(h, w):
     ([_img(40, 60), {"audio": np.zeros((2, 0), np.float32), "sample_rate": 32000}], "no audio samples"),
     ([_img(40, 60)] + [{"audio": np.zeros(800, np.float32), "sample_rate": 32000}] * 4,
      "at most 3 audio references"),
-    ([_img(40, 60), {"audio": np.zeros(800, np.float32), "sample_rate": 44100}],
-     "44100 Hz, but libh3 does not resample: give the audio at the model's 32000 Hz"),
+    ([_img(40, 60), {"audio": np.zeros(800, np.float32), "sample_rate": 2000}],
+     "reference 2 \\(audio\\): audio resample: input rate 2000 Hz is outside 4000 .. 384000 Hz"),
+    ([_img(40, 60), {"audio": np.zeros(800, np.float32), "sample_rate": 44100.0}], "sample_rate must be a whole"),
     ([_img(40, 60), {"audio": np.zeros(800, np.float32)}], "must be a path or a dict"),
 ])
 def test_request_refused(tiny_with_ref2va, refs, msg):

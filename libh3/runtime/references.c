@@ -6,6 +6,7 @@
  */
 #include "runtime/references.h"
 
+#include "core/audio_resample.h"
 #include "core/geometry.h"
 #include "core/keyframe.h"
 #include "core/schedule.h"
@@ -166,14 +167,20 @@ int h3_ref_plan_audio(h3_model *m, const h3_request *q, int frames, h3_ref_plan 
             loaded = true;
         }
         const int rate = cfg.av.sample_rate;
-        if (f->sample_rate != rate)
-            return h3_err(H3_E_UNSUPPORTED, "reference %d (audio): %d Hz, but libh3 does not resample: give the "
-                                            "audio at the model's %d Hz", i + 1, f->sample_rate, rate);
-        /* Python: waveform[:, : int(num_frames / fps * sample_rate)], both divisions in doubles. */
+        /* Python: waveform[:, : int(num_frames / fps * sample_rate)], both divisions in doubles, at the
+           clip's own rate; diffusers resamples the kept head afterwards, once (torchaudio). */
         const int64_t keep = (int64_t)((double)frames / (double)H3_FPS * (double)f->sample_rate);
         const int k = p->n_audio++;
         p->aindex[k] = i;
-        p->a_samples[k] = f->samples < keep ? f->samples : keep;
+        p->a_source[k] = f->samples < keep ? f->samples : keep;
+        if (p->a_source[k] < 1)
+            return h3_err(H3_E_INVALID, "reference %d (audio): no samples left after the truncation to %d frames",
+                          i + 1, frames);
+        p->a_samples[k] = h3_audio_resample_length(f->sample_rate, rate, p->a_source[k]);
+        if (p->a_samples[k] < 0) {
+            h3_err_prefix("reference %d (audio)", i + 1);
+            return (int)p->a_samples[k];
+        }
         const int64_t lat = h3_aenc_frames(&cfg, p->a_samples[k]);
         if (lat < 0) return (int)lat;
         if (lat < 1 || lat > 10000000)
@@ -196,20 +203,24 @@ int h3_ref_encode_audio(h3_model *m, h3_backend *be, const h3_request *q, const 
     if (rc) return rc;
     for (int k = 0; k < p->n_audio && !rc; k++) {
         const h3_reference *f = &q->references[p->aindex[k]];
-        const int64_t n = p->a_samples[k], lat = p->a_lat[k];
+        const int64_t src = p->a_source[k], n = p->a_samples[k], lat = p->a_lat[k];
         const int64_t nmean = (int64_t)H3_STEREO * cfg.av.latent_ch * lat;
         /* pcm is planar [channels][samples]; the kept head of each channel, a mono one twice
-           (diffusers' expand(2, -1)). */
+           (diffusers' expand(2, -1)), then resampled to the VAE's rate (a copy at that rate). */
+        float *head = h3_malloc(sizeof(float) * (size_t)(H3_STEREO * src));
         float *pcm = h3_malloc(sizeof(float) * (size_t)(H3_STEREO * n));
         float *mean = h3_malloc(sizeof(float) * (size_t)nmean);
-        if (!pcm || !mean) {
+        if (!head || !pcm || !mean) {
             rc = -H3_E_NOMEM;
         } else {
             for (int ch = 0; ch < H3_STEREO; ch++)
-                memcpy(pcm + ch * n, f->pcm + (f->channels == 2 ? ch : 0) * f->samples, sizeof(float) * (size_t)n);
-            rc = h3_aenc_run(m, be, pcm, H3_STEREO, n, mean, nmean, progress, user);
+                memcpy(head + ch * src, f->pcm + (f->channels == 2 ? ch : 0) * f->samples,
+                       sizeof(float) * (size_t)src);
+            rc = h3_audio_resample_planar(head, H3_STEREO, src, f->sample_rate, cfg.av.sample_rate, pcm);
+            if (!rc) rc = h3_aenc_run(m, be, pcm, H3_STEREO, n, mean, nmean, progress, user);
             if (!rc) rc = h3_aenc_rows(&cfg, mean, H3_STEREO, lat, rows + p->a_off[k], nmean);
         }
+        free(head);
         free(pcm);
         free(mean);
         if (rc) h3_err_prefix("reference %d (audio)", p->aindex[k] + 1);

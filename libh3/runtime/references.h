@@ -25,7 +25,7 @@ H3_INTERNAL int h3_ref_image_size(int width, int height, int short_edge, int mul
 /*
  * Validate the request's references before any work: counts per kind, not audio alone, not
  * beside first/last frames, the context opened on the Ref2VA partition, each image's size, each
- * audio clip's samples / channels / rate given (the rate is held to the model's in h3_ref_plan_audio).
+ * audio clip's samples / channels / rate given (the rate's range is checked in h3_ref_plan_audio).
  * Returns 0 when there are none.
  */
 H3_INTERNAL int h3_ref_request_check(const h3_model *m, const h3_request *q);
@@ -43,9 +43,11 @@ typedef struct h3_ref_plan {
     int64_t off[H3_REF_MAX];
     int64_t floats, max_floats;
     /* Audio references (request order): samples kept per channel after the truncation to the
-       render's duration, latent frames, and where their rows [2 * lat][C_a] start in one buffer. */
+       render's duration at the clip's rate (a_source), those samples at the audio VAE's rate
+       (a_samples), latent frames, and where their rows [2 * lat][C_a] start in one buffer. */
     int n_audio;
     int aindex[H3_REF_MAX_AUDIOS];
+    int64_t a_source[H3_REF_MAX_AUDIOS];
     int64_t a_samples[H3_REF_MAX_AUDIOS];
     int a_lat[H3_REF_MAX_AUDIOS];
     int64_t a_off[H3_REF_MAX_AUDIOS], a_floats;
@@ -71,13 +73,14 @@ H3_INTERNAL void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3
 /*
  * Plan the audio references of a request that passed h3_ref_request_check (after
  * h3_ref_plan_images): each waveform truncated to frames / 24 s at its own rate (diffusers'
- * int(num_frames / fps * sample_rate)), then encoded at the audio VAE's rate. A waveform at another
- * rate is refused: libh3 has no resampler (diffusers resamples with torchaudio).
+ * int(num_frames / fps * sample_rate)), then resampled once to the audio VAE's rate (torchaudio's
+ * default kernel, core/audio_resample.h) and encoded there. Rates outside 4 kHz .. 384 kHz are
+ * refused.
  */
 H3_INTERNAL int h3_ref_plan_audio(h3_model *m, const h3_request *q, int frames, h3_ref_plan *p);
 
 /*
- * Encode each audio reference (mono duplicated to stereo, posterior mode, per-channel
+ * Encode each audio reference (mono duplicated to stereo, resampled, posterior mode, per-channel
  * normalisation, channel-major rows) into rows (p->a_floats floats). On the CPU backend `be`.
  */
 H3_INTERNAL int h3_ref_encode_audio(h3_model *m, h3_backend *be, const h3_request *q, const h3_ref_plan *p,

@@ -185,6 +185,8 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_audio_encode_shape": (c_int, [c_void_p, c_int64, c_int_p, c_int64_p]),
     "h3_audio_encode": (c_int, [c_void_p, c_float_p, c_int, c_int64, c_float_p, c_int64]),
     "h3_audio_latent_rows": (c_int, [c_void_p, c_float_p, c_int, c_int64, c_float_p, c_int64]),
+    # context-free: pcm, channels, samples, in_rate, out_rate, out, out_capacity, out_samples
+    "h3_audio_resample": (c_int, [c_float_p, c_int, c_int64, c_int, c_int, c_float_p, c_int64, c_int64_p]),
     # text to video + audio
     "h3_request_default": (None, [ctypes.POINTER(H3Request)]),
     "h3_prepare": (c_int, [c_void_p, ctypes.POINTER(H3Request)]),

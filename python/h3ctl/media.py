@@ -399,27 +399,172 @@ def as_keyframe(image, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def read_audio(path: str | os.PathLike, sample_rate: int, what: str = "audio") -> np.ndarray:
-    """An audio file (or a video's soundtrack) decoded with the bundled ffmpeg to float32 stereo [2, samples] at
-    `sample_rate` (ffmpeg resamples; a mono file is duplicated onto both sides)."""
-    if not os.path.isfile(path):
-        raise H3Error(f"{what}: {path}: no such file")
-    proc = subprocess.run([ffmpeg_exe(), "-v", "error", "-i", str(path), "-map", "0:a:0", "-vn", "-f", "f32le",
-                           "-ac", "2", "-ar", str(int(sample_rate)), "-"], capture_output=True)
-    if proc.returncode != 0:
-        raise H3Error(f"{what}: {path}: cannot be decoded as audio{_reason(proc.stderr.decode('utf-8', 'replace'))}")
-    pcm = np.frombuffer(proc.stdout, dtype="<f4").reshape(-1, 2).T.copy()
+AUDIO_FORMATS = "WAV, FLAC, MP3, Ogg, AIFF, MP4/M4A/MOV or Matroska/WebM"
+
+
+def _sniff_audio(head: bytes) -> str | None:
+    """The ffmpeg demuxer for an audio file (or a video's soundtrack) by its magic bytes; only these containers reach
+    ffmpeg, so a text file, an image or random bytes are never guessed at by one of its lenient probes (raw MP3
+    frames are found in almost anything)."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:3] == b"ID3":
+        return "mp3"
+    # An MPEG audio frame header: 11 sync bits, a version, layer III, a bitrate and a sample rate that exist.
+    if (len(head) >= 4 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 0x18 != 0x08
+            and head[1] & 0x06 == 0x02 and head[2] >> 4 not in (0, 15) and (head[2] >> 2) & 3 != 3):
+        return "mp3"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return "aiff"
+    if head[4:8] == b"ftyp":
+        return "mov"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return "matroska"
+    return None
+
+
+def _wav_f32(buf: bytes) -> tuple[np.ndarray, int]:
+    """ffmpeg's float WAV on a pipe (its sizes left unset) as (float32 [channels, samples], sample rate)."""
+    if buf[:4] != b"RIFF" or buf[8:12] != b"WAVE":
+        raise H3Error("ffmpeg returned an unexpected audio format")
+    pos, rate, channels = 12, 0, 0
+    while pos + 8 <= len(buf):
+        tag, size = buf[pos:pos + 4], struct.unpack("<I", buf[pos + 4:pos + 8])[0]
+        if tag == b"fmt " and size >= 16:
+            fmt, channels, rate = struct.unpack("<HHI", buf[pos + 8:pos + 16])
+            bits = struct.unpack("<H", buf[pos + 22:pos + 24])[0]
+            if fmt not in (3, 0xFFFE) or bits != 32:  # IEEE float, plain or WAVE_FORMAT_EXTENSIBLE
+                raise H3Error("ffmpeg returned an unexpected audio format")
+        elif tag == b"data":
+            if not channels:
+                break
+            data = buf[pos + 8:]
+            data = data[:len(data) - len(data) % (4 * channels)]
+            return np.frombuffer(data, "<f4").reshape(-1, channels).T.astype(np.float32), int(rate)
+        pos += 8 + size + (size & 1)
+    raise H3Error("ffmpeg returned an unexpected audio format")
+
+
+_MP3_KBPS = {1: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+             2: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
+_MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+
+
+def _mp3_cut(data: bytes) -> bool:
+    """An MP3 whose last frame runs past the end of the file, or that holds fewer frames than its Xing / Info
+    header counts: ffmpeg decodes such a file without a word, short."""
+    pos = 0
+    if data[:3] == b"ID3" and len(data) >= 10:
+        pos = 10 + ((data[6] & 0x7F) << 21 | (data[7] & 0x7F) << 14 | (data[8] & 0x7F) << 7 | (data[9] & 0x7F))
+    end = len(data) - (128 if data[-128:-125] == b"TAG" else 0)
+    frames, counted = 0, None
+    while pos + 4 <= end:
+        h = data[pos:pos + 4]
+        version, layer = (h[1] >> 3) & 3, (h[1] >> 1) & 3
+        if h[0] != 0xFF or h[1] & 0xE0 != 0xE0 or version == 1 or layer != 1 or h[2] >> 4 in (0, 15) \
+                or (h[2] >> 2) & 3 == 3:
+            return False  # not a layer III frame: a trailing tag or other data; the decoder judges it
+        rate = _MP3_RATES[version][(h[2] >> 2) & 3]
+        kbps = _MP3_KBPS[1 if version == 3 else 2][h[2] >> 4]
+        size = (144 if version == 3 else 72) * kbps * 1000 // rate + ((h[2] >> 1) & 1)
+        if frames == 0:
+            at = data.find(b"Xing", pos, pos + size)
+            at = at if at >= 0 else data.find(b"Info", pos, pos + size)
+            if at >= 0 and at + 12 <= len(data) and data[at + 7] & 1:  # the frame count is present
+                counted = struct.unpack(">I", data[at + 8:at + 12])[0] + 1  # the header frame itself
+        if pos + size > end:
+            return True
+        pos += size
+        frames += 1
+    return counted is not None and frames < counted
+
+
+def _audio_cut(p: Path, demuxer: str, samples: int) -> bool:
+    """A file shorter than its own header says: a WAV's data chunk or a FLAC's sample count (STREAMINFO), or an
+    MP3 (_mp3_cut)."""
+    with open(p, "rb") as f:
+        data = f.read() if demuxer == "mp3" else f.read(1 << 16)
+        size = os.fstat(f.fileno()).st_size
+    if demuxer == "mp3":
+        return _mp3_cut(data)
+    if demuxer == "flac" and len(data) >= 26 and data[4] & 0x7F == 0:
+        total = int.from_bytes(data[21:26], "big") & ((1 << 36) - 1)
+        return total > 0 and samples < total
+    if demuxer == "wav":
+        pos = 12
+        while pos + 8 <= len(data):
+            tag, n = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
+            if tag == b"data":
+                return n not in (0, 0xFFFFFFFF) and pos + 8 + n > size
+            pos += 8 + n + (n & 1)
+    return False
+
+
+def read_audio(path: str | os.PathLike, what: str = "audio") -> tuple[np.ndarray, int]:
+    """An audio file (or a video's soundtrack) decoded with the bundled ffmpeg at its own sample rate, as
+    (float32 [channels, samples], rate): mono stays mono (libh3 puts it on both sides, as diffusers does), more
+    than two channels are downmixed to stereo by ffmpeg. libh3 resamples to the model's rate, so a file and a PCM
+    array take the same path. Unreadable, empty, non-audio, truncated and corrupt files raise H3Error with one line
+    naming the file."""
+    p = Path(path)
+    label = f"{what}: {p}"
+    if not p.exists():
+        raise H3Error(f"{label}: no such file")
+    if p.is_dir():
+        raise H3Error(f"{label}: is a directory")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise H3Error(f"{label}: cannot read ({e.strerror or e})") from None
+    if not head:
+        raise H3Error(f"{label}: the file is empty")
+    demuxer = _sniff_audio(head)
+    if demuxer is None:
+        raise H3Error(f"{label}: not an audio file ({AUDIO_FORMATS})")
+    # Every decoding error is fatal (a damaged stream is refused, not patched with silence); `file:` keeps a name
+    # with a colon from being read as a protocol. aformat leaves mono and stereo as they are.
+    proc = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", "-v", "error", "-xerror",
+                           "-err_detect", "crccheck+bitstream+buffer+explode", "-f", demuxer, "-i", f"file:{p}",
+                           "-map", "0:a:0", "-vn",
+                           "-af", "aformat=channel_layouts=mono|stereo", "-c:a", "pcm_f32le", "-f", "wav", "pipe:1"],
+                          capture_output=True)
+    err = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode != 0 or err.strip():
+        if "matches no streams" in err:
+            raise H3Error(f"{label}: has no audio stream")
+        raise H3Error(f"{label}: cannot be decoded as audio (truncated or corrupt){_reason(err)}")
+    try:
+        pcm, rate = _wav_f32(proc.stdout)
+    except H3Error as e:
+        raise H3Error(f"{label}: {e}") from None
     if pcm.shape[1] == 0:
-        raise H3Error(f"{what}: {path}: no audio samples")
-    return pcm
+        raise H3Error(f"{label}: no audio samples")
+    if _audio_cut(p, demuxer, pcm.shape[1]):
+        raise H3Error(f"{label}: the file is truncated (its end is missing)")
+    # The rate and length libh3's resampler takes (its own check, before the model does any work).
+    import ctypes
+
+    from . import _lib
+
+    if _lib.lib().h3_audio_resample(None, pcm.shape[0], pcm.shape[1], rate, rate, None, 0, ctypes.byref(
+            ctypes.c_int64())):
+        raise H3Error(f"{label}: {_lib.last_error()}")
+    if not np.isfinite(pcm).all():
+        raise H3Error(f"{label}: decodes to samples that are not finite numbers")
+    return np.ascontiguousarray(pcm), rate
 
 
-def as_audio_reference(value, what: str, sample_rate: int) -> tuple[np.ndarray, int]:
-    """An audio reference as (float32 [channels, samples] C-contiguous, its rate): a path (decoded at
-    `sample_rate`, the model's) or a dict {"audio": array [channels, samples] or [samples], "sample_rate": Hz}
-    (the rate is required; libh3 refuses any but the model's)."""
+def as_audio_reference(value, what: str) -> tuple[np.ndarray, int]:
+    """An audio reference as (float32 [channels, samples] C-contiguous, its rate): a path (decoded at its own rate,
+    read_audio) or a dict {"audio": array [channels, samples] or [samples], "sample_rate": Hz}. libh3 resamples
+    any rate in 4 kHz .. 384 kHz to the model's once, after the truncation to the render's duration."""
     if isinstance(value, (str, os.PathLike)):
-        return read_audio(value, sample_rate, what), int(sample_rate)
+        return read_audio(value, what)
     if not isinstance(value, dict) or "audio" not in value or "sample_rate" not in value:
         raise H3Error(f"{what}: must be a path or a dict {{'audio': array, 'sample_rate': Hz}}")
     pcm = np.asarray(value["audio"])
@@ -430,7 +575,10 @@ def as_audio_reference(value, what: str, sample_rate: int) -> tuple[np.ndarray, 
                       f"{list(pcm.shape)}")
     if pcm.shape[1] == 0:
         raise H3Error(f"{what}: no audio samples")
-    return np.ascontiguousarray(pcm, dtype=np.float32), int(value["sample_rate"])
+    rate = value["sample_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)):
+        raise H3Error(f"{what}: sample_rate must be a whole number of Hz, got {rate!r}")
+    return np.ascontiguousarray(pcm, dtype=np.float32), int(rate)
 
 
 def as_references(references, sample_rate: int = 32000) -> list[tuple[str, object]]:
@@ -449,7 +597,7 @@ def as_references(references, sample_rate: int = 32000) -> list[tuple[str, objec
         if kind == "image":
             out.append(("image", as_keyframe(value, f"reference image {i}")))
         elif kind == "audio":
-            out.append(("audio", as_audio_reference(value, f"reference audio {i}", sample_rate)))
+            out.append(("audio", as_audio_reference(value, f"reference audio {i}")))
         else:
             raise H3Error(f"reference {i}: {kind!r} references are not supported yet (images and audio are)")
     return out

@@ -26,7 +26,8 @@ H3_INTERNAL int h3_ref_image_size(int width, int height, int short_edge, int mul
 /*
  * Validate the request's references before any work: counts per kind, not audio alone, not
  * beside first/last frames, the context opened on the Ref2VA partition, each image's size, each
- * audio clip's samples / channels / rate given (the rate is held to the model's in h3_ref_plan_audio).
+ * video's frames / rate / size, each audio clip's (and soundtrack's) samples / channels / rate given
+ * (the rate is held to the model's in h3_ref_plan_audio).
  * Returns 0 when there are none.
  */
 H3_INTERNAL int h3_ref_request_check(const h3_model *m, const h3_request *q);

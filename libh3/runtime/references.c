@@ -1,7 +1,8 @@
 /*
  * Ref2VA references: request validation, the image reference's size rule, the video reference's
- * resample / canvas / chunk plan and the audio reference's (and soundtrack's) truncation and encoding, as diffusers' MiniMaxH3Ref2VASetupStep (before_encoder.py)
- * and its reference encode step apply them. Kept out of pipeline.c, which only asks whether a
+ * resample / canvas / chunk plan and the audio reference's (and soundtrack's) truncation and
+ * encoding, as diffusers' MiniMaxH3Ref2VASetupStep (before_encoder.py) and its reference encode
+ * step apply them. Kept out of pipeline.c, which only asks whether a
  * request is valid and, later, for the normalised references.
  */
 #include "runtime/references.h"

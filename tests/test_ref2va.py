@@ -482,7 +482,10 @@ VIDEO_CASES = {
     "silent video": [("video", 62, 13, 40, 40, 24.0, 0)],
     # an image, a portrait video at 20 fps (frames repeated) with mono sound, an audio clip
     "image,video+sound,audio": [("image", 63), ("video", 64, 15, 80, 48, 20.0, 1), ("audio", 65)],
+    # in a 39-frame render: 36 frames, 3 read at 2 fps (two blocks, the second padded), the VAE on the first 22
+    "long video": [("video", 66, 36, 48, 64, 24.0, 2)],
 }
+VIDEO_FRAMES = {"long video": 39}
 
 
 def _video_items(case):
@@ -518,11 +521,14 @@ def test_pipeline_with_video_matches_diffusers(case, ref2va_ckpt, tiny_models, t
 
     d, ref_transformer = ref2va_ckpt
     items, ours = _video_items(case)
+    frames = VIDEO_FRAMES.get(case, FRAMES)
+    with Engine(d, threads=1, ref2va=True) as eng:
+        info = eng.plan(eng.request(PROMPT, W, H, frames, references=ours))
     rng = np.random.default_rng(7)
-    v = rng.standard_normal((24, 7, H // 16, W // 16)).astype(np.float32)
-    a = rng.standard_normal((2, 32, 37)).astype(np.float32)
+    v = rng.standard_normal((24, info["latent_frames"], H // 16, W // 16)).astype(np.float32)
+    a = rng.standard_normal((2, info["audio_latent_channels"], info["audio_latents"])).astype(np.float32)
     pipe = ref2va_pipeline(tiny_models, ref_transformer, tiny_ckpt_f32 / "tokenizer", REF_EDGE, CANVAS)
-    ref = run_ref2va(pipe, PROMPT, items, FRAMES, STEPS, v, a, width=W, height=H, seed=SEED)
+    ref = run_ref2va(pipe, PROMPT, items, frames, STEPS, v, a, width=W, height=H, seed=SEED)
     inj, k = {}, 0
     for i, it in enumerate(items):  # the draws are per visual reference; the keys are request positions
         if not (isinstance(it, tuple) and it[0] == "audio"):
@@ -534,9 +540,9 @@ def test_pipeline_with_video_matches_diffusers(case, ref2va_ckpt, tiny_models, t
         for it, c in zip(visual, ref["condition_latents"]):
             if isinstance(it, tuple):  # a video: the canvas of its own aspect, 5n + 2 latent frames
                 cw, ch, _, lt = eng.reference_video_size(it[1].shape[2], it[1].shape[1], it[1].shape[0], it[2],
-                                                         FRAMES)
+                                                         frames)
                 assert (lt, ch // 16, cw // 16) == c.shape[1:], (lt, ch, cw, c.shape)
-        eng.prepare(PROMPT, W, H, FRAMES, steps=STEPS, seed=SEED, video_noise=v, audio_noise=a, references=ours,
+        eng.prepare(PROMPT, W, H, frames, steps=STEPS, seed=SEED, video_noise=v, audio_noise=a, references=ours,
                     injected=inj)
         n_text = eng.render_info()["prompt_tokens"]
         while eng.step() > 0:
@@ -544,7 +550,7 @@ def test_pipeline_with_video_matches_diffusers(case, ref2va_ckpt, tiny_models, t
         gv, ga = eng.latents()
     assert n_text == ref["prompt_embeds"].shape[0]
     ev, ea = rel_l2(gv, ref["latents"]), rel_l2(ga, ref["audio_latents"])
-    print(f"parity: ref2va {case} {W}x{H}x{FRAMES} {STEPS} steps: latents rel-L2 video {ev:.2e}, audio {ea:.2e}")
+    print(f"parity: ref2va {case} {W}x{H}x{frames} {STEPS} steps: latents rel-L2 video {ev:.2e}, audio {ea:.2e}")
     assert ev <= TOL and ea <= TOL
     if case != "video+sound":
         return

@@ -187,7 +187,8 @@ def test_video_reference_plan(tiny_with_ref2va):
 
     with Engine(tiny_with_ref2va, threads=1, ref2va=True) as eng:
         for (w, h, n, fps, render) in [(60, 40, 30, 30.0, 22), (40, 60, 13, 24.0, 22), (64, 48, 50, 29.97, 56),
-                                       (96, 40, 70, 24.0, 56), (50, 50, 17, 12.5, 56), (48, 80, 9, 10.0, 22)]:
+                                       (96, 40, 70, 24.0, 56), (50, 50, 17, 12.5, 56), (48, 80, 9, 10.0, 22),
+                                       (64, 64, 2, 0.001, 22)]:  # 2 frames held 1000 s each: truncated, not looped
             got = eng.reference_video_size(w, h, n, fps, render)
             idx = np.arange(n)
             frames = MiniMaxH3Ref2VASetupStep._normalize_video_condition(

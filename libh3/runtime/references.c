@@ -121,12 +121,13 @@ int64_t h3_ref_video_source(int src_frames, double fps, int *map, int64_t cap)
        (no contraction: -ffp-contract=off); frame i repeated slots[i + 1] - slots[i] times. */
     const double scale = (double)H3_FPS / fps;
     int64_t j = 0;
-    for (int i = 0; i < src_frames; i++) {
+    for (int i = 0; map && i < src_frames && j < cap; i++) {
         const double next = floor((double)(i + 1) * scale + 0.5);
-        for (; (double)j < next; j++)
-            if (map && j < cap) map[j] = i;
+        for (; (double)j < next && j < cap; j++) map[j] = i;
     }
-    return j;
+    /* the count is the last slot, floor(n * scale + 0.5); a very low rate is capped, not looped over */
+    const double total = floor((double)src_frames * scale + 0.5);
+    return total > 0x1p62 ? (int64_t)1 << 62 : (int64_t)total;
 }
 
 int h3_ref_plan_images(h3_model *m, const h3_request *q, int frames, int C, int spatial, h3_ref_plan *p)

@@ -604,11 +604,13 @@ static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf
         rc = 0;
         for (int i = 0; i < rp->n && !rc; i++) {
             const h3_reference *f = &q->references[rp->index[i]];
+            /* a video's slots are zeroed (calloc: pages untouched until written) and only the frames
+               the text encoder samples are resized into them */
             const size_t frames = rp->frames[i] ? (size_t)rp->frames[i] : 1;
-            if (!(sized[i] = h3_malloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3 * frames)))
+            if (!(sized[i] = h3_calloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3, frames)))
                 rc = -H3_E_NOMEM;
             else if (rp->frames[i])
-                rc = h3_ref_video_pixels(pool, q, rp, i, sized[i]);
+                rc = h3_ref_video_pixels(pool, q, rp, i, rp->frames[i], true, sized[i]);
             else
                 rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized[i]);
         }
@@ -721,13 +723,13 @@ static int prepare_reference_latents(h3_runtime *rt, const h3_request *q, const 
     int rc = 0;
     for (int i = 0; i < rp->n && !rc; i++) {
         const h3_reference *f = &q->references[rp->index[i]];
-        const size_t frames = rp->frames[i] ? (size_t)rp->frames[i] : 1;
+        const size_t frames = rp->frames[i] ? (size_t)rp->enc_frames[i] : 1;
         uint8_t *sized = h3_malloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3 * frames);
         if (!sized) return -H3_E_NOMEM;
         if (rp->frames[i]) {
             /* a video: its first enc_frames frames, in independent VAE chunks (h3_venc_condition) */
             h3_backend *cpu;
-            rc = h3_ref_video_pixels(pool, q, rp, i, sized);
+            rc = h3_ref_video_pixels(pool, q, rp, i, rp->enc_frames[i], false, sized);
             if (!rc) rc = h3_rt_cpu_backend(rt, &cpu);
             if (!rc) {
                 const h3_venc_cond c = {.rgb = sized, .T = rp->enc_frames[i], .H = rp->h[i], .W = rp->w[i],

@@ -211,24 +211,42 @@ int h3_ref_plan_images(h3_model *m, const h3_request *q, int frames, int C, int 
     return 0;
 }
 
-int h3_ref_video_pixels(h3_pool *pool, const h3_request *q, const h3_ref_plan *p, int k, uint8_t *out)
+int h3_ref_video_pixels(h3_pool *pool, const h3_request *q, const h3_ref_plan *p, int k, int n, bool sampled,
+                        uint8_t *out)
 {
     const h3_reference *f = &q->references[p->index[k]];
-    const int n = p->frames[k];
-    int *map = h3_malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-    if (!map) return -H3_E_NOMEM;
-    const int64_t got = h3_ref_video_source(f->frames, f->fps, map, n);
-    int rc = got < 0 ? (int)got : 0;
+    if (sampled) n = p->frames[k];
+    if (n < 1 || n > p->frames[k])
+        return h3_err(H3_E_INVALID, "reference %d (video): %d frames asked of %d", p->index[k] + 1, n, p->frames[k]);
+    int *map = h3_malloc(sizeof(int) * (size_t)n);
+    int *want = h3_calloc((size_t)n, sizeof(int)); /* the frames to fill */
+    int rc = map && want ? 0 : -H3_E_NOMEM;
+    if (!rc) {
+        const int64_t got = h3_ref_video_source(f->frames, f->fps, map, n);
+        if (got < 0) rc = (int)got;
+    }
+    if (!rc && sampled) {
+        int idx[H3_VL_MAX_SAMPLED];
+        const int ns = h3_vl_video_sample(n, idx, H3_VL_MAX_SAMPLED);
+        if (ns < 0) rc = ns;
+        for (int i = 0; i < ns; i++) want[idx[i]] = 1;
+    } else if (!rc) {
+        for (int j = 0; j < n; j++) want[j] = 1;
+    }
     const size_t src = (size_t)f->width * (size_t)f->height * 3, dst = (size_t)p->w[k] * (size_t)p->h[k] * 3;
+    int last = -1; /* the output frame holding the last resize, and its source frame */
     for (int j = 0; j < n && !rc; j++) {
+        if (!want[j]) continue;
         /* a duplicated frame is the same resize: copied */
-        if (j && map[j] == map[j - 1])
-            memcpy(out + (size_t)j * dst, out + (size_t)(j - 1) * dst, dst);
+        if (last >= 0 && map[j] == map[last])
+            memcpy(out + (size_t)j * dst, out + (size_t)last * dst, dst);
         else
             rc = h3_keyframe_place(pool, f->rgb + (size_t)map[j] * src, f->width, f->height, p->w[k], p->h[k], 0,
                                    out + (size_t)j * dst);
+        last = j;
     }
     free(map);
+    free(want);
     if (rc) h3_err_prefix("reference %d (video)", p->index[k] + 1);
     return rc;
 }

@@ -79,9 +79,12 @@ H3_INTERNAL int h3_ref_plan_images(h3_model *m, const h3_request *q, int frames,
  */
 H3_INTERNAL int64_t h3_ref_video_source(int src_frames, double fps, int *map, int64_t cap);
 
-/* Video reference k of the plan as the encoder sees it: its first p->frames[k] frames at 24 fps,
-   each resized with PIL's Lanczos to p->w[k] x p->h[k], into out [frames][h][w][3]. */
-H3_INTERNAL int h3_ref_video_pixels(h3_pool *pool, const h3_request *q, const h3_ref_plan *p, int k, uint8_t *out);
+/* Video reference k of the plan at 24 fps, each frame resized with PIL's Lanczos to p->w[k] x
+   p->h[k], into out [n][h][w][3]: its first n frames (the VAE's enc_frames), or with `sampled` all
+   p->frames[k] slots but only the frames the text encoder reads filled (h3_vl_video_sample; the
+   others are left as they are, so a zeroed buffer stays mostly unwritten). */
+H3_INTERNAL int h3_ref_video_pixels(h3_pool *pool, const h3_request *q, const h3_ref_plan *p, int k, int n,
+                                    bool sampled, uint8_t *out);
 
 /*
  * The reference rows, each condition noised as diffusers' scale_noise(z, 0.999, eps) and

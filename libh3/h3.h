@@ -607,15 +607,21 @@ H3_API int h3_audio_resample(const float *pcm, int channels, int64_t samples, in
  * One reference of a Ref2VA request (h3_request.references), in the order the model reads them:
  *  H3_REFERENCE_IMAGE: uint8 RGB rgb [height][width][3], aspect 1:4 .. 4:1, at most 64 megapixels
  *    (diffusers resizes it to a 2048-pixel short edge, sides rounded to 32, with Lanczos).
- *  H3_REFERENCE_VIDEO: rgb [frames][height][width][3] at fps, with an optional soundtrack in pcm.
+ *  H3_REFERENCE_VIDEO: rgb [frames][height][width][3] uint8 at fps (aspect 1:4 .. 4:1), with an
+ *    optional soundtrack in pcm / samples / channels / sample_rate (as an audio reference; NULL:
+ *    a silent video). As diffusers' ref2va: resampled onto 24 fps by dropping / repeating whole
+ *    frames, truncated to the render's frames, resized with PIL's Lanczos to the canvas of its own
+ *    aspect (the render's canvas rule); the text encoder reads it at 2 fps in pairs ("<Video k>: "
+ *    and "<t seconds>" + a vision block per pair, "<Audio j>: " before it when it has sound), so it
+ *    needs at least 13 frames at 24 fps; the video VAE encodes its first 17n + 5 frames (snapped
+ *    down, n >= 1) in independent 17-frame chunks; its soundtrack is encoded like an audio
+ *    reference (any rate libh3 resamples) and packed before its video rows. At most 3.
  *  H3_REFERENCE_AUDIO: pcm [channels][samples] float32 planar (1 or 2 channels) at sample_rate
  *    (an integer rate, 4000 .. 384000 Hz). Truncated to frames / 24 s at that rate, mono duplicated
  *    to stereo, resampled once to the audio VAE's rate (h3_audio_info; 32000 for H3) as
  *    h3_audio_resample does (a clip at that rate is used as is), encoded to the posterior mode,
  *    normalised; never noised (its rows run at t = 1.0). At most 3,
  *    and never without an image (or video) reference. The text side gets "<Audio j>: " only.
- * Hook: video references are accepted by this struct but refused by this build (H3_E_UNSUPPORTED)
- * until the video reference path is wired in.
  */
 #define H3_REFERENCE_IMAGE 0
 #define H3_REFERENCE_VIDEO 1
@@ -624,14 +630,15 @@ typedef struct h3_reference {
     int32_t kind;
     const uint8_t *rgb;
     int32_t width, height, frames;
-    float fps;
+    double fps; /* a video's frame rate (diffusers resamples with it in doubles) */
     const float *pcm;
     int64_t samples;
     int32_t channels, sample_rate;
-    /* Optional injected draws of an image reference (parity checks), both [C, 1, h, w] at its
-       encoding size (h3_reference_size / 16): the conditioning noise eps (else libh3's stream
-       2 + k of the request's seed, k = its index among the visual references) and the encoder's
-       posterior noise (else seed 42, stream 16, as for keyframes). */
+    /* Optional injected draws of an image or video reference (parity checks), both [C, t, h, w]
+       at its encoding size (h3_reference_size / h3_reference_video_size; t = 1 for an image):
+       the conditioning noise eps (else libh3's stream 2 + k of the request's seed, k = its index
+       among the visual references) and the encoder's posterior noise (else seed 42, stream 16,
+       as for keyframes). */
     const float *noise;
     const float *posterior_noise;
 } h3_reference;
@@ -644,6 +651,16 @@ typedef struct h3_reference {
  * half-to-even to the canvas multiple; upscaling included, no area cap.
  */
 H3_API int h3_reference_size(h3_ctx *ctx, int image_width, int image_height, int *width, int *height);
+
+/*
+ * A video reference of `frames` frames of video_width x video_height at fps in a render of
+ * render_frames frames (the count h3_plan reports): its canvas (width x height), its frames at
+ * 24 fps after the truncation (what the text encoder reads) and its latent frames (the VAE's
+ * encoding of its first 17n + 5 of them). Any output may be NULL. Errors as a render with it.
+ */
+H3_API int h3_reference_video_size(h3_ctx *ctx, int video_width, int video_height, int frames, double fps,
+                                   int render_frames, int *width, int *height, int *frames_24,
+                                   int *latent_frames);
 
 /*
  * One render request. `steps` counts sigma grid points including the terminal 0, as diffusers'

@@ -9,7 +9,11 @@
 * the whole workflow with image references (setup resize with PIL's Lanczos, the `"<Picture k>: "` presentation
   through Qwen3-VL's vision tower, the reference encoder, conditioning noise, layout, loop on the Ref2VA
   transformer) against diffusers on random-weight fixture models, diffusers' draws injected: final latents within
-  1e-3 rel-L2 for one image and for two images of different aspects; libh3's own noise streams.
+  1e-3 rel-L2 for one image and for two images of different aspects; libh3's own noise streams;
+* audio references, and video references (with and without a soundtrack, mixed with an image and an audio clip:
+  24 fps resample, canvas of their own aspect, Qwen3-VL video blocks at 2 fps, VAE chunks, soundtrack rows) against
+  the same workflow; the video presentation's token ids; the video plan (canvas, 24 fps frames, latent frames)
+  against diffusers' rules; bad videos through the Engine and the CLI (one line, exit 2, nothing written).
 """
 
 from __future__ import annotations
@@ -133,7 +137,19 @@ def _img(h, w):
 @pytest.mark.parametrize("refs,msg", [
     ([_img(40, 60)] * 10, "at most 9 image references"),
     ([_img(10, 50)], "1:4"),
-    ([("video", _img(4, 4))], "'video' references are not supported yet"),
+    ([("video", _img(4, 4))], "must be a path or a dict {'frames'"),
+    ([("movie", _img(4, 4))], "'movie' is not a reference kind"),
+    ([{"frames": np.zeros((12, 40, 60, 3), np.uint8)}],
+     "12 frames at 24 fps .* so it needs at least 13 frames at 24 fps"),
+    ([{"frames": np.zeros((9, 40, 60, 3), np.uint8), "fps": 18.0}], r"12 frames at 24 fps \(9 frames at 18 fps\)"),
+    ([{"frames": np.zeros((20, 40, 60, 3), np.uint8), "fps": 0.0}], "frame rate 0"),
+    ([{"frames": np.zeros((20, 10, 50, 3), np.uint8)}], "1:4"),
+    ([{"frames": np.zeros((20, 40, 60), np.uint8)}], "frames must be uint8"),
+    ([{"frames": np.zeros((20, 40, 60, 3), np.uint8), "audio": np.zeros(800, np.float32)}],
+     "a soundtrack needs its 'sample_rate'"),
+    ([{"frames": np.zeros((20, 40, 60, 3), np.uint8)}] * 4, "at most 3 video references"),
+    ([{"frames": np.zeros((20, 40, 60, 3), np.uint8), "audio": np.zeros(800, np.float32), "sample_rate": 44100}],
+     "44100 Hz, but libh3 does not resample"),
     ([("audio", _img(4, 4))], "must be a path or a dict"),
     ([_img(40, 60), {"audio": _img(4, 4), "sample_rate": 32000}], "must be a float mono or stereo"),
     ([{"audio": np.zeros(800, np.float32), "sample_rate": 32000}], "needs at least one image or video reference"),
@@ -150,6 +166,41 @@ def test_request_refused(tiny_with_ref2va, refs, msg):
 
     with Engine(tiny_with_ref2va, threads=1, ref2va=True) as eng, pytest.raises(H3Error, match=msg):
         eng.plan(eng.request("x", references=refs))
+
+
+def test_request_refuses_more_than_12(tiny_with_ref2va):
+    from h3ctl import Engine
+
+    refs = [_img(40, 60)] * 9 + [{"frames": np.zeros((20, 40, 60, 3), np.uint8)}] * 3 + [
+        {"audio": np.zeros(800, np.float32), "sample_rate": 32000}]
+    with Engine(tiny_with_ref2va, threads=1, ref2va=True) as eng, \
+            pytest.raises(H3Error, match=r"references: 13 given \(1 to 12"):
+        eng.plan(eng.request("x", references=refs))
+
+
+def test_video_reference_plan(tiny_with_ref2va):
+    """A video's 24 fps frame count, canvas (the canvas rule at its own aspect: h3-tiny's short edge 128) and latent
+    frames (its first 17n + 5 frames, n >= 1, in 17-frame chunks: 5 latents a chunk, the last 3 dropped) for a
+    request of 22 and of 56 frames; diffusers' resample rule (np.repeat over floor(i * 24 / fps + 0.5) slots)."""
+    from diffusers.modular_pipelines.minimax_h3.before_encoder import MiniMaxH3Ref2VASetupStep
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
+    from h3ctl import Engine
+
+    with Engine(tiny_with_ref2va, threads=1, ref2va=True) as eng:
+        for (w, h, n, fps, render) in [(60, 40, 30, 30.0, 22), (40, 60, 13, 24.0, 22), (64, 48, 50, 29.97, 56),
+                                       (96, 40, 70, 24.0, 56), (50, 50, 17, 12.5, 56), (48, 80, 9, 10.0, 22),
+                                       (64, 64, 2, 0.001, 22)]:  # 2 frames held 1000 s each: truncated, not looped
+            got = eng.reference_video_size(w, h, n, fps, render)
+            idx = np.arange(n)
+            frames = MiniMaxH3Ref2VASetupStep._normalize_video_condition(
+                np.broadcast_to(idx[:, None, None, None].astype(np.uint8), (n, 1, 1, 3)), fps, render, 1, 1,
+                1 << 30, 24.0)
+            t24 = frames.shape[0]
+            ch, cw = resolve_canvas_size(w, h, 32, 128, 65536)  # h3-tiny: short edge 128, max_pixels 65536
+            snapped = max(1, (t24 - 5) // 17) * 17 + 5
+            enc = min(t24, snapped)
+            lat = 5 * -(-enc // 17) - 3
+            assert got == (cw, ch, t24, lat), (w, h, n, fps, render)
 
 
 def test_request_needs_the_ref2va_partition(tiny_with_ref2va):
@@ -194,6 +245,7 @@ def test_cli_without_ref2va_folder(tmp_path):
 
 W, H, FRAMES, STEPS, SEED = 96, 64, 22, 4, 9
 REF_EDGE = 64  # the fixture's reference short edge (the release's 2048 would make the CPU oracle far too slow)
+CANVAS = (64, 64 * 112)  # the fixture's canvas rule (short edge, max pixels): what a video reference is put on
 PROMPT = "a red circle moves right on a black background, a high beep"
 TOL = 1e-3
 
@@ -213,7 +265,8 @@ def ref2va_ckpt(tiny_models, tmp_path_factory):
                    write_root_tokenizer=False)
     mi = d / "Ref2VA" / "model_index.json"
     index = json.loads(mi.read_text())
-    index["h3ctl"] = {**index.get("h3ctl", {}), "reference_image_short_edge": REF_EDGE}
+    index["h3ctl"] = {**index.get("h3ctl", {}), "reference_image_short_edge": REF_EDGE,
+                      "canvas_short_edge": CANVAS[0], "canvas_max_pixels": CANVAS[1]}
     mi.write_text(json.dumps(index, indent=2))
     return d, ref_transformer
 
@@ -405,3 +458,240 @@ def test_cli_ref_audio(ref2va_ckpt, tmp_path):
     r = subprocess.run(base + ["--ref-audio", str(tmp_path / "none.wav")], capture_output=True, text=True,
                        cwd=ROOT / "python")
     assert r.returncode == 2 and "none.wav" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# ---- video references against diffusers ------------------------------------------------------------------------
+
+def _clip(seed, n, h, w, smooth=False):
+    """A deterministic test clip: a bright square moving over a textured (or, `smooth`, a gradient: what survives
+    H.264's 4:2:0 chroma) background, uint8 [n, h, w, 3]."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (h, w, 3), dtype=np.uint8) // 2
+    if smooth:
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([x * 120 // w, y * 120 // h, (x + y) * 60 // (h + w) + 30], -1).astype(np.uint8)
+    out = np.repeat(base[None], n, axis=0)
+    for t in range(n):
+        y, x = (3 * t) % max(1, h - 8), (5 * t) % max(1, w - 8)
+        out[t, y:y + 8, x:x + 8] = (255, 200 - 5 * (t % 20), 40)
+    return out
+
+
+VIDEO_CASES = {
+    # 30 fps -> 24 fps (frames dropped), stereo sound truncated to the render
+    "video+sound": [("video", 61, 30, 48, 80, 30.0, 2)],
+    # exactly 24 fps, 13 frames: no resample, fewer frames than the render, one VAE chunk (2 latents)
+    "silent video": [("video", 62, 13, 40, 40, 24.0, 0)],
+    # an image, a portrait video at 20 fps (frames repeated) with mono sound, an audio clip
+    "image,video+sound,audio": [("image", 63), ("video", 64, 15, 80, 48, 20.0, 1), ("audio", 65)],
+    # in a 39-frame render: 36 frames, 3 read at 2 fps (two blocks, the second padded), the VAE on the first 22
+    "long video": [("video", 66, 36, 48, 64, 24.0, 2)],
+}
+VIDEO_FRAMES = {"long video": 39}
+
+
+def _video_items(case):
+    """(oracle items, libh3 references) of a VIDEO_CASES entry."""
+    items, ours = [], []
+    for spec in VIDEO_CASES[case]:
+        if spec[0] == "image":
+            im = _picture(spec[1], 80, 120)
+            items.append(im)
+            ours.append(im)
+        elif spec[0] == "audio":
+            w = _sound(spec[1], 2, 0.6)
+            items.append(("audio", w, 32000))
+            ours.append({"audio": w, "sample_rate": 32000})
+        else:
+            _, seed, n, h, w, fps, ch = spec
+            frames = _clip(seed, n, h, w)
+            sound = _sound(seed + 100, ch, 1.3) if ch else None
+            items.append(("video", frames, fps, sound, 32000 if ch else None))
+            ours.append({"frames": frames, "fps": fps, **({"audio": sound, "sample_rate": 32000} if ch else {})})
+    return items, ours
+
+
+@pytest.mark.parametrize("case", list(VIDEO_CASES))
+def test_pipeline_with_video_matches_diffusers(case, ref2va_ckpt, tiny_models, tiny_ckpt_f32):
+    """diffusers' ref2va workflow with video references (24 fps resample, truncation, Lanczos onto the canvas of the
+    video's own aspect, the `"<Video k>: "` presentation with timestamped 2 fps blocks through Qwen3-VL's vision
+    tower as video input, the VAE in 17-frame chunks, the soundtrack as audio rows before the video rows) vs libh3
+    with diffusers' visual draws injected: the prompt rows and final latents within 1e-3 rel-L2."""
+    from h3ctl import Engine
+    from tests.fl2va_oracle import rel_l2
+    from tests.ref2va_oracle import ref2va_pipeline, run_ref2va
+
+    d, ref_transformer = ref2va_ckpt
+    items, ours = _video_items(case)
+    frames = VIDEO_FRAMES.get(case, FRAMES)
+    with Engine(d, threads=1, ref2va=True) as eng:
+        info = eng.plan(eng.request(PROMPT, W, H, frames, references=ours))
+    rng = np.random.default_rng(7)
+    v = rng.standard_normal((24, info["latent_frames"], H // 16, W // 16)).astype(np.float32)
+    a = rng.standard_normal((2, info["audio_latent_channels"], info["audio_latents"])).astype(np.float32)
+    pipe = ref2va_pipeline(tiny_models, ref_transformer, tiny_ckpt_f32 / "tokenizer", REF_EDGE, CANVAS)
+    ref = run_ref2va(pipe, PROMPT, items, frames, STEPS, v, a, width=W, height=H, seed=SEED)
+    inj, k = {}, 0
+    for i, it in enumerate(items):  # the draws are per visual reference; the keys are request positions
+        if not (isinstance(it, tuple) and it[0] == "audio"):
+            inj[f"reference_noise_{i}"] = ref["cond_noise"][k]
+            inj[f"reference_posterior_noise_{i}"] = ref["posterior_noise"][k]
+            k += 1
+    with Engine(d, threads=2, ref2va=True) as eng:
+        visual = [it for it in items if not (isinstance(it, tuple) and it[0] == "audio")]
+        for it, c in zip(visual, ref["condition_latents"]):
+            if isinstance(it, tuple):  # a video: the canvas of its own aspect, 5n + 2 latent frames
+                cw, ch, _, lt = eng.reference_video_size(it[1].shape[2], it[1].shape[1], it[1].shape[0], it[2],
+                                                         frames)
+                assert (lt, ch // 16, cw // 16) == c.shape[1:], (lt, ch, cw, c.shape)
+        eng.prepare(PROMPT, W, H, frames, steps=STEPS, seed=SEED, video_noise=v, audio_noise=a, references=ours,
+                    injected=inj)
+        n_text = eng.render_info()["prompt_tokens"]
+        while eng.step() > 0:
+            pass
+        gv, ga = eng.latents()
+    assert n_text == ref["prompt_embeds"].shape[0]
+    ev, ea = rel_l2(gv, ref["latents"]), rel_l2(ga, ref["audio_latents"])
+    print(f"parity: ref2va {case} {W}x{H}x{frames} {STEPS} steps: latents rel-L2 video {ev:.2e}, audio {ea:.2e}")
+    assert ev <= TOL and ea <= TOL
+    if case != "video+sound":
+        return
+    # the video and its sound are not ignored: other frames, or the sound dropped, move the result far off
+    with Engine(d, threads=2, ref2va=True) as eng:
+        for other in ({**ours[0], "frames": ours[0]["frames"][::-1].copy()},
+                      {"frames": ours[0]["frames"], "fps": ours[0]["fps"]}):
+            eng.prepare(PROMPT, W, H, FRAMES, steps=STEPS, seed=SEED, video_noise=v, audio_noise=a,
+                        references=[other], injected=inj)
+            while eng.step() > 0:
+                pass
+            ov, oa = eng.latents()
+            assert max(rel_l2(ov, ref["latents"]), rel_l2(oa, ref["audio_latents"])) > 100 * max(ev, ea, 1e-7)
+
+
+def test_video_presentation_matches_diffusers(ref2va_ckpt, tiny_models, tiny_ckpt_f32, monkeypatch):
+    """The presentation of a 40-frame video (4 frames sampled at 2 fps, two blocks "<0.2 seconds>", "<1.2
+    seconds>") with sound, and of a 25-frame one at 25 fps (-> 24 frames: 2 sampled; its label "<Video 2>"): token
+    ids and tags against diffusers' MiniMaxH3Ref2VATextEncoderStep, fed the setup step's normalised frames."""
+    import torch
+    from diffusers.modular_pipelines import PipelineState
+    from diffusers.modular_pipelines.minimax_h3 import encoders
+    from diffusers.modular_pipelines.minimax_h3.before_encoder import MiniMaxH3Ref2VASetupStep
+    from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3VideoReference
+    from h3ctl import Engine
+    from tests.ref2va_oracle import ref2va_pipeline
+
+    d, ref_transformer = ref2va_ckpt
+    pipe = ref2va_pipeline(tiny_models, ref_transformer, tiny_ckpt_f32 / "tokenizer", REF_EDGE, CANVAS)
+    frames = 56
+    clips = [(_clip(71, 40, 64, 96), 24.0, _sound(73, 2, 0.5)), (_clip(72, 25, 96, 64), 25.0, None)]
+    seen = {}
+    real = encoders.get_qwen3vl_prompt_embeds
+
+    def spy(text_encoder, processor, token_ids, vision_inputs=None, **kw):
+        seen["ids"] = list(token_ids)
+        return real(text_encoder, processor, token_ids, vision_inputs, **kw)
+
+    monkeypatch.setattr(encoders, "get_qwen3vl_prompt_embeds", spy)
+    norm = [MiniMaxH3VideoReference(frames=MiniMaxH3Ref2VASetupStep._normalize_video_condition(
+        c, fps, frames, 32, CANVAS[0], CANVAS[1], 24.0), fps=24.0, audio=None if s is None else torch.from_numpy(s),
+        sample_rate=None if s is None else 32000) for c, fps, s in clips]
+    state = PipelineState()
+    state.set("prompt", PROMPT)
+    state.set("normalized_references", norm)
+    with torch.no_grad():
+        _, state = encoders.MiniMaxH3Ref2VATextEncoderStep()(pipe, state)
+    tags = state.get("text_token_tags").numpy()
+    text = pipe.tokenizer.decode(seen["ids"])
+    assert "<Audio 1>: <Video 1>: <0.2 seconds>" in text and "<1.2 seconds>" in text and "<Video 2>: " in text
+    with Engine(d, threads=2, ref2va=True) as eng:
+        eng.prepare(PROMPT, W, H, frames, steps=2, seed=1, references=[
+            {"frames": c, "fps": fps, **({} if s is None else {"audio": s, "sample_rate": 32000})}
+            for c, fps, s in clips])
+        ids = eng.prompt_tokens()
+    assert list(ids) == seen["ids"]
+    assert len(tags) == len(ids) and (tags == 0).sum() > 0
+
+
+def test_cli_ref_video(ref2va_ckpt, tmp_path):
+    """`--ref-video` (with its sound) / `--ref-silent-video` keep their place among all references; a file is
+    decoded with the bundled ffmpeg (frames, rate, soundtrack at its own rate) and renders what the Engine renders for the
+    same decoded media; a missing, a malformed and a too-short video, and more than 3 videos, fail with one line,
+    exit 2 and nothing written."""
+    from h3ctl import Engine, media
+    from h3ctl.cli import build_parser
+    from h3ctl.presets import DEFAULT_PRESET
+    from tests.h3cli import assert_clean_error, run
+
+    args = build_parser().parse_args(["render", "-p", "x", "--ref-video", "v.mp4", "--ref-image", "a.png",
+                                      "--ref-silent-video", "s.mp4", "--ref-audio", "s.wav", "-o", "o.mp4"])
+    assert args.references == [("video", "v.mp4"), ("image", "a.png"), ("silent_video", "s.mp4"), ("audio", "s.wav")]
+    d, _ = ref2va_ckpt
+    clip = _clip(81, 20, 48, 80, smooth=True)
+    media.write_mp4(tmp_path / "v.mp4", clip, _sound(82, 2, 1.0), 32000)
+    frames, fps, pcm, rate = media.read_video(tmp_path / "v.mp4")
+    assert frames.shape == clip.shape and fps == 24.0 and rate == 32000 and pcm.shape[0] == 2 and pcm.shape[1] >= 28000
+    assert np.abs(frames.astype(int) - clip).mean() < 4  # lossy H.264, measured against the source
+    base = ["render", "-d", d, "-p", PROMPT, "--width", W, "--height", H, "--frames", FRAMES, "--steps", 2,
+            "--seed", 5, "--threads", 2, "--overwrite"]
+    out = tmp_path / "o.wav"
+    r = run(*base, "--ref-video", tmp_path / "v.mp4", "--wav", out, "-o", "")
+    assert r.returncode == 0, r.stderr
+    got = media.read_mp4_audio(out)
+    with Engine(d, threads=2, ref2va=True) as eng:
+        want = [eng.render(PROMPT, width=W, height=H, frames=FRAMES, steps=2, seed=5, preset=DEFAULT_PRESET,
+                           references=[(kind, str(tmp_path / "v.mp4"))]).audio for kind in ("video", "silent_video")]
+    want = [np.clip(np.round(w * 32767.0), -32768, 32767) / 32768.0 for w in want]
+    assert got.shape == want[0].shape and np.abs(got - want[0]).max() <= 1e-6
+    assert np.abs(got - want[1]).max() > 1e-3  # without its sound the render is another
+    # bad input: one line, exit 2, nothing written
+    (tmp_path / "bad.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 50)
+    media.write_mp4(tmp_path / "short.mp4", clip[:12], None, 32000)
+    o = tmp_path / "x.mp4"
+    for extra, needles in [(["--ref-video", tmp_path / "none.mp4"], ["none.mp4", "no such file"]),
+                           (["--ref-video", tmp_path / "bad.mp4"], ["bad.mp4", "cannot be decoded as video"]),
+                           (["--ref-silent-video", tmp_path / "short.mp4"], ["reference 1 (video)", "at least 13"]),
+                           (["--ref-video", tmp_path / "v.mp4"] * 4, ["at most 3 video references"]),
+                           (["--ref-image", tmp_path / "a.png"] * 9 + ["--ref-video", tmp_path / "v.mp4"] * 3
+                            + ["--ref-audio", tmp_path / "s.wav"], ["13 given (1 to 12"])]:
+        if not (tmp_path / "a.png").exists():
+            from PIL import Image
+
+            Image.fromarray(_picture(83, 64, 96)).save(tmp_path / "a.png")
+            media.write_wav(tmp_path / "s.wav", _sound(84, 2, 0.5), 32000)
+        r = run(*base, *extra, "-o", o)
+        assert_clean_error(r, *needles)
+        assert not o.exists()
+
+
+def test_engine_video_files(tiny_with_ref2va, tmp_path):
+    """Engine references by path: a video whose sound is at 44.1 kHz decodes to 44.1 kHz stereo (libh3 resamples
+    it as an audio reference) at its container's rate (NTSC 30000/1001 recovered exactly from ffmpeg's "29.97 fps"); ("silent_video", path)
+    drops the sound; a malformed file, a missing one and a file without video are refused with one message."""
+    from h3ctl import Engine, media
+
+    clip = _clip(91, 15, 40, 64, smooth=True)
+    media.write_mp4(tmp_path / "a.mp4", clip, _sound(92, 2, 0.5, rate=44100), 44100)
+    frames, fps, pcm, rate = media.read_video(tmp_path / "a.mp4")
+    assert frames.shape == clip.shape and fps == 24.0 and rate == 44100
+    assert pcm.shape[0] == 2 and abs(pcm.shape[1] - 22050) <= 1600  # 0.5 s (+ the AAC priming) at 44.1 kHz
+    assert media._video_rate("Stream #0:0: Video: h264, yuv420p, 64x40, 29.97 fps, 29.97 tbr") == 30000 / 1001
+    assert media._video_rate("Stream #0:0: Video: h264, yuv420p, 64x40, 12.5 fps, 12.5 tbr") == 12.5
+    (tmp_path / "bad.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 50)
+    media.write_wav(tmp_path / "s.wav", _sound(93, 2, 0.3), 32000)
+    with Engine(tiny_with_ref2va, threads=1, ref2va=True) as eng:
+        req = eng.request("x", references=[("silent_video", str(tmp_path / "a.mp4"))])
+        ref = ctypes_ref(req, 0)
+        assert (ref.kind, ref.frames, ref.width, ref.height, ref.fps, bool(ref.pcm)) == (1, 15, 64, 40, 24.0, False)
+        ref = ctypes_ref(eng.request("x", references=[("video", str(tmp_path / "a.mp4"))]), 0)
+        assert bool(ref.pcm) and ref.channels == 2 and ref.sample_rate == 44100
+        for path, msg in [("bad.mp4", "cannot be decoded as video"), ("none.mp4", "no such file"),
+                          ("s.wav", "cannot be decoded as video: no video stream")]:
+            with pytest.raises(H3Error, match=f"reference video 1: .*{path}: {msg}"):
+                eng.request("x", references=[("video", str(tmp_path / path))])
+
+
+def ctypes_ref(req, k):
+    """The k-th h3_reference of a request built by Engine.request."""
+    import ctypes
+
+    return ctypes.cast(req.references, ctypes.POINTER(_lib.H3Reference))[k]

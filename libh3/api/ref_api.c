@@ -2,6 +2,7 @@
    models/dit_layout.c, so tests can hold it against diffusers' function directly. */
 #include "api/api.h"
 #include "models/dit.h"
+#include "models/video_vae.h"
 #include "runtime/references.h"
 
 #include <string.h>
@@ -47,4 +48,37 @@ H3_API int h3_reference_size(h3_ctx *ctx, int image_width, int image_height, int
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
     if (!width || !height) return h3_err(H3_E_INVALID, "reference size: NULL output");
     return h3_ref_model_image_size(&ctx->model, image_width, image_height, width, height);
+}
+
+H3_API int h3_reference_video_size(h3_ctx *ctx, int video_width, int video_height, int frames, double fps,
+                                   int render_frames, int *width, int *height, int *frames_24, int *latent_frames)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    if (render_frames < 1) return h3_err(H3_E_INVALID, "reference video size: render of %d frames", render_frames);
+    /* One synthetic request through the plan the render uses (no pixels are read). */
+    static const uint8_t pixel[3];
+    h3_reference f;
+    memset(&f, 0, sizeof f);
+    f.kind = H3_REFERENCE_VIDEO;
+    f.rgb = pixel;
+    f.width = video_width;
+    f.height = video_height;
+    f.frames = frames;
+    f.fps = fps;
+    h3_request q;
+    memset(&q, 0, sizeof q);
+    q.references = &f;
+    q.n_references = 1;
+    h3_model *m = &ctx->model;
+    h3_vvae_cfg vc;
+    int rc = h3_ref_request_check(m, &q);
+    if (!rc) rc = h3_vvae_cfg_load(m, &vc);
+    h3_ref_plan p;
+    if (!rc) rc = h3_ref_plan_images(m, &q, render_frames, vc.latent_ch, vc.spatial, &p);
+    if (rc) return rc;
+    if (width) *width = p.w[0];
+    if (height) *height = p.h[0];
+    if (frames_24) *frames_24 = p.frames[0];
+    if (latent_frames) *latent_frames = p.lt[0];
+    return 0;
 }

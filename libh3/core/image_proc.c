@@ -410,24 +410,11 @@ int h3_image_grid(const h3_image_proc_cfg *c, int width, int height, int grid_th
     return 0;
 }
 
-int h3_image_pixels(const h3_image_proc_cfg *c, const uint8_t *rgb, int width, int height, float *out)
+/* Rescale + normalise + patchify T frames already at the processed size oh x ow (px[t]: [oh][ow][3])
+   into grid_h * grid_w rows of dim floats: one temporal patch, the frames in time order. */
+static void patchify(const h3_image_proc_cfg *c, const uint8_t *const *px, int oh, int ow, int dim, float *out)
 {
-    int grid[3], dim, rc;
-    if ((rc = h3_image_check(rgb, width, height, "image processor")) || (rc = h3_image_grid(c, width, height, grid, &dim)))
-        return rc;
-    if (!out) return h3_err(H3_E_INVALID, "image processor: NULL output");
     const int P = c->patch_size, T = c->temporal_patch_size, M = c->merge_size;
-    const int oh = grid[1] * P, ow = grid[2] * P;
-    uint8_t *img = NULL;
-    const uint8_t *px = rgb;
-    if (oh != height || ow != width) {
-        if (!(img = h3_malloc((size_t)oh * ow * 3))) return -H3_E_NOMEM;
-        if ((rc = h3_resize_bicubic_u8(rgb, height, width, img, oh, ow))) {
-            free(img);
-            return rc;
-        }
-        px = img;
-    }
     /* The fused rescale + normalise of the torchvision backend: mean and std scaled by 1/rescale in
        f32, then (x - mean) / std in f32. */
     float mean[3], sd[3], scale = (float)c->rescale_factor;
@@ -440,7 +427,7 @@ int h3_image_pixels(const h3_image_proc_cfg *c, const uint8_t *rgb, int width, i
     for (int ch = 0; ch < 3; ch++)
         for (int v = 0; v < 256; v++)
             lut[ch][v] = c->do_normalize ? ((float)v - mean[ch]) / sd[ch] : c->do_rescale ? (float)v * scale : (float)v;
-    const int bh = grid[1] / M, bw = grid[2] / M, PP = P * P;
+    const int bh = oh / P / M, bw = ow / P / M, PP = P * P;
     float *row = out;
     for (int by = 0; by < bh; by++)
         for (int bx = 0; bx < bw; bx++)
@@ -448,14 +435,169 @@ int h3_image_pixels(const h3_image_proc_cfg *c, const uint8_t *rgb, int width, i
                 for (int mx = 0; mx < M; mx++) {
                     const int y0 = (by * M + my) * P, x0 = (bx * M + mx) * P;
                     for (int ch = 0; ch < 3; ch++)
-                        for (int py = 0; py < P; py++) {
-                            const uint8_t *src = px + ((size_t)(y0 + py) * ow + x0) * 3 + ch;
-                            float *dst = row + (size_t)ch * T * PP + (size_t)py * P;
-                            for (int qx = 0; qx < P; qx++) dst[qx] = lut[ch][src[3 * qx]];
-                            for (int t = 1; t < T; t++) memcpy(dst + (size_t)t * PP, dst, sizeof(float) * P);
-                        }
+                        for (int t = 0; t < T; t++)
+                            for (int py = 0; py < P; py++) {
+                                const uint8_t *src = px[t] + ((size_t)(y0 + py) * ow + x0) * 3 + ch;
+                                float *dst = row + ((size_t)ch * T + t) * PP + (size_t)py * P;
+                                for (int qx = 0; qx < P; qx++) dst[qx] = lut[ch][src[3 * qx]];
+                            }
                     row += dim;
                 }
+}
+
+int h3_image_pixels(const h3_image_proc_cfg *c, const uint8_t *rgb, int width, int height, float *out)
+{
+    int grid[3], dim, rc;
+    if ((rc = h3_image_check(rgb, width, height, "image processor")) || (rc = h3_image_grid(c, width, height, grid, &dim)))
+        return rc;
+    if (!out) return h3_err(H3_E_INVALID, "image processor: NULL output");
+    const int P = c->patch_size;
+    const int oh = grid[1] * P, ow = grid[2] * P;
+    uint8_t *img = NULL;
+    const uint8_t *px = rgb;
+    if (oh != height || ow != width) {
+        if (!(img = h3_malloc((size_t)oh * ow * 3))) return -H3_E_NOMEM;
+        if ((rc = h3_resize_bicubic_u8(rgb, height, width, img, oh, ow))) {
+            free(img);
+            return rc;
+        }
+        px = img;
+    }
+    /* An image is its own temporal patch: the frame repeated temporal_patch_size times. */
+    const uint8_t *frames[64];
+    for (int t = 0; t < c->temporal_patch_size; t++) frames[t] = px;
+    patchify(c, frames, oh, ow, dim, out);
     free(img);
     return 0;
+}
+
+/* ---- the video processor (Qwen3VLVideoProcessor) ------------------------------------------- */
+
+void h3_video_proc_defaults(h3_image_proc_cfg *c)
+{
+    h3_image_proc_defaults(c);
+    /* Qwen3VLVideoProcessor's class values: size 128 * 32 * 32 .. 32 * 32 * 768 pixels. */
+    c->min_pixels = 128 * 32 * 32;
+    c->max_pixels = 32 * 32 * 768;
+}
+
+int h3_video_proc_cfg_load(h3_model *m, h3_image_proc_cfg *c)
+{
+    h3_video_proc_defaults(c);
+    if (!m || !m->partition_dir) return 0;
+    /* transformers' order: processor_config.json's "video_processor", else the first of
+       video_preprocessor_config.json and preprocessor_config.json of the processor folder. */
+    static const char *const files[] = {"processor/processor_config.json", "processor/video_preprocessor_config.json",
+                                        "processor/preprocessor_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char *path = h3_path_join(m->partition_dir, files[i]);
+        if (!path) return -H3_E_NOMEM;
+        if (!h3_is_file(path)) {
+            free(path);
+            continue;
+        }
+        h3_json doc;
+        memset(&doc, 0, sizeof doc);
+        int rc = h3_json_parse_file(&doc, path, 1 << 20);
+        bool used = true;
+        if (!rc) {
+            const h3j *root = h3j_root(&doc);
+            const h3j *vp = i == 0 ? h3j_get(&doc, root, "video_processor") : root;
+            if (vp)
+                rc = parse_cfg(&doc, vp, path, c);
+            else
+                used = false;
+        }
+        h3_json_free(&doc);
+        free(path);
+        if (rc || used) return rc;
+    }
+    return 0;
+}
+
+int h3_video_smart_resize(int n_frames, int height, int width, int factor, int temporal_factor, int64_t min_pixels,
+                          int64_t max_pixels, int *out_h, int *out_w)
+{
+    if (height < 1 || width < 1) return h3_err(H3_E_INVALID, "video processor: empty frames (%dx%d)", width, height);
+    if (factor < 1 || temporal_factor < 1) return h3_err(H3_E_INVALID, "video processor: bad patch settings");
+    if (n_frames < temporal_factor)
+        return h3_err(H3_E_INVALID, "video processor: %d frames, fewer than the temporal patch of %d", n_frames,
+                      temporal_factor);
+    double h = height, w = width;
+    if (height < factor || width < factor) {
+        /* Python: int(height * scale), scale = max(factor / height, factor / width) */
+        const double s = fmax((double)factor / h, (double)factor / w);
+        h = floor(h * s);
+        w = floor(w * s);
+    }
+    const double hi = fmax(h, w), lo = fmin(h, w);
+    if (hi / lo > 200)
+        return h3_err(H3_E_INVALID, "video processor: %dx%d has an aspect ratio of %g; transformers' Qwen3-VL "
+                      "processor refuses ratios above 200", width, height, hi / lo);
+    double hb = nearbyint(h / factor) * factor, wb = nearbyint(w / factor) * factor;
+    const double tb = nearbyint((double)n_frames / temporal_factor) * temporal_factor;
+    if (tb * hb * wb > (double)max_pixels) {
+        const double beta = sqrt((double)n_frames * h * w / (double)max_pixels);
+        hb = fmax(factor, floor(h / beta / factor) * factor);
+        wb = fmax(factor, floor(w / beta / factor) * factor);
+    } else if (tb * hb * wb < (double)min_pixels) {
+        const double beta = sqrt((double)min_pixels / ((double)n_frames * h * w));
+        hb = ceil(h * beta / factor) * factor;
+        wb = ceil(w * beta / factor) * factor;
+    }
+    if (!(hb >= factor && wb >= factor) || hb * wb > (double)H3_IMAGE_MAX_PIXELS)
+        return h3_err(H3_E_INVALID, "video processor: %dx%d resizes to %.0fx%.0f, outside [%d, %lld] pixels a side",
+                      width, height, wb, hb, factor, (long long)H3_IMAGE_MAX_PIXELS);
+    *out_h = (int)hb;
+    *out_w = (int)wb;
+    return 0;
+}
+
+int h3_video_grid(const h3_image_proc_cfg *c, int n_frames, int width, int height, int grid_thw[3], int *patch_dim)
+{
+    int rc, oh = height, ow = width;
+    if ((rc = cfg_check(c)) || (rc = check_size(width, height, "video processor"))) return rc;
+    const int factor = c->patch_size * c->merge_size;
+    if (c->do_resize) {
+        if ((rc = h3_video_smart_resize(n_frames, height, width, factor, c->temporal_patch_size, c->min_pixels,
+                                        c->max_pixels, &oh, &ow)))
+            return rc;
+    } else if (height % factor || width % factor) {
+        return h3_err(H3_E_INVALID, "video processor: with do_resize off, %dx%d must be a multiple of %d a side",
+                      width, height, factor);
+    }
+    const int64_t patches = (int64_t)(oh / c->patch_size) * (ow / c->patch_size);
+    if (patches > H3_IMAGE_MAX_PATCHES)
+        return h3_err(H3_E_INVALID, "video processor: %dx%d resizes to %dx%d = %lld patches a frame, more than the "
+                      "%lld this engine runs the vision tower on", width, height, ow, oh, (long long)patches,
+                      (long long)H3_IMAGE_MAX_PATCHES);
+    /* The last frame repeated up to a whole temporal patch (Qwen3VLVideoProcessor.patchify). */
+    grid_thw[0] = (n_frames + c->temporal_patch_size - 1) / c->temporal_patch_size;
+    grid_thw[1] = oh / c->patch_size;
+    grid_thw[2] = ow / c->patch_size;
+    if (patch_dim) *patch_dim = 3 * c->temporal_patch_size * c->patch_size * c->patch_size;
+    return 0;
+}
+
+int h3_video_block_pixels(const h3_image_proc_cfg *c, int n_frames, const uint8_t *const *block, int width,
+                          int height, float *out)
+{
+    int grid[3], dim, rc;
+    if ((rc = h3_video_grid(c, n_frames, width, height, grid, &dim))) return rc;
+    if (!out || !block) return h3_err(H3_E_INVALID, "video processor: NULL frames or output");
+    const int T = c->temporal_patch_size, oh = grid[1] * c->patch_size, ow = grid[2] * c->patch_size;
+    if (T > 64) return h3_err(H3_E_UNSUPPORTED, "video processor: temporal patch %d (at most 64)", T);
+    uint8_t *img = NULL;
+    const uint8_t *px[64];
+    const bool resize = oh != height || ow != width;
+    if (resize && !(img = h3_malloc((size_t)T * oh * ow * 3))) return -H3_E_NOMEM;
+    for (int t = 0; t < T && !rc; t++) {
+        if (!block[t]) rc = h3_err(H3_E_INVALID, "video processor: NULL frame");
+        else if (!resize) px[t] = block[t];
+        else if (!(rc = h3_resize_bicubic_u8(block[t], height, width, img + (size_t)t * oh * ow * 3, oh, ow)))
+            px[t] = img + (size_t)t * oh * ow * 3;
+    }
+    if (!rc) patchify(c, px, oh, ow, dim, out);
+    free(img);
+    return rc;
 }

@@ -68,4 +68,29 @@ H3_INTERNAL int h3_image_grid(const h3_image_proc_cfg *c, int width, int height,
 H3_INTERNAL int h3_image_pixels(const h3_image_proc_cfg *c, const uint8_t *rgb, int width, int height,
                                     float *out);
 
+/*
+ * The video processor (transformers' Qwen3VLVideoProcessor, torchvision backend) for the frames a
+ * Ref2VA video reference shows the conditioner. Same settings struct; its own files and defaults:
+ * processor/processor_config.json's "video_processor", else processor/video_preprocessor_config.json,
+ * else processor/preprocessor_config.json (transformers' fallback), keys missing taking the class
+ * values (128 * 32 * 32 .. 32 * 32 * 768 pixels, mean = std = 0.5, patch 16 / 2 / 2).
+ */
+H3_INTERNAL void h3_video_proc_defaults(h3_image_proc_cfg *c);
+H3_INTERNAL int h3_video_proc_cfg_load(h3_model *m, h3_image_proc_cfg *c);
+
+/* The video smart_resize: the pixel bounds hold for round(n_frames / temporal_factor) *
+   temporal_factor frames of the size (Python's half-to-even). */
+H3_INTERNAL int h3_video_smart_resize(int n_frames, int height, int width, int factor, int temporal_factor,
+                                      int64_t min_pixels, int64_t max_pixels, int *out_h, int *out_w);
+
+/* Grid (t, h, w in patches) of n_frames frames of this size: t = ceil(n_frames / temporal patch). */
+H3_INTERNAL int h3_video_grid(const h3_image_proc_cfg *c, int n_frames, int width, int height, int grid_thw[3],
+                              int *patch_dim);
+
+/* pixel_values_videos of one temporal block: block[0 .. temporal_patch_size - 1] are its frames
+   (the caller repeats the last frame where the video runs out), each [height][width][3], resized
+   to the video's grid (h3_video_grid of the whole n_frames) and laid out as h3_image_pixels. */
+H3_INTERNAL int h3_video_block_pixels(const h3_image_proc_cfg *c, int n_frames, const uint8_t *const *block,
+                                      int width, int height, float *out);
+
 #endif /* H3_IMAGE_PROC_H */

@@ -104,11 +104,12 @@ H3_INTERNAL int h3_rt_text_encode_images(struct h3_runtime *rt, const char *prom
 /* Row count of that presentation (no pixels read, nothing encoded), or a negative H3_E_* code. */
 H3_INTERNAL int h3_rt_text_image_rows(struct h3_runtime *rt, const char *prompt, int n_images, const int *widths,
                                       const int *heights);
-/* Both with Ref2VA's "<Audio j>: " labels (h3_vl_prompt_build_refs's audio_before; NULL: none). */
+/* Both for Ref2VA: video items (frames[i] > 0, rgb[i] = [frames][h][w][3]) and "<Audio j>: "
+   labels (h3_vl_prompt_build_refs's frames and audio_before; NULL: none). */
 H3_INTERNAL int h3_rt_text_encode_refs(struct h3_runtime *rt, const char *prompt, int n_images,
                                        const uint8_t *const *rgb, const int *widths, const int *heights,
-                                       const int *audio_before, h3_text_rows *out);
+                                       const int *frames, const int *audio_before, h3_text_rows *out);
 H3_INTERNAL int h3_rt_text_refs_rows(struct h3_runtime *rt, const char *prompt, int n_images, const int *widths,
-                                     const int *heights, const int *audio_before);
+                                     const int *heights, const int *frames, const int *audio_before);
 
 #endif /* H3_TEXT_ENCODER_H */

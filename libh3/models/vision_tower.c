@@ -15,6 +15,7 @@
  */
 #include "models/vision_tower.h"
 #include "backend/cpu/ops.h" /* h3_to_f32: norm weights and biases are widened on the host */
+#include "core/geometry.h"
 #include "core/tokenizer.h"
 
 #include <math.h>
@@ -86,6 +87,7 @@ int h3_vision_cfg_load(h3_model *m, h3_vision_cfg *c)
         (rc = cfg_int(d, v, p, "out_hidden_size", 3584, 1, 1 << 18, &c->out_hidden)) ||
         (rc = cfg_int(d, v, p, "num_position_embeddings", 2304, 1, 1 << 24, &c->num_pos)) ||
         (rc = cfg_int(d, root, p, "image_token_id", 151655, 0, 1 << 24, &c->image_token_id)) ||
+        (rc = cfg_int(d, root, p, "video_token_id", 151656, 0, 1 << 24, &c->video_token_id)) ||
         (rc = cfg_int(d, root, p, "vision_start_token_id", 151652, 0, 1 << 24, &c->vision_start_id)) ||
         (rc = cfg_int(d, root, p, "vision_end_token_id", 151653, 0, 1 << 24, &c->vision_end_id)))
         return rc;
@@ -571,6 +573,9 @@ void h3_vl_prompt_free(h3_vl_prompt *p)
     free(p->start);
     free(p->grid_h);
     free(p->grid_w);
+    free(p->item);
+    free(p->sampled);
+    free(p->frame);
     memset(p, 0, sizeof *p);
 }
 
@@ -590,7 +595,7 @@ static int vision_token(h3_tokenizer *tok, const char *name, int want, const cha
 int h3_vl_prompt_build(h3_model *m, h3_tokenizer *tok, const char *prompt, int n_images, const int *widths,
                        const int *heights, h3_vl_prompt *out)
 {
-    return h3_vl_prompt_build_refs(m, tok, prompt, n_images, widths, heights, NULL, out);
+    return h3_vl_prompt_build_refs(m, tok, prompt, n_images, widths, heights, NULL, NULL, out);
 }
 
 /* Audio labels are text segments of their own, tokenized apart from their neighbours as diffusers
@@ -606,57 +611,143 @@ static int audio_labels(id_buf *b, h3_tokenizer *tok, int n, int *counter)
     return rc;
 }
 
+int h3_vl_video_sample(int frames, int *indices, int cap)
+{
+    /* diffusers' _sample_video_condition_frames: a cursor stepping fps / sample_fps frames, each
+       round(cursor) (half-to-even) kept once. */
+    const double stride = (double)H3_FPS / H3_VL_VIDEO_SAMPLE_FPS;
+    int n = 0;
+    for (double cursor = 0.0; nearbyint(cursor) < frames; cursor += stride) {
+        const int at = (int)nearbyint(cursor);
+        if (n && at <= indices[n - 1]) continue;
+        if (n == cap) return h3_err(H3_E_INVALID, "video reference: more than %d sampled frames", cap);
+        indices[n++] = at;
+    }
+    return n;
+}
+
+/* Grow the per-span arrays to hold one more span (tp frame slots each). */
+static int span_reserve(h3_vl_prompt *p, int *cap, int tp)
+{
+    if (p->n_spans < *cap) return 0;
+    const int c = *cap ? 2 * *cap : 16;
+    int *st = h3_realloc(p->start, sizeof(int) * (size_t)c);
+    if (st) p->start = st;
+    int *gh = st ? h3_realloc(p->grid_h, sizeof(int) * (size_t)c) : NULL;
+    if (gh) p->grid_h = gh;
+    int *gw = gh ? h3_realloc(p->grid_w, sizeof(int) * (size_t)c) : NULL;
+    if (gw) p->grid_w = gw;
+    int *it = gw ? h3_realloc(p->item, sizeof(int) * (size_t)c) : NULL;
+    if (it) p->item = it;
+    int *sa = it ? h3_realloc(p->sampled, sizeof(int) * (size_t)c) : NULL;
+    if (sa) p->sampled = sa;
+    int *fr = sa ? h3_realloc(p->frame, sizeof(int) * (size_t)c * (size_t)tp) : NULL;
+    if (!fr) return -H3_E_NOMEM;
+    p->frame = fr;
+    *cap = c;
+    return 0;
+}
+
 int h3_vl_prompt_build_refs(h3_model *m, h3_tokenizer *tok, const char *prompt, int n_images, const int *widths,
-                            const int *heights, const int *audio_before, h3_vl_prompt *out)
+                            const int *heights, const int *frames, const int *audio_before, h3_vl_prompt *out)
 {
     memset(out, 0, sizeof *out);
     if (!tok || !prompt) return h3_err(H3_E_INVALID, "text encoder: NULL tokenizer or prompt");
     if (n_images < 0 || n_images > H3_VL_MAX_IMAGES)
         return h3_err(H3_E_INVALID, "text encoder: %d keyframes (0 to %d)", n_images, H3_VL_MAX_IMAGES);
     if (n_images && (!widths || !heights)) return h3_err(H3_E_INVALID, "text encoder: NULL image sizes");
-    int rc = 0;
-    int32_t vs = 0, pad = 0, ve = 0;
-    int n_audio = 0; /* "<Audio j>" numbers run over the whole presentation */
+    int rc = 0, cap = 0;
+    int32_t vs = 0, pad = 0, vpad = 0, ve = 0;
+    int n_audio = 0, n_pic = 0, n_vid = 0; /* labels are numbered per modality over the whole presentation */
+    bool videos = false;
+    for (int i = 0; frames && i < n_images; i++) videos |= frames[i] > 0;
     id_buf b = {0};
     if (n_images) {
-        if ((rc = h3_vision_cfg_load(m, &out->vc)) || (rc = h3_image_proc_cfg_load(m, &out->pc))) return rc;
+        if ((rc = h3_vision_cfg_load(m, &out->vc)) || (rc = h3_image_proc_cfg_load(m, &out->pc)) ||
+            (videos && (rc = h3_video_proc_cfg_load(m, &out->vpc))))
+            return rc;
         const h3_vision_cfg *c = &out->vc;
-        if (out->pc.patch_size != c->patch || out->pc.temporal_patch_size != c->temporal_patch ||
-            out->pc.merge_size != c->merge)
-            return h3_err(H3_E_FORMAT, "%s: patch %d, temporal patch %d, merge %d do not match the vision tower's %d, "
-                          "%d, %d", out->pc.source[0] ? out->pc.source : "image processor defaults",
-                          out->pc.patch_size, out->pc.temporal_patch_size, out->pc.merge_size, c->patch,
-                          c->temporal_patch, c->merge);
+        for (int k = 0; k < (videos ? 2 : 1); k++) {
+            const h3_image_proc_cfg *pc = k ? &out->vpc : &out->pc;
+            if (pc->patch_size != c->patch || pc->temporal_patch_size != c->temporal_patch ||
+                pc->merge_size != c->merge)
+                return h3_err(H3_E_FORMAT, "%s: patch %d, temporal patch %d, merge %d do not match the vision tower's "
+                              "%d, %d, %d", pc->source[0] ? pc->source : k ? "video processor defaults" :
+                              "image processor defaults", pc->patch_size, pc->temporal_patch_size, pc->merge_size,
+                              c->patch, c->temporal_patch, c->merge);
+        }
         if ((rc = vision_token(tok, "<|vision_start|>", c->vision_start_id, "vision_start_token_id", &vs)) ||
             (rc = vision_token(tok, "<|image_pad|>", c->image_token_id, "image_token_id", &pad)) ||
+            (videos && (rc = vision_token(tok, "<|video_pad|>", c->video_token_id, "video_token_id", &vpad))) ||
             (rc = vision_token(tok, "<|vision_end|>", c->vision_end_id, "vision_end_token_id", &ve)))
             return rc;
-        out->start = h3_malloc(sizeof(int) * (size_t)n_images);
-        out->grid_h = h3_malloc(sizeof(int) * (size_t)n_images);
-        out->grid_w = h3_malloc(sizeof(int) * (size_t)n_images);
-        if (!out->start || !out->grid_h || !out->grid_w) {
-            h3_vl_prompt_free(out);
-            return -H3_E_NOMEM;
-        }
     }
     out->n_images = n_images;
+    const int tp = out->vc.temporal_patch, mm = out->vc.merge * out->vc.merge;
     for (int i = 0; i < n_images && !rc; i++) {
         int grid[3];
         char label[48];
-        if ((rc = h3_image_grid(&out->pc, widths[i], heights[i], grid, NULL))) {
-            h3_err_prefix("keyframe %d", i + 1);
+        const bool video = frames && frames[i] > 0;
+        if (audio_before && (rc = audio_labels(&b, tok, audio_before[i], &n_audio))) break;
+        if (!video) {
+            if ((rc = h3_image_grid(&out->pc, widths[i], heights[i], grid, NULL))) {
+                h3_err_prefix("keyframe %d", i + 1);
+                break;
+            }
+            const int64_t tokens = (int64_t)grid[1] * grid[2] / mm;
+            /* diffusers: the label as text, then <|vision_start|>, the pads, <|vision_end|> as video rows */
+            snprintf(label, sizeof label, "<Picture %d>: ", ++n_pic);
+            if ((rc = span_reserve(out, &cap, tp)) || (rc = buf_text(&b, tok, label, H3_TAG_TEXT)) ||
+                (rc = buf_token(&b, vs, 1, H3_TAG_VIDEO)))
+                break;
+            const int s = out->n_spans++;
+            out->start[s] = b.n;
+            out->grid_h[s] = grid[1];
+            out->grid_w[s] = grid[2];
+            out->item[s] = i;
+            out->sampled[s] = 0;
+            if ((rc = buf_token(&b, pad, tokens, H3_TAG_VIDEO)) || (rc = buf_token(&b, ve, 1, H3_TAG_VIDEO))) break;
+            out->tokens += (int)tokens;
+            continue;
+        }
+        /* A video: "<Video k>: ", then per temporal block of the frames sampled at 2 fps its
+           timestamp "<{mean:.1f} seconds>" and a vision block of video pads. */
+        int idx[H3_VL_MAX_SAMPLED];
+        const int ns = h3_vl_video_sample(frames[i], idx, H3_VL_MAX_SAMPLED);
+        if (ns < 0) {
+            rc = ns;
             break;
         }
-        const int64_t tokens = (int64_t)grid[1] * grid[2] / (out->vc.merge * out->vc.merge);
-        out->grid_h[i] = grid[1];
-        out->grid_w[i] = grid[2];
-        /* diffusers: the label as text, then <|vision_start|>, the pads, <|vision_end|> as video rows */
-        snprintf(label, sizeof label, "<Picture %d>: ", i + 1);
-        if ((audio_before && (rc = audio_labels(&b, tok, audio_before[i], &n_audio))) ||
-            (rc = buf_text(&b, tok, label, H3_TAG_TEXT)) || (rc = buf_token(&b, vs, 1, H3_TAG_VIDEO))) break;
-        out->start[i] = b.n;
-        if ((rc = buf_token(&b, pad, tokens, H3_TAG_VIDEO)) || (rc = buf_token(&b, ve, 1, H3_TAG_VIDEO))) break;
-        out->tokens += (int)tokens;
+        if (ns < tp) {
+            const int need = (int)nearbyint((tp - 1) * ((double)H3_FPS / H3_VL_VIDEO_SAMPLE_FPS)) + 1;
+            rc = h3_err(H3_E_INVALID, "video reference: %d frames at %d fps; the text encoder reads it at %g fps in "
+                        "groups of %d, so it needs at least %d frames", frames[i], H3_FPS, H3_VL_VIDEO_SAMPLE_FPS, tp,
+                        need);
+            break;
+        }
+        if ((rc = h3_video_grid(&out->vpc, ns, widths[i], heights[i], grid, NULL))) break;
+        const int64_t tokens = (int64_t)grid[1] * grid[2] / mm;
+        snprintf(label, sizeof label, "<Video %d>: ", ++n_vid);
+        if ((rc = buf_text(&b, tok, label, H3_TAG_TEXT))) break;
+        for (int blk = 0; blk < grid[0] && !rc; blk++) {
+            /* timestamps j / sample_fps, the last repeated to fill the block; the block's is the mean
+               of its first and last, printed as Python's "{:.1f}" (exact binary value, half-to-even) */
+            const int j0 = blk * tp, j1 = j0 + tp - 1 < ns ? j0 + tp - 1 : ns - 1;
+            const double ts = (j0 / H3_VL_VIDEO_SAMPLE_FPS + j1 / H3_VL_VIDEO_SAMPLE_FPS) / 2;
+            snprintf(label, sizeof label, "<%.1f seconds>", ts);
+            if ((rc = span_reserve(out, &cap, tp)) || (rc = buf_text(&b, tok, label, H3_TAG_TEXT)) ||
+                (rc = buf_token(&b, vs, 1, H3_TAG_VIDEO)))
+                break;
+            const int s = out->n_spans++;
+            out->start[s] = b.n;
+            out->grid_h[s] = grid[1];
+            out->grid_w[s] = grid[2];
+            out->item[s] = i;
+            out->sampled[s] = ns;
+            for (int t = 0; t < tp; t++) out->frame[s * tp + t] = idx[j0 + t < ns ? j0 + t : ns - 1];
+            if ((rc = buf_token(&b, vpad, tokens, H3_TAG_VIDEO)) || (rc = buf_token(&b, ve, 1, H3_TAG_VIDEO))) break;
+            out->tokens += (int)tokens;
+        }
     }
     if (!rc && audio_before) rc = audio_labels(&b, tok, audio_before[n_images], &n_audio);
     if (!rc && (rc = buf_text(&b, tok, prompt, H3_TAG_TEXT))) h3_err_prefix("prompt");
@@ -690,7 +781,7 @@ int h3_vl_encode(h3_model *m, h3_backend *be, const h3_vl_prompt *p, const uint8
     float *embeds = h3_malloc(sizeof(float) * (size_t)(T * H));
     float *ds = nds ? h3_malloc(sizeof(float) * (size_t)(nds * T * H)) : NULL;
     float *px = NULL, *ds1 = NULL;
-    int *gh = h3_malloc(sizeof(int) * (size_t)p->n_images), *gw = h3_malloc(sizeof(int) * (size_t)p->n_images);
+    int *gh = h3_malloc(sizeof(int) * (size_t)(p->n_spans + 1)), *gw = h3_malloc(sizeof(int) * (size_t)(p->n_spans + 1));
     vt_model v;
     memset(&v, 0, sizeof v);
     if (!embeds || (nds && !ds) || !gh || !gw) {
@@ -700,13 +791,18 @@ int h3_vl_encode(h3_model *m, h3_backend *be, const h3_vl_prompt *p, const uint8
     if ((rc = vt_load(m, be, &v))) goto done;
     h3_progress_fn progress = run ? run->progress : NULL;
     void *user = run ? run->progress_user : NULL;
-    const int total = p->n_images * c->depth;
+    const int total = p->n_spans * c->depth, tp = c->temporal_patch;
     if ((rc = h3_progress_check(progress, user, "vision_encoder", 0, total))) goto done;
     int64_t off = 0;
-    for (int i = 0; i < p->n_images && !rc; i++) {
+    for (int s = 0; s < p->n_spans && !rc; s++) {
+        const int i = p->item[s];
         int grid[3], pd;
-        if ((rc = h3_image_grid(&p->pc, widths[i], heights[i], grid, &pd))) break;
-        if (grid[1] != p->grid_h[i] || grid[2] != p->grid_w[i]) {
+        if (p->sampled[s])
+            rc = h3_video_grid(&p->vpc, p->sampled[s], widths[i], heights[i], grid, &pd);
+        else
+            rc = h3_image_grid(&p->pc, widths[i], heights[i], grid, &pd);
+        if (rc) break;
+        if (grid[1] != p->grid_h[s] || grid[2] != p->grid_w[s]) {
             rc = h3_err(H3_E_INVALID, "keyframe %d: %dx%d is not the size the presentation was built for", i + 1,
                         widths[i], heights[i]);
             break;
@@ -720,15 +816,23 @@ int h3_vl_encode(h3_model *m, h3_backend *be, const h3_vl_prompt *p, const uint8
             rc = -H3_E_NOMEM;
             break;
         }
-        if ((rc = h3_image_pixels(&p->pc, rgb[i], widths[i], heights[i], px)) ||
-            (rc = vt_image(&v, px, grid[1], grid[2], embeds + off * H, ds1, progress, user, i * c->depth, total))) {
-            h3_err_prefix("keyframe %d", i + 1);
+        if (p->sampled[s]) {
+            /* one temporal block of a video: its frames out of rgb[i] = [frames][h][w][3] */
+            const uint8_t *block[64];
+            const size_t fsz = (size_t)widths[i] * (size_t)heights[i] * 3;
+            for (int t = 0; t < tp && t < 64; t++) block[t] = rgb[i] + (size_t)p->frame[s * tp + t] * fsz;
+            rc = h3_video_block_pixels(&p->vpc, p->sampled[s], block, widths[i], heights[i], px);
+        } else {
+            rc = h3_image_pixels(&p->pc, rgb[i], widths[i], heights[i], px);
+        }
+        if (rc || (rc = vt_image(&v, px, grid[1], grid[2], embeds + off * H, ds1, progress, user, s * c->depth, total))) {
+            h3_err_prefix("%s %d", p->sampled[s] ? "video reference" : "keyframe", i + 1);
             break;
         }
         for (int64_t k = 0; k < nds; k++)
             memcpy(ds + (k * T + off) * H, ds1 + k * Nm * H, sizeof(float) * (size_t)(Nm * H));
-        gh[i] = grid[1] / c->merge;
-        gw[i] = grid[2] / c->merge;
+        gh[s] = grid[1] / c->merge;
+        gw[s] = grid[2] / c->merge;
         off += Nm;
     }
     vt_free(&v); /* the tower's buffers go before the language model's */
@@ -738,7 +842,7 @@ int h3_vl_encode(h3_model *m, h3_backend *be, const h3_vl_prompt *p, const uint8
     if (!rc) {
         h3_text_vision vis;
         memset(&vis, 0, sizeof vis);
-        vis.n_spans = p->n_images;
+        vis.n_spans = p->n_spans;
         vis.start = p->start;
         vis.grid_h = gh;
         vis.grid_w = gw;

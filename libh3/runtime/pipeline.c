@@ -414,7 +414,7 @@ static int keyframe_encode(h3_runtime *rt, const uint8_t *rgb, int W, int H, con
 /* Plan-time check of the prompt's presentation with n images of w[i] x h[i] (tokenizer and
    configs; no pixels read): the model has a vision tower and the processor takes the sizes. */
 static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const int *w, const int *h,
-                               const int *audio_before)
+                               const int *frames, const int *audio_before)
 {
     h3_model *m = rt->model;
     int rc = h3_model_require(m, H3_COMP_TEXT_ENCODER, "encoding keyframes for the prompt");
@@ -424,7 +424,7 @@ static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const 
     if (!h3_store_find(&c->store, "model.visual.patch_embed.proj.weight"))
         return h3_err(H3_E_SCHEMA, "%s: the text encoder has no vision tower (model.visual.*), which keyframes need",
                       c->weights_dir ? c->weights_dir : c->dir);
-    rc = h3_rt_text_refs_rows(rt, prompt ? prompt : "", n, w, h, audio_before);
+    rc = h3_rt_text_refs_rows(rt, prompt ? prompt : "", n, w, h, frames, audio_before);
     return rc < 0 ? rc : 0;
 }
 
@@ -514,18 +514,18 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
     if (q->n_references) {
         /* Each image reference is encoded and shown to the text encoder at its own size. */
         if (q->text_states) return h3_err(H3_E_INVALID, "references: text_states cannot be injected with references");
-        if ((rc = h3_ref_plan_images(m, q, r->C, k->vc.spatial, rp))) return rc;
+        if ((rc = h3_ref_plan_images(m, q, r->frames, r->C, k->vc.spatial, rp))) return rc;
         for (int i = 0; i < rp->n; i++)
             if ((rc = keyframe_encoder_check(m, rp->w[i], rp->h[i], r->C, rp->lh[i], rp->lw[i]))) {
                 h3_err_prefix("reference %d", rp->index[i] + 1);
                 return rc;
             }
         if ((rc = h3_ref_plan_audio(m, q, r->frames, rp))) return rc;
-        if ((rc = keyframe_text_check(rt, q->prompt, rp->n, rp->w, rp->h, rp->audio_before))) return rc;
+        if ((rc = keyframe_text_check(rt, q->prompt, rp->n, rp->w, rp->h, rp->frames, rp->audio_before))) return rc;
     }
     if (kf->n && !q->text_states) {
         const int kw[2] = {q->width, q->width}, kh[2] = {q->height, q->height};
-        if ((rc = keyframe_text_check(rt, q->prompt, kf->n, kw, kh, NULL))) return rc;
+        if ((rc = keyframe_text_check(rt, q->prompt, kf->n, kw, kh, NULL, NULL))) return rc;
     }
     r->n_cond = kf->n;
     for (int i = 0; i < kf->n; i++) r->anchors[i] = kf->anchor[i];
@@ -597,21 +597,27 @@ static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf
 {
     int rc;
     if (rp->n) {
-        /* ref2va's presentation of image references is fl2va's ("<Picture k>: " and a vision block
-           each, then the prompt), every image at its own encoding size. */
+        /* ref2va's presentation: an image reference as fl2va's keyframes ("<Picture k>: " and a
+           vision block) at its own encoding size; a video reference's frames at 24 fps on its
+           canvas, sampled by the text encoder ("<Video k>: " and timestamped blocks). */
         uint8_t *sized[H3_REF_MAX] = {NULL};
         rc = 0;
         for (int i = 0; i < rp->n && !rc; i++) {
             const h3_reference *f = &q->references[rp->index[i]];
-            if (!(sized[i] = h3_malloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3)))
+            /* a video's slots are zeroed (calloc: pages untouched until written) and only the frames
+               the text encoder samples are resized into them */
+            const size_t frames = rp->frames[i] ? (size_t)rp->frames[i] : 1;
+            if (!(sized[i] = h3_calloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3, frames)))
                 rc = -H3_E_NOMEM;
+            else if (rp->frames[i])
+                rc = h3_ref_video_pixels(pool, q, rp, i, rp->frames[i], true, sized[i]);
             else
                 rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized[i]);
         }
         h3_text_rows tr;
         if (!rc)
             rc = h3_rt_text_encode_refs(rt, q->prompt, rp->n, (const uint8_t *const *)sized, rp->w, rp->h,
-                                        rp->audio_before, &tr);
+                                        rp->frames, rp->audio_before, &tr);
         for (int i = 0; i < rp->n; i++) free(sized[i]);
         if (rc) return rc;
         r->n_ids = r->n_text = tr.n;
@@ -717,10 +723,25 @@ static int prepare_reference_latents(h3_runtime *rt, const h3_request *q, const 
     int rc = 0;
     for (int i = 0; i < rp->n && !rc; i++) {
         const h3_reference *f = &q->references[rp->index[i]];
-        uint8_t *sized = h3_malloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3);
+        const size_t frames = rp->frames[i] ? (size_t)rp->enc_frames[i] : 1;
+        uint8_t *sized = h3_malloc((size_t)rp->w[i] * (size_t)rp->h[i] * 3 * frames);
         if (!sized) return -H3_E_NOMEM;
-        rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized);
-        if (!rc) rc = keyframe_encode(rt, sized, rp->w[i], rp->h[i], f->posterior_noise, *out + rp->off[i]);
+        if (rp->frames[i]) {
+            /* a video: its first enc_frames frames, in independent VAE chunks (h3_venc_condition) */
+            h3_backend *cpu;
+            rc = h3_ref_video_pixels(pool, q, rp, i, rp->enc_frames[i], false, sized);
+            if (!rc) rc = h3_rt_cpu_backend(rt, &cpu);
+            if (!rc) {
+                const h3_venc_cond c = {.rgb = sized, .T = rp->enc_frames[i], .H = rp->h[i], .W = rp->w[i],
+                                        .eps = f->posterior_noise, .seed = H3_KEYFRAME_ENCODE_SEED,
+                                        .stream = H3_STREAM_POSTERIOR, .out = *out + rp->off[i],
+                                        .progress = rt->progress, .user = rt->progress_user};
+                rc = h3_venc_condition(rt->model, cpu, &c);
+            }
+        } else {
+            rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized);
+            if (!rc) rc = keyframe_encode(rt, sized, rp->w[i], rp->h[i], f->posterior_noise, *out + rp->off[i]);
+        }
         free(sized);
         if (rc) h3_err_prefix("reference %d", rp->index[i] + 1);
     }
@@ -792,12 +813,15 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
         h3_dit_ref rf[H3_REF_MAX];
         int nr = 0, ki = 0, ka = 0;
         for (int i = 0; i < q->n_references; i++) {
+            /* a video's soundtrack rides on its own block (audio_lat), as diffusers packs it */
+            const int alat = ka < rp.n_audio && rp.aindex[ka] == i ? rp.a_lat[ka++] : 0;
             if (ki < rp.n && rp.index[ki] == i) {
-                rf[nr++] = (h3_dit_ref){.kind = H3_REF_IMAGE, .lat_t = 1, .lat_h = rp.lh[ki], .lat_w = rp.lw[ki]};
+                const bool video = rp.frames[ki] > 0;
+                rf[nr++] = (h3_dit_ref){.kind = video ? H3_REF_VIDEO : H3_REF_IMAGE, .lat_t = rp.lt[ki],
+                                        .lat_h = rp.lh[ki], .lat_w = rp.lw[ki], .audio_lat = video ? alat : 0};
                 ki++;
-            } else if (ka < rp.n_audio && rp.aindex[ka] == i) {
-                rf[nr++] = (h3_dit_ref){.kind = H3_REF_AUDIO, .audio_lat = rp.a_lat[ka]};
-                ka++;
+            } else if (alat) {
+                rf[nr++] = (h3_dit_ref){.kind = H3_REF_AUDIO, .audio_lat = alat};
             }
         }
         rc = h3_dit_layout_ref2va(&dc, r->n_text, r->text_tags, rf, nr, r->T, r->lh, r->lw, r->Ta, &r->layout);

@@ -1,7 +1,8 @@
 /*
- * Ref2VA references: request validation, the image reference's size rule and the audio
- * reference's truncation and encoding, as diffusers' MiniMaxH3Ref2VASetupStep (before_encoder.py)
- * and its reference encode step apply them. Kept out of pipeline.c, which only asks whether a
+ * Ref2VA references: request validation, the image reference's size rule, the video reference's
+ * resample / canvas / chunk plan and the audio reference's (and soundtrack's) truncation and
+ * encoding, as diffusers' MiniMaxH3Ref2VASetupStep (before_encoder.py) and its reference encode
+ * step apply them. Kept out of pipeline.c, which only asks whether a
  * request is valid and, later, for the normalised references.
  */
 #include "runtime/references.h"
@@ -12,6 +13,8 @@
 #include "core/schedule.h"
 #include "models/audio_vae_encoder.h"
 #include "models/dit.h"
+#include "models/video_vae_encoder.h"
+#include "models/vision_tower.h"
 
 #include <stdlib.h>
 
@@ -69,8 +72,22 @@ int h3_ref_request_check(const h3_model *m, const h3_request *q)
             if (!f->rgb) return h3_err(H3_E_INVALID, "%s: no pixels", what);
             int rc = h3_keyframe_check(f->width, f->height, what);
             if (rc) return rc;
-        } else if (f->kind == H3_REFERENCE_AUDIO) {
-            if (!f->pcm) return h3_err(H3_E_INVALID, "%s: no samples (pcm is NULL)", what);
+        } else {
+            if (f->kind == H3_REFERENCE_VIDEO) {
+                if (!f->rgb) return h3_err(H3_E_INVALID, "%s: no frames (rgb is NULL)", what);
+                if (f->frames < 1) return h3_err(H3_E_INVALID, "%s: %d frames (at least 1)", what, f->frames);
+                if (!(f->fps > 0) || !isfinite(f->fps) || f->fps > 1e4)
+                    return h3_err(H3_E_INVALID, "%s: frame rate %g (a positive number of frames per second)", what,
+                                  f->fps);
+                int rc = h3_keyframe_check(f->width, f->height, what);
+                if (rc) return rc;
+                if ((double)f->frames * f->width * f->height * 3 > 0x1p38)
+                    return h3_err(H3_E_INVALID, "%s: %d frames of %dx%d is too much video (at most 256 GiB of RGB)",
+                                  what, f->frames, f->width, f->height);
+                if (!f->pcm) continue; /* a silent video */
+            } else if (!f->pcm) {
+                return h3_err(H3_E_INVALID, "%s: no samples (pcm is NULL)", what);
+            }
             if (f->samples < 1 || f->samples > ((int64_t)1 << 40))
                 return h3_err(H3_E_INVALID, "%s: %lld samples per channel (at least 1)", what, (long long)f->samples);
             if (f->channels != 1 && f->channels != 2)
@@ -78,10 +95,6 @@ int h3_ref_request_check(const h3_model *m, const h3_request *q)
             if (f->sample_rate < 1)
                 return h3_err(H3_E_INVALID, "%s: sample rate %d Hz (give the rate the samples are at)", what,
                               f->sample_rate);
-        } else {
-            /* Hook: the video reference path plugs in here. */
-            return h3_err(H3_E_UNSUPPORTED, "%s: %s references are not supported by this build yet (image "
-                                            "references are)", what, names[f->kind]);
         }
     }
     return 0;
@@ -98,15 +111,90 @@ int h3_ref_model_image_size(h3_model *m, int width, int height, int *out_width, 
     return h3_ref_image_size(width, height, h3_geom_ref_image_edge(m, &cr), cr.multiple, out_width, out_height);
 }
 
-int h3_ref_plan_images(h3_model *m, const h3_request *q, int C, int spatial, h3_ref_plan *p)
+int64_t h3_ref_video_source(int src_frames, double fps, int *map, int64_t cap)
+{
+    if (src_frames < 1 || !(fps > 0)) return h3_err(H3_E_INVALID, "video reference: %d frames at %g fps", src_frames, fps);
+    if (fps == (double)H3_FPS) {
+        for (int64_t j = 0; map && j < src_frames && j < cap; j++) map[j] = (int)j;
+        return src_frames;
+    }
+    /* Python: slots = floor(arange(n) * scale + 0.5), each product and sum one double rounding
+       (no contraction: -ffp-contract=off); frame i repeated slots[i + 1] - slots[i] times. */
+    const double scale = (double)H3_FPS / fps;
+    int64_t j = 0;
+    for (int i = 0; map && i < src_frames && j < cap; i++) {
+        const double next = floor((double)(i + 1) * scale + 0.5);
+        for (; (double)j < next && j < cap; j++) map[j] = i;
+    }
+    /* the count is the last slot, floor(n * scale + 0.5); a very low rate is capped, not looped over */
+    const double total = floor((double)src_frames * scale + 0.5);
+    return total > 0x1p62 ? (int64_t)1 << 62 : (int64_t)total;
+}
+
+int h3_ref_plan_images(h3_model *m, const h3_request *q, int frames, int C, int spatial, h3_ref_plan *p)
 {
     memset(p, 0, sizeof *p);
+    int rc = 0;
+    bool video_cfgs = false;
+    h3_venc_cfg vc;
+    h3_vision_cfg vis;
+    h3_canvas_rule cr;
     for (int i = 0; i < q->n_references; i++) {
         const h3_reference *f = &q->references[i];
-        if (f->kind != H3_REFERENCE_IMAGE) continue;
+        if (f->kind == H3_REFERENCE_AUDIO) continue;
         const int k = p->n++;
         p->index[k] = i;
-        int rc = h3_ref_model_image_size(m, f->width, f->height, &p->w[k], &p->h[k]);
+        p->lt[k] = 1;
+        if (f->kind == H3_REFERENCE_IMAGE) {
+            rc = h3_ref_model_image_size(m, f->width, f->height, &p->w[k], &p->h[k]);
+        } else {
+            if (!video_cfgs) {
+                h3_geom_cfg gc;
+                h3_geom_cfg_of_model(m, &gc);
+                h3_geom_canvas_rule(m, &gc, &cr);
+                if ((rc = h3_model_require(m, H3_COMP_VIDEO_VAE, "encoding video references")) ||
+                    (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE)) || (rc = h3_venc_cfg_load(m, &vc)) ||
+                    (rc = h3_model_headers(m, H3_COMP_TEXT_ENCODER)) || (rc = h3_vision_cfg_load(m, &vis)))
+                    return rc;
+                video_cfgs = true;
+            }
+            /* diffusers' setup step: onto 24 fps, truncated to the render's frames, on the canvas of
+               its own aspect. */
+            const int64_t n24 = h3_ref_video_source(f->frames, f->fps, NULL, 0);
+            if (n24 < 0) return (int)n24;
+            p->frames[k] = (int)(n24 < frames ? n24 : frames);
+            if ((rc = h3_canvas_resolve(&cr, f->width, f->height, &p->w[k], &p->h[k]))) {
+                h3_err_prefix("reference %d (video)", i + 1);
+                return rc;
+            }
+            /* The text encoder reads it at 2 fps in groups of the temporal patch: too short a video
+               is refused there (diffusers raises the same before anything is encoded). */
+            int idx[H3_VL_MAX_SAMPLED];
+            const int ns = h3_vl_video_sample(p->frames[k], idx, H3_VL_MAX_SAMPLED);
+            if (ns < 0) return ns;
+            if (ns < vis.temporal_patch) {
+                const int need = (int)nearbyint((vis.temporal_patch - 1) * (H3_FPS / H3_VL_VIDEO_SAMPLE_FPS)) + 1;
+                return h3_err(H3_E_INVALID, "reference %d (video): %d frames at %d fps (%d frames at %g fps); the "
+                              "text encoder reads a video at %g fps in groups of %d, so it needs at least %d frames "
+                              "at %d fps", i + 1, p->frames[k], H3_FPS, f->frames, f->fps, H3_VL_VIDEO_SAMPLE_FPS,
+                              vis.temporal_patch, need, H3_FPS);
+            }
+            /* The reference encoder snaps the count down to clip * n + tokens_chunk_size (17n + 5),
+               so the VAE runs on whole chunks; a shorter video keeps all its frames. */
+            const int per_clip = (vc.clip_length + vc.temporal - 1) / vc.temporal;
+            int n = (p->frames[k] - per_clip) / vc.clip_length;
+            n = (n < 1 ? 1 : n) * vc.clip_length + per_clip;
+            p->enc_frames[k] = p->frames[k] < n ? p->frames[k] : n;
+            int ec, eh, ew;
+            if ((rc = h3_venc_shape(&vc, p->enc_frames[k], p->h[k], p->w[k], 0, 0, 0, &ec, &p->lt[k], &eh, &ew))) {
+                h3_err_prefix("reference %d (video)", i + 1);
+                return rc;
+            }
+            if (ec != C || eh * spatial != p->h[k] || ew * spatial != p->w[k])
+                return h3_err(H3_E_FORMAT, "reference %d (video): the video VAE encodes %dx%d into %dx%dx%d latents, "
+                              "the transformer expects %d channels per %d pixels", i + 1, p->w[k], p->h[k], ec, eh,
+                              ew, C, spatial);
+        }
         if (rc) {
             h3_err_prefix("reference %d", i + 1);
             return rc;
@@ -116,12 +204,52 @@ int h3_ref_plan_images(h3_model *m, const h3_request *q, int C, int spatial, h3_
                           p->w[k], p->h[k], spatial);
         p->lh[k] = p->h[k] / spatial;
         p->lw[k] = p->w[k] / spatial;
-        const int64_t n = (int64_t)C * p->lh[k] * p->lw[k];
+        const int64_t n = (int64_t)C * p->lt[k] * p->lh[k] * p->lw[k];
         p->off[k] = p->floats;
         p->floats += n;
         if (n > p->max_floats) p->max_floats = n;
     }
     return 0;
+}
+
+int h3_ref_video_pixels(h3_pool *pool, const h3_request *q, const h3_ref_plan *p, int k, int n, bool sampled,
+                        uint8_t *out)
+{
+    const h3_reference *f = &q->references[p->index[k]];
+    if (sampled) n = p->frames[k];
+    if (n < 1 || n > p->frames[k])
+        return h3_err(H3_E_INVALID, "reference %d (video): %d frames asked of %d", p->index[k] + 1, n, p->frames[k]);
+    int *map = h3_malloc(sizeof(int) * (size_t)n);
+    int *want = h3_calloc((size_t)n, sizeof(int)); /* the frames to fill */
+    int rc = map && want ? 0 : -H3_E_NOMEM;
+    if (!rc) {
+        const int64_t got = h3_ref_video_source(f->frames, f->fps, map, n);
+        if (got < 0) rc = (int)got;
+    }
+    if (!rc && sampled) {
+        int idx[H3_VL_MAX_SAMPLED];
+        const int ns = h3_vl_video_sample(n, idx, H3_VL_MAX_SAMPLED);
+        if (ns < 0) rc = ns;
+        for (int i = 0; i < ns; i++) want[idx[i]] = 1;
+    } else if (!rc) {
+        for (int j = 0; j < n; j++) want[j] = 1;
+    }
+    const size_t src = (size_t)f->width * (size_t)f->height * 3, dst = (size_t)p->w[k] * (size_t)p->h[k] * 3;
+    int last = -1; /* the output frame holding the last resize, and its source frame */
+    for (int j = 0; j < n && !rc; j++) {
+        if (!want[j]) continue;
+        /* a duplicated frame is the same resize: copied */
+        if (last >= 0 && map[j] == map[last])
+            memcpy(out + (size_t)j * dst, out + (size_t)last * dst, dst);
+        else
+            rc = h3_keyframe_place(pool, f->rgb + (size_t)map[j] * src, f->width, f->height, p->w[k], p->h[k], 0,
+                                   out + (size_t)j * dst);
+        last = j;
+    }
+    free(map);
+    free(want);
+    if (rc) h3_err_prefix("reference %d (video)", p->index[k] + 1);
+    return rc;
 }
 
 void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3_ref_plan *p, uint64_t seed, const float *cond,
@@ -133,7 +261,7 @@ void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3_ref_plan *p
     int64_t at = 0;
     for (int k = 0; k < p->n; k++) {
         const h3_reference *f = &q->references[p->index[k]];
-        const int64_t n = (int64_t)dc->video_ch * p->lh[k] * p->lw[k];
+        const int64_t n = (int64_t)dc->video_ch * p->lt[k] * p->lh[k] * p->lw[k];
         if (f->noise)
             memcpy(scratch, f->noise, sizeof(float) * (size_t)n);
         else
@@ -143,7 +271,7 @@ void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3_ref_plan *p
             const float a = t * z[j], b = u * scratch[j];
             scratch[j] = a + b;
         }
-        h3_dit_patchify_video(dc, scratch, 1, p->lh[k], p->lw[k], rows + at);
+        h3_dit_patchify_video(dc, scratch, p->lt[k], p->lh[k], p->lw[k], rows + at);
         at += n; /* patchify permutes: a condition's rows hold exactly its latent's floats */
     }
 }
@@ -158,8 +286,12 @@ int h3_ref_plan_audio(h3_model *m, const h3_request *q, int frames, h3_ref_plan 
     bool loaded = false;
     for (int i = 0; i < q->n_references; i++) {
         const h3_reference *f = &q->references[i];
-        if (f->kind == H3_REFERENCE_IMAGE) images++;
-        if (f->kind != H3_REFERENCE_AUDIO) continue;
+        /* A video's soundtrack is planned as an audio reference, its label before the video's. */
+        const bool visual = f->kind != H3_REFERENCE_AUDIO;
+        if (!f->pcm) {
+            images += visual;
+            continue;
+        }
         if (!loaded) {
             if ((rc = h3_model_require(m, H3_COMP_AUDIO_VAE, "encoding audio references")) ||
                 (rc = h3_aenc_cfg_load(m, &cfg)))
@@ -190,6 +322,7 @@ int h3_ref_plan_audio(h3_model *m, const h3_request *q, int frames, h3_ref_plan 
         p->a_off[k] = p->a_floats;
         p->a_floats += (int64_t)H3_STEREO * lat * cfg.av.latent_ch;
         p->audio_before[images]++;
+        images += visual;
     }
     return 0;
 }

@@ -284,21 +284,25 @@ static void digest128(const uint8_t *p, size_t n, uint64_t out[2])
 /* The images' part of a cache key: the processor settings (what turns pixels into patches), then
    each image's width, height and digest. Written field by field: no struct padding in it. */
 static uint8_t *image_key(const h3_vl_prompt *p, const uint8_t *const *rgb, const int *widths, const int *heights,
-                          size_t *len)
+                          const int *frames, size_t *len)
 {
-    const h3_image_proc_cfg *c = &p->pc;
-    const size_t n = 3 * sizeof(int) + 2 * sizeof(int64_t) + 6 * sizeof(float) + sizeof(double) + 3 +
-                     (size_t)p->n_images * (2 * sizeof(int) + 2 * sizeof(uint64_t));
+    const size_t per_cfg = 3 * sizeof(int) + 2 * sizeof(int64_t) + 6 * sizeof(float) + sizeof(double) + 3;
+    const size_t n = 2 * per_cfg + (size_t)p->n_images * (3 * sizeof(int) + 2 * sizeof(uint64_t));
     uint8_t *k = h3_malloc(n), *w = k;
     if (!k) return NULL;
 #define PUT(x) (memcpy(w, &(x), sizeof(x)), w += sizeof(x))
-    PUT(c->patch_size), PUT(c->temporal_patch_size), PUT(c->merge_size), PUT(c->min_pixels), PUT(c->max_pixels);
-    PUT(c->mean), PUT(c->std), PUT(c->rescale_factor);
-    *w++ = c->do_resize, *w++ = c->do_rescale, *w++ = c->do_normalize;
+    /* both processors' settings (the video one is zeros without videos) */
+    for (int j = 0; j < 2; j++) {
+        const h3_image_proc_cfg *c = j ? &p->vpc : &p->pc;
+        PUT(c->patch_size), PUT(c->temporal_patch_size), PUT(c->merge_size), PUT(c->min_pixels), PUT(c->max_pixels);
+        PUT(c->mean), PUT(c->std), PUT(c->rescale_factor);
+        *w++ = c->do_resize, *w++ = c->do_rescale, *w++ = c->do_normalize;
+    }
     for (int i = 0; i < p->n_images; i++) {
         uint64_t d[2];
-        digest128(rgb[i], (size_t)widths[i] * (size_t)heights[i] * 3, d);
-        PUT(widths[i]), PUT(heights[i]), PUT(d);
+        const int f = frames && frames[i] > 0 ? frames[i] : 0; /* 0: an image */
+        digest128(rgb[i], (size_t)widths[i] * (size_t)heights[i] * 3 * (size_t)(f ? f : 1), d);
+        PUT(widths[i]), PUT(heights[i]), PUT(f), PUT(d);
     }
 #undef PUT
     *len = n;
@@ -316,16 +320,16 @@ void h3_text_rows_free(h3_text_rows *r)
 
 int h3_rt_text_image_rows(h3_runtime *rt, const char *prompt, int n_images, const int *widths, const int *heights)
 {
-    return h3_rt_text_refs_rows(rt, prompt, n_images, widths, heights, NULL);
+    return h3_rt_text_refs_rows(rt, prompt, n_images, widths, heights, NULL, NULL);
 }
 
 int h3_rt_text_refs_rows(h3_runtime *rt, const char *prompt, int n_images, const int *widths, const int *heights,
-                         const int *audio_before)
+                         const int *frames, const int *audio_before)
 {
     h3_tokenizer *tok;
     h3_vl_prompt p;
     int rc = rt_tokenizer(rt, &tok);
-    if (rc || (rc = h3_vl_prompt_build_refs(rt->model, tok, prompt, n_images, widths, heights, audio_before, &p)))
+    if (rc || (rc = h3_vl_prompt_build_refs(rt->model, tok, prompt, n_images, widths, heights, frames, audio_before, &p)))
         return rc;
     const int n = p.n;
     h3_vl_prompt_free(&p);
@@ -335,11 +339,12 @@ int h3_rt_text_refs_rows(h3_runtime *rt, const char *prompt, int n_images, const
 int h3_rt_text_encode_images(h3_runtime *rt, const char *prompt, int n_images, const uint8_t *const *rgb,
                              const int *widths, const int *heights, h3_text_rows *out)
 {
-    return h3_rt_text_encode_refs(rt, prompt, n_images, rgb, widths, heights, NULL, out);
+    return h3_rt_text_encode_refs(rt, prompt, n_images, rgb, widths, heights, NULL, NULL, out);
 }
 
 int h3_rt_text_encode_refs(h3_runtime *rt, const char *prompt, int n_images, const uint8_t *const *rgb,
-                           const int *widths, const int *heights, const int *audio_before, h3_text_rows *out)
+                           const int *widths, const int *heights, const int *frames, const int *audio_before,
+                           h3_text_rows *out)
 {
     if (!out) return h3_err(H3_E_INVALID, "text encoder: NULL output");
     memset(out, 0, sizeof *out);
@@ -347,7 +352,7 @@ int h3_rt_text_encode_refs(h3_runtime *rt, const char *prompt, int n_images, con
     h3_tokenizer *tok;
     h3_vl_prompt p;
     int rc = rt_tokenizer(rt, &tok);
-    if (rc || (rc = h3_vl_prompt_build_refs(rt->model, tok, prompt, n_images, widths, heights, audio_before, &p)))
+    if (rc || (rc = h3_vl_prompt_build_refs(rt->model, tok, prompt, n_images, widths, heights, frames, audio_before, &p)))
         return rc;
     for (int i = 0; i < n_images && !rc; i++) {
         char what[32];
@@ -363,7 +368,7 @@ int h3_rt_text_encode_refs(h3_runtime *rt, const char *prompt, int n_images, con
     h3_text_cache *c = NULL;
     if (rc || (rc = h3_text_cfg_load(m, &cfg)) || (rc = model_identity(m, &cfg, &model_id))) goto done;
     if (!(c = cache_of(rt)) || !(rows = h3_malloc(sizeof(float) * (size_t)p.n * (size_t)cfg.hidden)) ||
-        (n_images > 0 && !(extra = image_key(&p, rgb, widths, heights, &extra_len)))) {
+        (n_images > 0 && !(extra = image_key(&p, rgb, widths, heights, frames, &extra_len)))) {
         rc = -H3_E_NOMEM;
         goto done;
     }

@@ -92,9 +92,9 @@ H3_REFERENCE_AUDIO = 2
 
 class H3Reference(ctypes.Structure):
     _fields_ = [("kind", c_int32), ("rgb", c_uint8_p), ("width", c_int32), ("height", c_int32), ("frames", c_int32),
-                ("fps", ctypes.c_float), ("pcm", c_float_p), ("samples", c_int64), ("channels", c_int32),
+                ("fps", ctypes.c_double), ("pcm", c_float_p), ("samples", c_int64), ("channels", c_int32),
                 ("sample_rate", c_int32),
-                # optional injected draws of an image reference: conditioning noise, posterior noise
+                # optional injected draws of an image / video reference: conditioning noise, posterior noise
                 ("noise", c_float_p), ("posterior_noise", c_float_p)]
 
 
@@ -199,6 +199,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_decode_video_f32": (c_int, [c_void_p, c_float_p]),
     "h3_keyframe_canvas": (c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
     "h3_reference_size": (c_int, [c_void_p, c_int, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
+    "h3_reference_video_size": (c_int, [c_void_p, c_int, c_int, c_int, ctypes.c_double, c_int,
+                                        ctypes.POINTER(c_int), ctypes.POINTER(c_int), ctypes.POINTER(c_int),
+                                        ctypes.POINTER(c_int)]),
     "h3_keyframe_resize": (c_int, [c_uint8_p, c_int, c_int, c_int, c_int, c_int, c_uint8_p]),
 }
 

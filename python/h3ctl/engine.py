@@ -302,6 +302,15 @@ class Engine:
                                                 ctypes.byref(h)))
         return w.value, h.value
 
+    def reference_video_size(self, width: int, height: int, frames: int, fps: float,
+                             render_frames: int) -> tuple[int, int, int, int]:
+        """A video reference of `frames` frames of width x height at `fps` in a render of `render_frames` frames:
+        (canvas width, height, its frames at 24 fps after the truncation, latent frames) (h3_reference_video_size)."""
+        out = [ctypes.c_int() for _ in range(4)]
+        _lib.check(_lib.lib().h3_reference_video_size(self._ctx.ptr, int(width), int(height), int(frames), float(fps),
+                                                      int(render_frames), *[ctypes.byref(o) for o in out]))
+        return tuple(o.value for o in out)
+
     def _inject_references(self, req, ref_inj: dict, keep: list) -> None:
         """Point the request's h3_reference entries at injected draws, after checking their shapes (libh3 cannot:
         it only receives pointers)."""
@@ -315,10 +324,14 @@ class Engine:
             ref = arr[k]
             if ref.kind == _lib.H3_REFERENCE_AUDIO:
                 raise H3Error(f"{name}: reference {k + 1} is audio, which is never noised (nothing to inject)")
-            w, h = self.reference_size(ref.width, ref.height)
+            t = 1
+            if ref.kind == _lib.H3_REFERENCE_VIDEO:
+                w, h, _, t = self.reference_video_size(ref.width, ref.height, ref.frames, ref.fps, info["frames"])
+            else:
+                w, h = self.reference_size(ref.width, ref.height)
             # the video VAE's pixels per latent: the canvas over its latent grid (the output, not a render_size)
             ratio = info["height"] // info["latent_height"] if not req.render_width else 16
-            want = [info["latent_channels"], 1, h // ratio, w // ratio]
+            want = [info["latent_channels"], t, h // ratio, w // ratio]
             value = np.ascontiguousarray(value, dtype=np.float32)
             if list(value.shape) != want:
                 raise H3Error(f"{name} must have shape {want}, got {list(value.shape)}")
@@ -343,8 +356,10 @@ class Engine:
         `references` (Ref2VA): a list in the order the model reads them; an item is an image (a path or a uint8
         [H, W, 3] array) or ("image", image), or audio: a dict {"audio": float [channels, samples] (or [samples])
         array, "sample_rate": Hz} at the model's rate (libh3 does not resample) or ("audio", path) decoded with
-        the bundled ffmpeg at the model's rate. Needs an Engine opened with ref2va=True on a model with Ref2VA/.
-        Video references are not supported yet (refused with a message)."""
+        the bundled ffmpeg at the model's rate, or a video: ("video", path) (decoded with the bundled ffmpeg, its
+        soundtrack kept), ("silent_video", path) (the sound dropped) or a dict {"frames": uint8 [T, H, W, 3],
+        "fps": rate (default 24), "audio": float [channels, samples] (optional), "sample_rate": Hz}. Needs an
+        Engine opened with ref2va=True on a model with Ref2VA/."""
         from . import media, presets
 
         resolved = presets.resolve(preset, **knobs)
@@ -375,6 +390,18 @@ class Engine:
                     arr[i].kind = _lib.H3_REFERENCE_AUDIO
                     arr[i].pcm = pcm.ctypes.data_as(_lib.c_float_p)
                     arr[i].channels, arr[i].samples, arr[i].sample_rate = pcm.shape[0], pcm.shape[1], rate
+                    continue
+                if kind == "video":
+                    clip, fps, pcm, rate = value
+                    keep.append(clip)
+                    arr[i].kind = _lib.H3_REFERENCE_VIDEO
+                    arr[i].rgb = clip.ctypes.data_as(_lib.c_uint8_p)
+                    arr[i].frames, arr[i].height, arr[i].width = clip.shape[:3]
+                    arr[i].fps = fps
+                    if pcm is not None:  # its soundtrack, planar [channels, samples]
+                        keep.append(pcm)
+                        arr[i].pcm = pcm.ctypes.data_as(_lib.c_float_p)
+                        arr[i].channels, arr[i].samples, arr[i].sample_rate = pcm.shape[0], pcm.shape[1], rate
                     continue
                 rgb = value
                 keep.append(rgb)

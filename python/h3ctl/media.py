@@ -581,16 +581,91 @@ def as_audio_reference(value, what: str) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(pcm, dtype=np.float32), int(rate)
 
 
+# ---- video references ------------------------------------------------------------------------------
+
+def _video_rate(text: str) -> float:
+    """The frame rate ffmpeg's stream line reports ("29.97 fps"), as PyAV's average_rate would give it: ffmpeg
+    prints the rate rounded to 2 decimals, so an NTSC rate k * 1000 / 1001 is recovered exactly."""
+    m = re.search(r"Stream #[^\n]*Video:[^\n]*?([\d.]+) fps", text) or re.search(
+        r"Stream #[^\n]*Video:[^\n]*?([\d.]+) tbr", text)
+    if not m:
+        return 0.0
+    v = float(m.group(1))
+    k = round(v * 1.001)
+    if v != int(v) and abs(k * 1000 / 1001 - v) < 0.006:
+        return k * 1000 / 1001
+    return v
+
+
+def read_video(path: str | os.PathLike, what: str = "video", sound: bool = True):
+    """A video file decoded with the bundled ffmpeg (display rotation applied, as diffusers' from_file does):
+    (uint8 frames [T, H, W, 3], the frame rate the container reports, its soundtrack as float32 [channels,
+    samples] at its own rate (read_audio; libh3 resamples it as an audio reference) or None when it has none or
+    `sound` is False, and that rate or 0)."""
+    import imageio_ffmpeg
+
+    if not os.path.isfile(path):
+        raise H3Error(f"{what}: {path}: no such file")
+    probe = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)], capture_output=True,
+                           text=True, errors="replace").stderr
+    if not re.search(r"Stream #\S+.*Video:", probe):
+        raise H3Error(f"{what}: {path}: cannot be decoded as video{_reason(probe) or ': no video stream'}")
+    fps = _video_rate(probe)
+    try:
+        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+        meta = next(reader)
+        w, h = meta["size"]
+        frames = [np.frombuffer(fr, dtype=np.uint8).reshape(h, w, 3) for fr in reader]
+    except (RuntimeError, OSError, ValueError, StopIteration) as e:
+        reason = str(e).strip().splitlines()
+        raise H3Error(f"{what}: {path}: cannot be decoded as video: {reason[-1] if reason else 'ffmpeg failed'}")
+    if not frames:
+        raise H3Error(f"{what}: {path}: no video frames")
+    if not fps > 0:
+        raise H3Error(f"{what}: {path}: ffmpeg reports no frame rate")
+    pcm, rate = None, 0
+    if sound and re.search(r"Stream #\S+.*Audio:", probe):
+        pcm, rate = read_audio(path, what)
+    return np.stack(frames), fps, pcm, rate
+
+
+def as_video_reference(value, what: str, sample_rate: int, sound: bool = True):
+    """A video reference as (uint8 frames [T, H, W, 3] C-contiguous, fps, float32 soundtrack [ch, samples] or
+    None, its rate): a path (decoded with its soundtrack at the file's own rate, unless `sound` is False; libh3
+    resamples it; `sample_rate` is the rate reported when there is no soundtrack) or a dict
+    {"frames": uint8 [T, H, W, 3], "fps": rate (default 24), "audio": [channels, samples] (optional),
+    "sample_rate": Hz (with audio)}."""
+    if isinstance(value, (str, os.PathLike)):
+        frames, fps, pcm, rate = read_video(value, what, sound)
+        return frames, fps, pcm, int(rate) if pcm is not None else int(sample_rate)
+    if not isinstance(value, dict) or "frames" not in value:
+        raise H3Error(f"{what}: must be a path or a dict {{'frames': uint8 [T, H, W, 3], 'fps': rate, "
+                      "'audio': array, 'sample_rate': Hz}")
+    frames = np.asarray(value["frames"])
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3 or frames.shape[0] < 1:
+        raise H3Error(f"{what}: frames must be uint8 [frames, height, width, 3], got {frames.dtype} "
+                      f"{list(frames.shape)}")
+    fps = float(value.get("fps", 24.0))
+    pcm, rate = None, int(sample_rate)
+    if sound and value.get("audio") is not None:
+        if "sample_rate" not in value:
+            raise H3Error(f"{what}: a soundtrack needs its 'sample_rate'")
+        pcm, rate = as_audio_reference({"audio": value["audio"], "sample_rate": value["sample_rate"]}, what)
+    return np.ascontiguousarray(frames), fps, pcm, rate
+
+
 def as_references(references, sample_rate: int = 32000) -> list[tuple[str, object]]:
-    """Ref2VA references in request order as ("image", uint8 [H, W, 3]) or ("audio", (float32 [ch, samples],
-    rate)): an item is an image (a path or an array), ("image", image), ("audio", path or dict) or a dict
-    {"audio": array, "sample_rate": Hz}. Video references have no decoder here yet: they are refused."""
+    """Ref2VA references in request order as ("image", uint8 [H, W, 3]), ("audio", (float32 [ch, samples],
+    rate)) or ("video", (uint8 [T, H, W, 3], fps, soundtrack or None, its rate)): an item is an image (a path
+    or an array), ("image", image), ("audio", path or dict), a dict {"audio": array, "sample_rate": Hz},
+    ("video", path or dict) (a file keeps its sound), ("silent_video", path or dict) (the sound dropped) or a
+    dict {"frames": array, ...} (a video, as_video_reference)."""
     if isinstance(references, (str, os.PathLike, np.ndarray, dict)):
         references = [references]
     out = []
     for i, item in enumerate(references, 1):
         if isinstance(item, dict):
-            kind, value = "audio", item
+            kind, value = ("video" if "frames" in item else "audio"), item
         else:
             kind, value = item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) else (
                 "image", item)
@@ -598,8 +673,11 @@ def as_references(references, sample_rate: int = 32000) -> list[tuple[str, objec
             out.append(("image", as_keyframe(value, f"reference image {i}")))
         elif kind == "audio":
             out.append(("audio", as_audio_reference(value, f"reference audio {i}")))
+        elif kind in ("video", "silent_video"):
+            out.append(("video", as_video_reference(value, f"reference video {i}", sample_rate,
+                                                    sound=kind == "video")))
         else:
-            raise H3Error(f"reference {i}: {kind!r} references are not supported yet (images and audio are)")
+            raise H3Error(f"reference {i}: {kind!r} is not a reference kind (image, video, silent_video, audio)")
     return out
 
 

@@ -25,12 +25,14 @@ PHASE_LABELS = {
 
 
 class _Reference(argparse.Action):
-    """--ref-image / --ref-audio: each value also goes to args.references as (kind, value), so the order of
-    all reference options is kept (it is the order the model reads them in)."""
+    """--ref-image / --ref-video / --ref-silent-video / --ref-audio: each value also goes to args.references as
+    (kind, value), so the order of all reference options is kept (it is the order the model reads them in)."""
+
+    KINDS = {"ref_image": "image", "ref_video": "video", "ref_silent_video": "silent_video", "ref_audio": "audio"}
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, list(getattr(namespace, self.dest) or []) + [values])
-        kind = "audio" if self.dest == "ref_audio" else "image"
+        kind = self.KINDS[self.dest]
         namespace.references = list(getattr(namespace, "references", None) or []) + [(kind, values)]
 
 def add_arguments(p) -> None:
@@ -46,6 +48,11 @@ def add_arguments(p) -> None:
                    "cover-cropped to it with --first-frame)")
     p.add_argument("--ref-image", metavar="IMG", action=_Reference, default=[],
                    help="a reference image (Ref2VA; repeatable, read in the order given); needs a model with Ref2VA/")
+    p.add_argument("--ref-video", metavar="FILE", action=_Reference, default=[],
+                   help="a reference video with its sound (Ref2VA; repeatable, at most 3; decoded with the bundled "
+                   "ffmpeg, resampled to 24 fps; at least 13 frames at 24 fps)")
+    p.add_argument("--ref-silent-video", metavar="FILE", action=_Reference, default=[],
+                   help="a reference video without its sound (as --ref-video, the soundtrack dropped)")
     p.add_argument("--ref-audio", metavar="FILE", action=_Reference, default=[],
                    help="a reference sound (Ref2VA; repeatable, at most 3, needs a --ref-image too; decoded with the "
                    "bundled ffmpeg at the model's rate); its place among the --ref-image options is kept")
@@ -215,11 +222,12 @@ def main(args) -> int:
         if kind == "image":
             refs.append(media.read_image(v, f"reference image {i}"))
         elif not Path(v).is_file():
-            raise H3Error(f"reference audio {i}: {v}: no such file")
+            raise H3Error(f"reference {'audio' if kind == 'audio' else 'video'} {i}: {v}: no such file")
         else:
-            refs.append(("audio", v))
+            refs.append((kind, v))
     if refs and not (Path(args.model_dir or default_model_dir()) / "Ref2VA").is_dir():
-        which = "--ref-image" if args.ref_image else "--ref-audio"
+        which = ("--ref-image" if args.ref_image else "--ref-video" if args.ref_video else
+                 "--ref-silent-video" if args.ref_silent_video else "--ref-audio")
         raise H3Error(f"{args.model_dir or 'the embedded h3-tiny'}: {which} needs a model with a Ref2VA/ folder")
 
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,

@@ -72,7 +72,6 @@ typedef struct h3_options {
     int32_t device;       /* H3_DEVICE_*: where the transformer and sampler run */
     int32_t device_index; /* GPU ordinal for H3_DEVICE_CUDA / AUTO (default 0) */
     int32_t precision;    /* H3_PRECISION_*: how GEMM weights are held (default: as the backend does) */
-    int32_t reserved;     /* 0 */
     /*
      * Bytes the transformer's GEMM weights may hold on the device (the refiner, projections and
      * heads, the blocks that stay, and the slots the others stream through). 0 = auto: every block

@@ -178,7 +178,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
     h3_backend *be = d->be;
     const bool gpu = on_gpu(d);
     if (vram < 0) return h3_err(H3_E_INVALID, "transformer: a memory budget of %lld bytes", (long long)vram);
-    if (L < 1 || (!gpu && vram == 0)) return 0;
+    if (L < 1) return 0;
     /* What is held whatever the budget: the refiner, projections and heads. */
     uint64_t fixed = held(d, &d->cond) + held(d, &d->vout) + held(d, &d->aout) + held(d, &d->vproj) +
                      held(d, &d->aproj);
@@ -203,6 +203,10 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
         }
     }
     int64_t avail;
+    if (!gpu && vram == 0) { /* auto on the CPU: the mappings stay (the page cache backs them) */
+        d->held_bytes = fixed + (uint64_t)B * (uint64_t)L;
+        return 0;
+    }
     if (vram > 0) {
         avail = vram - (int64_t)fixed;
     } else {

@@ -32,7 +32,7 @@ c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 class H3Options(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32), ("device", c_int32),
-                ("device_index", c_int32), ("precision", c_int32), ("reserved", c_int32), ("vram_bytes", c_int64)]
+                ("device_index", c_int32), ("precision", c_int32), ("vram_bytes", c_int64)]
 
 
 # int (*)(void *user, const char *phase, int done, int total): non-zero cancels.

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import _lib
 from ._lib import H3Error
 
 PHASE_LABELS = {

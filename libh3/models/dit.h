@@ -237,10 +237,10 @@ typedef struct h3_dit_stats {
     double transformer_ms;/* time inside h3_dit_step: forwards, cache tests, extrapolation, Euler */
 } h3_dit_stats;
 /* Weight streaming of the open transformer: blocks streamed (0: all resident) of `blocks`, bytes
-   its GEMM weights hold (resident blocks, slots and every other GEMM weight) and bytes streamed
-   by forwards so far. */
+   its GEMM weights hold (resident blocks, slots and every other GEMM weight), bytes streamed by
+   forwards so far and bytes of one block's GEMM weights as a slot holds them. */
 H3_INTERNAL void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks, uint64_t *held_bytes,
-                                    uint64_t *streamed_bytes);
+                                    uint64_t *streamed_bytes, uint64_t *block_bytes);
 /* Names of the parts ("linear", "attention", "norm_modulate", "qk_norm_rope", "eltwise"). */
 H3_INTERNAL const char *h3_dit_part_name(int part);
 H3_INTERNAL void h3_dit_get_stats(const h3_dit *d, h3_dit_stats *s);

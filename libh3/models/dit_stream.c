@@ -6,13 +6,15 @@
  * through. The main blocks' four GEMM weights (qkv, out, fc1, fc2: ~0.72 GiB of bf16 per block
  * at the released widths) are what streams; their norm vectors stay resident (kilobytes).
  *
- * Which blocks stay: as many as fit after two slots, spread evenly over the stack (block i stays
- * when floor((i + 1) r / L) > floor(i r / L)), so the copy of a streamed block also overlaps the
- * resident blocks before it, not only the streamed one in the other slot.
+ * Which blocks stay: as many as fit after two slots, spread evenly over the stack from block 0 on
+ * (block i stays when ceil((i + 1) r / L) > ceil(i r / L)), so the copy of a streamed block also
+ * overlaps the resident blocks before it, not only the streamed one in the other slot, and the
+ * first copies of a forward overlap block 0.
  *
  * GPU: each streamed block is loaded once through weight_load (so bf16 rounding or fp8
  * quantisation happen exactly as for a resident block), copied back to pinned host memory in that
- * device form (weight_save) and let go on the device. A forward then copies each one into a ring
+ * device form (weight_save) and let go on the device, before the ring exists (so the block in
+ * transit fits the budget's room for the slots). A forward then copies each one into a ring
  * slot on the backend's copy stream, two blocks ahead at most, and its GEMMs read the slot through
  * weight_view: the same bytes, the same plans, the same bits as the resident path
  * (backend/cuda/cuda_stream.cu has the stream and event ordering).
@@ -94,6 +96,13 @@ static int gpu_stage(h3_dit *d, int i)
     dit_block *b = &d->blk[i];
     h3_backend *be = d->be;
     int rc = 0;
+    /* The block passes through the device on its way to host memory: without the slots there, the
+       budget holds it (the budget has room for two slots and one block is less). The next forward
+       allocates them again. */
+    if (d->ring) {
+        be->ops->ring_close(be, d->ring);
+        d->ring = NULL;
+    }
     if (!b->qkv.data && (rc = dit_load_block_weights(d, b, "blocks", i))) return rc;
     for (int k = 0; k < 4; k++) {
         const size_t want = (k < 3 ? d->blk_off[k + 1] : d->blk_bytes) - d->blk_off[k];
@@ -202,6 +211,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
             B += (size_t)((t->end - t->begin + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN);
         }
     }
+    d->blk_bytes = B; /* reported even when every block stays */
     int64_t avail;
     if (!gpu && vram == 0) { /* auto on the CPU: the mappings stay (the page cache backs them) */
         d->held_bytes = fixed + (uint64_t)B * (uint64_t)L;
@@ -232,8 +242,8 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
                       "combined with LoRA files or int8 precision there (%.3f GiB would keep every block)",
                       gib(fixed + (uint64_t)B * (uint64_t)L));
     d->n_streamed = 0;
-    for (int i = 0; i < L; i++) {
-        d->blk[i].streamed = !(((int64_t)(i + 1) * keep) / L > ((int64_t)i * keep) / L);
+    for (int i = 0; i < L; i++) { /* ceil((i + 1) k / L) > ceil(i k / L): block 0 first */
+        d->blk[i].streamed = !(((int64_t)(i + 1) * keep + L - 1) / L > ((int64_t)i * keep + L - 1) / L);
         d->n_streamed += d->blk[i].streamed;
     }
     d->blk_bytes = B;
@@ -241,8 +251,8 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
     d->held_bytes = fixed + (uint64_t)B * (uint64_t)(L - d->n_streamed + DIT_SLOTS);
     if (!(d->pass = h3_malloc(sizeof *d->pass * (size_t)L))) return -H3_E_NOMEM;
     if (!gpu) return cpu_open_streamer(d);
-    if ((rc = be->ops->ring_open(be, d->slots, B, &d->ring))) return rc;
-    /* Block 0 was loaded to learn the form: keep it, or make it the first streamed copy. */
+    /* Block 0 was loaded to learn the form: keep it, or make it the first streamed copy. The ring
+       is allocated by the first forward (dit_stream_begin), after every block is staged. */
     return d->blk[0].streamed ? gpu_stage(d, 0) : 0;
 }
 
@@ -255,9 +265,11 @@ int dit_stream_begin(h3_dit *d, const int *seq, int n)
     memcpy(d->pass, seq, sizeof *seq * (size_t)n);
     d->pass_n = n;
     if (d->streamer) return h3_streamer_begin(d->streamer, seq, n);
+    int rc;
+    if (!d->ring && (rc = d->be->ops->ring_open(d->be, d->slots, d->blk_bytes, &d->ring))) return rc;
     /* The first slots fill at once: they overlap whatever runs before their blocks. */
     for (int j = 0; j < n && j < d->slots; j++) {
-        int rc = d->be->ops->ring_fill(d->be, d->ring, j % d->slots, d->blk[seq[j]].host, d->blk_bytes);
+        rc = d->be->ops->ring_fill(d->be, d->ring, j % d->slots, d->blk[seq[j]].host, d->blk_bytes);
         if (rc) return rc;
     }
     return 0;
@@ -323,8 +335,10 @@ void dit_stream_close(h3_dit *d)
     d->pass = NULL;
 }
 
-void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks, uint64_t *held_bytes, uint64_t *streamed_bytes)
+void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks, uint64_t *held_bytes, uint64_t *streamed_bytes,
+                        uint64_t *block_bytes)
 {
+    if (block_bytes) *block_bytes = d->blk_bytes;
     if (streamed) *streamed = d->n_streamed;
     if (blocks) *blocks = d->c.layers;
     if (held_bytes) *held_bytes = d->held_bytes;

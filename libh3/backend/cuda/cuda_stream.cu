@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 namespace h3cuda {
 
@@ -49,8 +50,10 @@ void *host_alloc(Backend *b, size_t bytes)
     cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
     if (e == cudaSuccess) return p;
     (void)cudaGetLastError();
-    fail(b, H3_E_NOMEM, "cuda: cannot pin %.2f GiB of host memory for streamed weights: %s",
-         (double)bytes / (1024.0 * 1024.0 * 1024.0), cudaGetErrorString(e));
+    const long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    fail(b, H3_E_NOMEM, "cuda: cannot pin %.2f GiB of host memory for streamed weights (%.1f GiB of RAM free): %s",
+         (double)bytes / gib, pages > 0 && psz > 0 ? (double)pages * (double)psz / gib : 0.0, cudaGetErrorString(e));
     return NULL;
 }
 

@@ -42,7 +42,6 @@ import bench_cuda_dit as B  # noqa: E402  (tests/ is on sys.path as the script's
 
 GIB = 1 << 30
 DEFAULT_SHAPES = "864x480x56:64,1344x768x124:128"
-PARTS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")
 
 
 def h2d_gbps(torch, nbytes: int, repeats: int = 5) -> float:

@@ -139,8 +139,10 @@ int ring_open(Backend *b, int slots, size_t slot_bytes, h3_bring **out)
     cudaError_t e = cudaStreamCreateWithFlags(&r->copy, cudaStreamNonBlocking);
     if (e != cudaSuccess) r->copy = NULL;
     for (int s = 0; s < slots && e == cudaSuccess; s++) {
-        if ((e = cudaEventCreateWithFlags(&r->ready[s], cudaEventDisableTiming)) != cudaSuccess) r->ready[s] = NULL;
-        else if ((e = cudaEventCreateWithFlags(&r->freed[s], cudaEventDisableTiming)) != cudaSuccess) r->freed[s] = NULL;
+        if ((e = cudaEventCreateWithFlags(&r->ready[s], cudaEventDisableTiming)) != cudaSuccess)
+            r->ready[s] = NULL;
+        else if ((e = cudaEventCreateWithFlags(&r->freed[s], cudaEventDisableTiming)) != cudaSuccess)
+            r->freed[s] = NULL;
     }
     if (e != cudaSuccess) {
         rc = fail_cuda(b, e, "creating the weight ring's stream and events");

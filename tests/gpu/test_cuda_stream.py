@@ -154,7 +154,8 @@ class FreePoll:
 
     @property
     def used(self) -> int:
-        return self.base - min(self.low, self.torch.cuda.mem_get_info()[0])
+        now = self.torch.cuda.mem_get_info()[0]
+        return self.base - min(now if self.low is None else self.low, now)
 
 
 # bf16: the 4 GiB (one block of three stays); fp8 blocks are half as big, so 4 GiB would hold all three:

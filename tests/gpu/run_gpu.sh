@@ -98,7 +98,7 @@ for stage in "${STAGES[@]}"; do
     bench)
         run bench "$PY" tests/bench_cuda_dit.py --fp8 --out "$LOG/bench.json"
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
-        run bench-stream "$PY" tests/bench_stream.py --fp8 --budgets 4 --out "$LOG/bench-stream.json"
+        run bench-stream "$PY" tests/bench_stream.py --blocks 4 --fp8 --budgets 4 --out "$LOG/bench-stream.json"
         ;;
     bench-stream)
         run bench-stream "$PY" tests/bench_stream.py --fp8 --budgets 4,8 --out "$LOG/bench-stream.json"

@@ -9,14 +9,15 @@ Model: tests/bench_cuda_dit.py's random checkpoint at the released widths with `
 and reused with --ckpt). Shapes as there (WIDTHxHEIGHTxFRAMES:PROMPT_TOKENS); the defaults are 7,135 and 37,838
 tokens, the issue's two targets (<= 30 % and <= 10 % slower than resident at 4 GiB).
 
-Per shape and budget, from h3_dit_denoise with `--steps` grid points after one warm-up call:
+Per shape and budget (first the two slots alone, then --budgets), from h3_dit_denoise with `--steps` grid points after one warm-up call:
 * ms/block: stack_ms_min (the block stack, timed between two device waits) / blocks.
 * streamed: blocks streamed of the total; held: GiB the transformer's GEMM weights hold (resident blocks + 2 slots +
   refiner, projections, heads); identical: the velocity equals the resident run's bit for bit.
 * ms/streamed block: (stack - resident blocks x the resident ms/block) / streamed blocks, and the floor of a streamed
   block: its device bytes / the measured pinned host->device bandwidth (torch, the same transfer size).
 * at 50 blocks: the slowdown the same per-block numbers give the released 50-block stack at that budget (the blocks
-  that fit stay: (budget - other weights - 2 slots) / block bytes).
+  that fit stay: (budget - other weights - 2 slots) / block bytes; a streamed block costs what it cost in the first
+  row of the shape, the budget of the two slots alone, where every block streams).
 * diffusers group offload: MiniMaxH3Transformer3DModel with apply_group_offloading(block_level, 1 block per group,
   use_stream=True), a whole forward / blocks, next to the same model resident on the GPU.
 --dry-run: toy widths on the CPU (libh3's CPU streamer; budgets: the two slots, then the slots + one block; no
@@ -88,14 +89,14 @@ def diffusers_offload(torch, model, shapes, repeats: int, blocks: int) -> dict:
     return out
 
 
-def project_50(row: dict, budget: int, other: int, blk: int) -> float | None:
-    """Slowdown of the released 50-block stack at this budget from the measured per-block times."""
-    if "streamed_block_ms" not in row:
-        return None
+def project_50(t_r: float, t_s: float | None, budget: int, other: int, blk: int) -> float | None:
+    """Slowdown of the released 50-block stack at this budget from the measured per-block times (t_s: a streamed
+    block, measured where every block streams)."""
     keep = max(0, min(50, (budget - other - 2 * blk) // blk))
     if keep >= 50:
         return 0.0
-    t_r, t_s = row["resident_block_ms"], row["streamed_block_ms"]
+    if t_s is None:
+        return None
     return (keep * t_r + (50 - keep) * t_s) / (50 * t_r) - 1
 
 
@@ -155,9 +156,11 @@ def main() -> int:
                                  threads=args.threads)
             held, blk = res["stream"]["weight_bytes_held"], res["stream"]["block_bytes"]
             other = held - args.blocks * blk
-            # --dry-run: toy weights, so the budgets are the slots alone and the slots + one block
-            budgets = ([int(other + k * blk) for k in (2.5, 3.5)] if args.dry_run else
-                       [int(x * GIB) for x in budgets_gib])
+            # First the slots alone (every block streams: the per-block cost of streaming, whatever fits), then the
+            # asked budgets (--dry-run: toy weights, so the slots + one block instead).
+            budgets = [int(other + 2.5 * blk)] + ([int(other + 3.5 * blk)] if args.dry_run else
+                                                  [int(x * GIB) for x in budgets_gib])
+            t_s = None
             if not args.dry_run and blk not in gbps:
                 gbps[blk] = h2d_gbps(torch, blk)
             for budget in budgets:
@@ -172,10 +175,12 @@ def main() -> int:
                        "identical": bool((out[0] == ref[0]).all() and (out[1] == ref[1]).all())}
                 if n_s:
                     row["streamed_block_ms"] = (r["stack_ms_min"] - (args.blocks - n_s) * res["block_ms"]) / n_s
+                    if n_s == args.blocks:
+                        t_s = row["streamed_block_ms"]
                 if blk in gbps:
                     row["h2d_gbps"] = gbps[blk]
                     row["floor_ms"] = blk / (gbps[blk] * 1e9) * 1e3
-                row["slowdown_50_blocks"] = project_50(row, budget, other, blk)
+                row["slowdown_50_blocks"] = project_50(res["block_ms"], t_s, budget, other, blk)
                 rows.append(row)
                 print(f"{g['spec']} ({g['tokens']} tokens) {prec} {budget / GIB:.3g} GiB: {r['block_ms']:.2f} ms/block "
                       f"vs {res['block_ms']:.2f} resident ({100 * row['slowdown']:+.1f} %), {n_s}/{args.blocks} "

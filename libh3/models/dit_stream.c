@@ -203,6 +203,18 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
             d->blk_off[k] = B;
             B += be->ops->weight_bytes(be, part(&d->blk[0], k));
         }
+    } else if (vram == 0) {
+        /* Auto on the CPU: the mappings stay (the page cache backs them). Only the report is made
+           here, without checks: the blocks' own loads check their tensors and name the problem. */
+        for (int k = 0; k < 4; k++) {
+            char name[112];
+            snprintf(name, sizeof name, "blocks.0.%s.weight", k_part[k]);
+            const h3_tensor *t = h3_store_find(d->st, name);
+            B += t ? (size_t)((t->end - t->begin + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN) : 0;
+        }
+        d->blk_bytes = B;
+        d->held_bytes = fixed + (uint64_t)B * (uint64_t)L;
+        return 0;
     } else {
         for (int k = 0; k < 4; k++) {
             const h3_tensor *t;
@@ -213,10 +225,6 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
     }
     d->blk_bytes = B; /* reported even when every block stays */
     int64_t avail;
-    if (!gpu && vram == 0) { /* auto on the CPU: the mappings stay (the page cache backs them) */
-        d->held_bytes = fixed + (uint64_t)B * (uint64_t)L;
-        return 0;
-    }
     if (vram > 0) {
         avail = vram - (int64_t)fixed;
     } else {

@@ -72,6 +72,19 @@ typedef struct h3_options {
     int32_t device;       /* H3_DEVICE_*: where the transformer and sampler run */
     int32_t device_index; /* GPU ordinal for H3_DEVICE_CUDA / AUTO (default 0) */
     int32_t precision;    /* H3_PRECISION_*: how GEMM weights are held (default: as the backend does) */
+    /*
+     * Bytes the transformer's GEMM weights may hold on the device (the refiner, projections and
+     * heads, the blocks that stay, and the slots the others stream through). 0 = auto: every block
+     * resident when the weights fit the GPU's free memory with 8 GiB to spare (the CPU always keeps
+     * them: they are page-cache backed mappings), else streamed within the free memory less that.
+     * Below the transformer's size, the blocks that do not fit stay in host memory (a GPU: pinned
+     * copies of their device form; the CPU: the shards, read with pread into two slots) and move
+     * into a ring of two slots while the previous block computes. Results are byte-identical to
+     * the resident path. A budget below the other weights plus two slots fails the call that opens
+     * the transformer (h3_prepare, h3_dit_*) with the sizes; on the CPU a budget cannot be combined
+     * with LoRA or int8. The text encoder streams its layers on its own (it holds two at a time).
+     */
+    int64_t vram_bytes;
 } h3_options;
 
 /*

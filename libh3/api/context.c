@@ -136,6 +136,11 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
                H3_PRECISION_FP8, H3_PRECISION_INT8, o.precision);
         return NULL;
     }
+    /* 1 PiB: larger is a unit mistake, not a card. */
+    if (o.vram_bytes < 0 || o.vram_bytes > ((int64_t)1 << 50)) {
+        h3_err(H3_E_INVALID, "vram budget must be between 0 (auto) and 1 PiB, got %lld bytes", (long long)o.vram_bytes);
+        return NULL;
+    }
     h3_ctx *ctx = h3_calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->threads = o.threads ? o.threads : online_cpus();
@@ -148,6 +153,7 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     ctx->rt.model = &ctx->model;
     ctx->rt.threads = ctx->threads;
     ctx->rt.flags = ctx->flags;
+    ctx->rt.vram_bytes = o.vram_bytes;
     if (open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0) {
         h3_rt_free(&ctx->rt);
         h3_model_close(&ctx->model);

@@ -40,6 +40,7 @@ extern "C" {
 #endif
 
 typedef struct h3_backend h3_backend;
+typedef struct h3_bring h3_bring; /* a GPU's ring of weight slots (ring_open); opaque */
 
 /* A 2-D view of backend memory: `rows` rows of `cols` elements, `ld` elements apart. */
 typedef struct h3_bt {
@@ -333,6 +334,36 @@ typedef struct h3_backend_ops {
     int (*head_pool)(h3_backend *be, const h3_bt *x, int heads, int D, const h3_bt *y);
     /* y = a * b element-wise over rows x cols (y may alias a or b): GeGLU's product. */
     int (*mul)(h3_backend *be, const h3_bt *a, const h3_bt *b, const h3_bt *y);
+
+    /* ---- weight streaming (models/dit.c under a memory budget, h3_options.vram_bytes): a GPU
+       keeps the weights that do not fit as pinned host copies of their device form and moves
+       them into a ring of device slots on a copy stream of its own, while the previous slot's
+       weights compute. NULL on the CPU, which streams from the page cache instead
+       (runtime/streamer.h). ---- */
+    /* Page-locked host memory (the copy engine reads it while kernels run); NULL + error. */
+    void *(*host_alloc)(h3_backend *be, size_t bytes);
+    void (*host_free)(h3_backend *be, void *p); /* NULL is ignored */
+    /* Bytes of a loaded weight's device form (its values, and an fp8 weight's scales), each part
+       rounded up to 256 bytes: what weight_save writes and weight_view reads. */
+    size_t (*weight_bytes)(h3_backend *be, const h3_bw *w);
+    /* Copy a loaded weight's device form to host memory dst (weight_bytes of it); returns when
+       the copy is done. */
+    int (*weight_save)(h3_backend *be, const h3_bw *w, void *dst);
+    /* A handle over a device form that weight_save wrote, now at dev (256-byte aligned device
+       memory); `like` is the weight it was saved from. Nothing is copied or owned: the handle is
+       never passed to weight_free, and the GEMMs see the bytes, alignment and plans of `like`. */
+    int (*weight_view)(h3_backend *be, const h3_bw *like, const void *dev, h3_bw *out);
+    /* A ring of `slots` device slots of slot_bytes each (256-byte aligned) with its own copy
+       stream. The message of a failure says what was needed and what is free. */
+    int (*ring_open)(h3_backend *be, int slots, size_t slot_bytes, struct h3_bring **out);
+    void (*ring_close)(h3_backend *be, struct h3_bring *r); /* waits for its copies first */
+    /* Queue the copy of `bytes` of pinned host memory into slot s on the copy stream, ordered
+       after the ops that last read the slot (ring_done); returns at once. */
+    int (*ring_fill)(h3_backend *be, struct h3_bring *r, int s, const void *host, size_t bytes);
+    /* Slot s's device address; ops issued from now on run after its last fill has landed. */
+    int (*ring_wait)(h3_backend *be, struct h3_bring *r, int s, void **dev);
+    /* The ops issued so far are the last to read slot s before its next fill. */
+    int (*ring_done)(h3_backend *be, struct h3_bring *r, int s);
 } h3_backend_ops;
 
 struct h3_backend {

@@ -172,7 +172,7 @@ static int get_bvec(h3_dit *d, float **out, int64_t n, const char *fmt, ...)
 }
 
 /* A block's four GEMM weights (the bulk of its bytes). */
-static int load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i)
+int dit_load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i)
 {
     const h3_dit_cfg *c = &d->c;
     int rc;
@@ -199,7 +199,7 @@ static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modu
         (rc = get_bvec(d, &b->norm2, c->hidden, "%s.%d.norm2.weight", pfx, i)) ||
         (rc = get_bvec(d, &b->qn, c->head_dim, "%s.%d.attn.q_norm.weight", pfx, i)) ||
         (rc = get_bvec(d, &b->kn, c->head_dim, "%s.%d.attn.k_norm.weight", pfx, i)) ||
-        (weights && (rc = load_block_weights(d, b, pfx, i))))
+        (weights && (rc = dit_load_block_weights(d, b, pfx, i))))
         return rc;
     if (modulated &&
         ((rc = get_mat(d, &b->ada, 18LL * c->hidden, c->temb_dim, "%s.%d.adaln_proj.linear.weight", pfx, i)) ||
@@ -216,7 +216,7 @@ void dit_wfree(h3_dit *d, h3_bw *w)
 }
 
 /* Drop a main-stack block's GEMM weights (and their merged copies): a dropped layer holds none. */
-static void unload_block_weights(h3_dit *d, int i)
+void dit_unload_block_weights(h3_dit *d, int i)
 {
     dit_block *b = &d->blk[i];
     static const char *const parts[] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
@@ -323,7 +323,14 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     if (!rc && c->rope_freq > 0) rc = get_vec(d, &d->inv_freq, c->rope_freq, "rope.inv_freq");
     for (int i = 0; !rc && i < c->refiner_layers; i++)
         rc = load_block(d, &d->ref[i], "token_refiner.blocks", i, false, true);
-    for (int i = 0; !rc && i < c->layers; i++) rc = load_block(d, &d->blk[i], "blocks", i, true, !d->lazy_blocks);
+    /* Which blocks' GEMM weights stream (the budget counts what is held by then), then the blocks:
+       resident ones load their weights now (unless lazy), streamed ones make their host copy. */
+    if (!rc) rc = dit_stream_plan(d, opts ? opts->vram_bytes : 0);
+    for (int i = 0; !rc && i < c->layers; i++) {
+        const bool streamed = d->blk[i].streamed;
+        rc = load_block(d, &d->blk[i], "blocks", i, true, !d->lazy_blocks && !streamed && !d->blk[i].loaded);
+        if (!rc && streamed && !d->lazy_blocks && !d->blk[i].loaded) rc = dit_stream_stage(d, i);
+    }
     if (rc) { /* the store's message names the tensor, the shard and the shapes */
         h3_dit_close(d);
         return rc;
@@ -425,6 +432,7 @@ void h3_dit_close(h3_dit *d)
     drop_schedule(d);
     free_buffers(d);
     h3_dit_layout_free(&d->lay);
+    dit_stream_close(d);
     if (d->ref)
         for (int i = 0; i < d->c.refiner_layers; i++) free_block(d, &d->ref[i]);
     if (d->blk)
@@ -508,8 +516,10 @@ int dit_ensure_run_blocks(h3_dit *d)
     for (int k = 0; k < d->n_run; k++) keep[d->run[k]] = true;
     int rc = 0;
     for (int b = 0; b < L && !rc; b++) {
-        if (keep[b] && !d->blk[b].loaded) rc = load_block_weights(d, &d->blk[b], "blocks", b);
-        else if (!keep[b] && d->blk[b].loaded) unload_block_weights(d, b);
+        if (keep[b] && !d->blk[b].loaded)
+            rc = d->blk[b].streamed ? dit_stream_stage(d, b) : dit_load_block_weights(d, &d->blk[b], "blocks", b);
+        else if (!keep[b] && d->blk[b].loaded)
+            d->blk[b].streamed ? dit_stream_unstage(d, b) : dit_unload_block_weights(d, b);
     }
     free(keep);
     return rc;
@@ -972,9 +982,25 @@ static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int ste
     const bool reduce = d->red_rows > 0 && step >= 0;
     const int end = step >= 0 && step < 10 ? d->tr_end_early : d->tr_end;
     bool in = false, pending = false;
-    int rc = 0;
+    int rc = 0, j = 0;
+    /* Streamed blocks: a pass over them in run order (their slots fill ahead of their turn). */
+    if (d->n_streamed > 0) {
+        int *seq = h3_malloc(sizeof *seq * (size_t)(d->n_run ? d->n_run : 1)), n = 0;
+        if (!seq) return -H3_E_NOMEM;
+        for (int k = 0; k < d->n_run; k++)
+            if (d->blk[d->run[k]].streamed) seq[n++] = d->run[k];
+        rc = n ? dit_stream_begin(d, seq, n) : 0;
+        free(seq);
+    }
     for (int k = 0; k < d->n_run && !rc; k++) {
         const int b = d->run[k];
+        const bool streamed = d->blk[b].streamed;
+        dit_block view;
+        const dit_block *blk = &d->blk[b];
+        if (streamed) {
+            if ((rc = dit_stream_acquire(d, j, b, &view))) break;
+            blk = &view;
+        }
         const bool want = reduce && b >= d->tr_first && b < end;
         if (want != in) {
             rc = want ? enter_reduced(d) : leave_reduced(d);
@@ -985,10 +1011,11 @@ static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int ste
         const bool defer = nb >= 0 && (reduce && nb >= d->tr_first && nb < end) == want;
         const float *prev = k > 0 ? tab_blk + (k - 1) * stride : NULL;
         if (!rc)
-            rc = in ? run_block(d, &d->blk[b], d->red_rows, tab_blk + k * stride, d->d_red_combo, d->red_cos,
-                                d->red_sin, pending, prev, defer)
-                    : run_block(d, &d->blk[b], L, tab_blk + k * stride, p->d_row_combo, d->rcos, d->rsin, pending,
-                                prev, defer);
+            rc = in ? run_block(d, blk, d->red_rows, tab_blk + k * stride, d->d_red_combo, d->red_cos, d->red_sin,
+                                pending, prev, defer)
+                    : run_block(d, blk, L, tab_blk + k * stride, p->d_row_combo, d->rcos, d->rsin, pending, prev,
+                                defer);
+        if (!rc && streamed) rc = dit_stream_release(d, j++);
         pending = defer;
     }
     if (!rc && in) rc = leave_reduced(d);

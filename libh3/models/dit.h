@@ -141,6 +141,11 @@ typedef struct h3_dit_open_opts {
        bytes and FLOPs); every other weight keeps the exact path. The backend must run it (the API
        checks at h3_init). */
     int precision;
+    /* Bytes the transformer's GEMM weights may hold (h3_options.vram_bytes): blocks that do not fit
+       stream through a ring of slots (dit_stream.c). 0: auto, i.e. every block resident unless a
+       GPU's free memory is short of them plus DIT_AUTO_MARGIN; the CPU then keeps them all (the
+       page cache does the rest). */
+    int64_t vram_bytes;
 } h3_dit_open_opts;
 H3_INTERNAL int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags,
                                const h3_dit_open_opts *opts, h3_dit **out);
@@ -231,6 +236,11 @@ typedef struct h3_dit_stats {
     int layers_run;       /* blocks per block-stack run */
     double transformer_ms;/* time inside h3_dit_step: forwards, cache tests, extrapolation, Euler */
 } h3_dit_stats;
+/* Weight streaming of the open transformer: blocks streamed (0: all resident) of `blocks`, bytes
+   its GEMM weights hold (resident blocks, slots and every other GEMM weight), bytes streamed by
+   forwards so far and bytes of one block's GEMM weights as a slot holds them. */
+H3_INTERNAL void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks, uint64_t *held_bytes,
+                                    uint64_t *streamed_bytes, uint64_t *block_bytes);
 /* Names of the parts ("linear", "attention", "norm_modulate", "qk_norm_rope", "eltwise"). */
 H3_INTERNAL const char *h3_dit_part_name(int part);
 H3_INTERNAL void h3_dit_get_stats(const h3_dit *d, h3_dit_stats *s);

@@ -15,19 +15,18 @@
 #include <time.h>
 #include "models/lora.h"
 
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
 /* The backends stage one head's q/k rows on the stack or in registers. */
 #define DIT_MAX_HEAD_DIM 1024
 
 typedef struct {
     float *norm1, *norm2, *qn, *kn; /* backend f32 vectors */
     h3_bw qkv, out, fc1, fc2;       /* backend weights */
-    bool loaded;                    /* qkv/out/fc1/fc2 are on the backend (see lazy_blocks) */
+    bool loaded;                    /* qkv/out/fc1/fc2 are on the backend (see lazy_blocks); for a
+                                       streamed block: ready to stream (its host copy made) */
+    bool streamed;                  /* the GEMM weights stay off the backend (dit_stream.c) */
+    void *host;                     /* GPU, streamed: pinned copy of the four weights' device form */
+    h3_bw like[4];                  /* GPU, streamed: qkv, out, fc1, fc2 as they loaded (shape, dtype,
+                                       scales or not; the pointers were freed and are never read) */
     h3_mat ada;                     /* blocks only: adaln_proj.linear [18H, temb_dim], host mapping */
     float *ada_b;                   /* host f32 */
 } dit_block;
@@ -64,6 +63,17 @@ struct h3_dit {
     int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
     size_t esz;   /* bytes per activation element on the backend */
     bool time_parts; /* per-part timings need a synchronous backend (the CPU) */
+
+    /* weight streaming under a memory budget (dit_stream.c, h3_dit_open_opts.vram_bytes) */
+    int n_streamed;              /* blocks whose GEMM weights are streamed (0: all resident) */
+    size_t blk_bytes;            /* one streamed block in its slot: the four weights, each aligned */
+    size_t blk_off[4];           /* their offsets in the slot (the same for every block) */
+    int slots;                   /* ring slots (GPU) or streamer slots (CPU) */
+    struct h3_bring *ring;       /* GPU */
+    struct h3_streamer *streamer;/* CPU */
+    uint64_t held_bytes;         /* bytes of GEMM weights held: resident blocks, slots, other weights */
+    uint64_t stream_bytes;       /* bytes streamed by forwards since the open */
+    int *pass, pass_n;           /* the streamed blocks of the forward in flight, in order */
 
     h3_bw cond, vout, aout, vproj, aproj;
     h3_mat te_in, te_out, fin_ada;                        /* host mappings */
@@ -145,5 +155,20 @@ H3_INTERNAL void dit_run_all_blocks(h3_dit *d);
 H3_INTERNAL void dit_rope_rows(const h3_dit *d, const double *pos, int64_t n, float *hc, float *hs);
 H3_INTERNAL int dit_ensure_run_blocks(h3_dit *d);
 H3_INTERNAL int dit_apply_knobs(h3_dit *d, const float *t_values, int evals, bool release);
+H3_INTERNAL int dit_load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i);
+H3_INTERNAL void dit_unload_block_weights(h3_dit *d, int i);
+
+/* Weight streaming (dit_stream.c). plan: after every weight but the main blocks' GEMMs loaded,
+   choose which blocks stream under vram_bytes (0: auto) and set up the ring or the streamer.
+   stage / unstage: make a streamed block ready (a GPU's pinned copy) / let it go. In a forward,
+   begin opens a pass over the streamed blocks of the run list (in order); acquire gives pass
+   entry j's block with its weights in a slot, release says its ops are issued (CPU: done). */
+H3_INTERNAL int dit_stream_plan(h3_dit *d, int64_t vram_bytes);
+H3_INTERNAL int dit_stream_stage(h3_dit *d, int i);
+H3_INTERNAL void dit_stream_unstage(h3_dit *d, int i);
+H3_INTERNAL int dit_stream_begin(h3_dit *d, const int *seq, int n);
+H3_INTERNAL int dit_stream_acquire(h3_dit *d, int j, int b, dit_block *view);
+H3_INTERNAL int dit_stream_release(h3_dit *d, int j);
+H3_INTERNAL void dit_stream_close(h3_dit *d);
 
 #endif /* H3_DIT_INTERNAL_H */

@@ -75,6 +75,7 @@ int h3_rt_dit(h3_runtime *rt, h3_dit **out)
         int rc = h3_rt_dit_backend(rt, &be);
         h3_dit_open_opts o = {0};
         o.precision = rt->precision;
+        o.vram_bytes = rt->vram_bytes;
         if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
         if (rc) return rc;
     }
@@ -120,6 +121,7 @@ int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
     h3_dit_open_opts o = {0};
     if (opts) o = *opts;
     o.precision = rt->precision;
+    o.vram_bytes = rt->vram_bytes;
     if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
     if (rc) {
         free(key);

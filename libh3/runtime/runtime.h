@@ -22,6 +22,7 @@ typedef struct h3_runtime {
     int threads;
     unsigned flags;            /* H3_OPT_* (environment overrides already applied) */
     int precision;             /* H3_PRECISION_* of the transformer's block weights (h3_options) */
+    int64_t vram_bytes;        /* h3_options.vram_bytes: the transformer's weight budget (0: auto) */
     h3_progress_fn progress;   /* h3_set_progress */
     void *progress_user;
     struct h3_pool *pool;      /* host workers, created on first use */

@@ -32,7 +32,7 @@ c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 class H3Options(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32), ("device", c_int32),
-                ("device_index", c_int32), ("precision", c_int32)]
+                ("device_index", c_int32), ("precision", c_int32), ("vram_bytes", c_int64)]
 
 
 # int (*)(void *user, const char *phase, int done, int total): non-zero cancels.
@@ -322,6 +322,23 @@ def check(rc: int) -> int:
 
 # h3_options.precision (H3_PRECISION_*): "bf16" names the default exact path on a GPU (bf16 weights), as on the CLI.
 PRECISIONS = {"default": 0, "bf16": 0, "fp8": 1, "int8": 2}
+
+
+VRAM_MAX_GIB = 1 << 20  # 1 PiB, libh3's limit: larger is a unit mistake, not a card
+
+
+def vram_bytes(vram) -> int:
+    """h3_options.vram_bytes from a budget in GiB (None or 0: auto). H3Error on anything else than a number in
+    [0, 1 PiB]."""
+    if vram is None:
+        return 0
+    try:
+        gib = float(vram) if not isinstance(vram, bool) else float("nan")
+    except (TypeError, ValueError):
+        gib = float("nan")
+    if not 0 <= gib <= VRAM_MAX_GIB:  # also refuses NaN
+        raise H3Error(f"vram must be a number of GiB between 0 (auto) and {VRAM_MAX_GIB}, got {vram!r}")
+    return int(round(gib * (1 << 30)))
 
 
 def precision_code(precision: str) -> int:

@@ -16,13 +16,15 @@ class Context:
     GPU answers, else the CPU), "cpu" or "cuda" (H3Error with the reason when CUDA cannot be used);
     `device_index` is the GPU ordinal. `flags` adds H3_OPT_* bits (the exact slow paths). `precision` is how the
     transformer's block weights are held: "default" (= "bf16": the exact path), "fp8" (CUDA, compute capability
-    8.9+) or "int8" (the CPU); H3Error when the device cannot run it."""
+    8.9+) or "int8" (the CPU); H3Error when the device cannot run it. `vram`: GiB the transformer's GEMM weights may
+    hold (h3_options.vram_bytes; None or 0: auto); blocks beyond it stream, with byte-identical results."""
 
     def __init__(self, model_dir: str | os.PathLike, threads: int = 0, ref2va: bool = False, device: str = "auto",
-                 device_index: int = 0, flags: int = 0, precision: str = "default"):
+                 device_index: int = 0, flags: int = 0, precision: str = "default", vram=None):
         self._ptr = None
         code = _lib.device_code(device)
         prec = _lib.precision_code(precision)
+        vram_bytes = _lib.vram_bytes(vram)
         try:
             index = -1 if isinstance(device_index, bool) else operator.index(device_index)
         except TypeError:
@@ -37,6 +39,7 @@ class Context:
         opts.device = code
         opts.device_index = index
         opts.precision = prec
+        opts.vram_bytes = vram_bytes
         self._ptr = lib.h3_init(os.fsencode(os.fspath(model_dir)), ctypes.byref(opts))
         if not self._ptr:
             raise H3Error(_lib.last_error() or f"{model_dir}: cannot open")

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import _lib
 from ._lib import H3Error
 
 PHASE_LABELS = {
@@ -70,6 +71,7 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=0, help="worker threads (default: all cores)")
     add_device_arguments(p)
     add_precision_argument(p)
+    add_vram_argument(p)
     p.add_argument("--profile", action="store_true", help="print per-phase wall time and peak memory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     from .showopts import add_preview_arguments
@@ -118,6 +120,15 @@ def add_precision_argument(p) -> None:
                    help="transformer block weights: default (= bf16; exact: the stored weights on the CPU, bf16 on a "
                         "GPU), int8 (CPU: int8 with a scale per output channel, half the memory of bf16) or fp8 "
                         "(CUDA, compute capability 8.9+); refused where the device cannot run it")
+
+
+def add_vram_argument(p) -> None:
+    """--vram: the transformer's weight budget in GiB (h3_options.vram_bytes)."""
+    p.add_argument("--vram", metavar="GiB", default=None,
+                   help="GiB the transformer's GEMM weights may hold on the device (default: auto, every block "
+                        "resident when they fit the free GPU memory with 8 GiB to spare; the CPU keeps them all). "
+                        "Blocks beyond the budget stream from host memory (CPU: from the shards, read ahead) through "
+                        "two slots while the previous block computes; the output is byte-identical")
 
 
 def add_device_arguments(p) -> None:
@@ -196,6 +207,11 @@ def main(args) -> int:
 
     if args.threads < 0:
         raise H3Error("--threads must be 0 (all cores) or more")
+    try:  # checked before anything is opened or written
+        _lib.vram_bytes(getattr(args, "vram", None))
+    except H3Error:
+        raise H3Error(f"--vram must be a number of GiB between 0 (auto) and {_lib.VRAM_MAX_GIB}, got "
+                      f"'{args.vram}'") from None
     width, height = _size(args)
     outputs = []
     out = args.output or None
@@ -231,7 +247,8 @@ def main(args) -> int:
         raise H3Error(f"{args.model_dir or 'the embedded h3-tiny'}: {which} needs a model with a Ref2VA/ folder")
 
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
-                    precision=getattr(args, "precision", "default"), ref2va=bool(refs))
+                    precision=getattr(args, "precision", "default"), ref2va=bool(refs),
+                    vram=getattr(args, "vram", None))
     # read now: the engine is closed before the profile is printed
     # where h3_stages_device says the text encoder and the decoders run (the device unless H3_STAGES_CPU=1)
     stages = getattr(engine, "stages_device", None) or engine.device

@@ -8,7 +8,9 @@
 #   pytest  python3 -m pytest -q -s tests/gpu (CUDA vs diffusers bf16 and vs the CPU path, h3-tiny's semantic
 #           suite on CUDA, faults)
 #   bench   tests/bench_cuda_dit.py at the released widths (table + bench.json), then tests/bench_cuda_stages.py (the
-#           text encoder and both decoders next to transformers / diffusers; bench-stages.json; alone: bench-stages)
+#           text encoder and both decoders next to transformers / diffusers; bench-stages.json; alone: bench-stages),
+#           then tests/bench_stream.py (weight streaming under a 4 GiB budget, bf16 and fp8, next to diffusers' group
+#           offloading; bench-stream.json; alone, with budgets 4 and 8 GiB: bench-stream)
 #
 # Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
 # wheels in ./.whl when that folder exists. A failing stage does not stop the later ones (except the build, which
@@ -91,17 +93,21 @@ for stage in "${STAGES[@]}"; do
         run pytest "$PY" -m pytest -q -s -rs -p no:cacheprovider tests/gpu
         [ $? -eq 5 ] && note "pytest: every GPU test was skipped (exit 5): libh3 found no usable GPU, see below"
         # the measured numbers, where a reader of the summary looks first
-        grep -oE '(parity|semantic|fault|skip): .*' "$LOG/pytest.log" >>"$LOG/summary.txt"
+        grep -oE '(parity|semantic|fault|stream|skip): .*' "$LOG/pytest.log" >>"$LOG/summary.txt"
         ;;
     bench)
         run bench "$PY" tests/bench_cuda_dit.py --fp8 --out "$LOG/bench.json"
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
+        run bench-stream "$PY" tests/bench_stream.py --blocks 4 --fp8 --budgets 4 --out "$LOG/bench-stream.json"
+        ;;
+    bench-stream)
+        run bench-stream "$PY" tests/bench_stream.py --fp8 --budgets 4,8 --out "$LOG/bench-stream.json"
         ;;
     bench-stages)
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
         ;;
     *)
-        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-stages)"
+        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-stages, bench-stream)"
         FAILED=1
         ;;
     esac

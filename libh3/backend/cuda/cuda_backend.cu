@@ -599,6 +599,28 @@ static void release_all(Backend *b)
     free(b);
 }
 
+/* ---- weight streaming (cuda_stream.cu) ---------------------------------------------------- */
+
+static void *be_host_alloc(h3_backend *be, size_t bytes) { return host_alloc(B(be), bytes); }
+static void be_host_free(h3_backend *be, void *p) { host_free(B(be), p); }
+static size_t be_weight_bytes(h3_backend *be, const h3_bw *w) { return weight_bytes(B(be), w); }
+static int be_weight_save(h3_backend *be, const h3_bw *w, void *dst) { return weight_save(B(be), w, dst); }
+static int be_weight_view(h3_backend *be, const h3_bw *like, const void *dev, h3_bw *out)
+{
+    return weight_view(B(be), like, dev, out);
+}
+static int be_ring_open(h3_backend *be, int slots, size_t slot_bytes, h3_bring **out)
+{
+    return ring_open(B(be), slots, slot_bytes, out);
+}
+static void be_ring_close(h3_backend *be, h3_bring *r) { ring_close(B(be), r); }
+static int be_ring_fill(h3_backend *be, h3_bring *r, int s, const void *host, size_t bytes)
+{
+    return ring_fill(B(be), r, s, host, bytes);
+}
+static int be_ring_wait(h3_backend *be, h3_bring *r, int s, void **dev) { return ring_wait(B(be), r, s, dev); }
+static int be_ring_done(h3_backend *be, h3_bring *r, int s) { return ring_done(B(be), r, s); }
+
 static void be_destroy(h3_backend *be)
 {
     if (!be) return;
@@ -624,6 +646,9 @@ static const h3_backend_ops cuda_ops = {
     NULL,            NULL,            NULL,          NULL,
     /* The audio VAE encoder's snake / head_pool / mul: CPU only for now. */
     NULL,            NULL,            NULL,
+    /* weight streaming */
+    be_host_alloc,   be_host_free,    be_weight_bytes, be_weight_save,  be_weight_view,
+    be_ring_open,    be_ring_close,   be_ring_fill,    be_ring_wait,    be_ring_done,
 };
 
 /* Why the runtime found no usable device, as one line. */

@@ -97,6 +97,18 @@ typedef int (*stage_convert_fn)(Backend *b, void *dst, const void *staged, size_
 int stage_upload(Backend *b, void *dst, size_t bytes, size_t align, stage_fill_fn fill, void *ctx,
                  stage_convert_fn convert);
 
+/* cuda_stream.cu: weight streaming (pinned host copies, a ring of device slots, a copy stream). */
+void *host_alloc(Backend *b, size_t bytes);
+void host_free(Backend *b, void *p);
+size_t weight_bytes(Backend *b, const h3_bw *w);
+int weight_save(Backend *b, const h3_bw *w, void *dst);
+int weight_view(Backend *b, const h3_bw *like, const void *dev, h3_bw *out);
+int ring_open(Backend *b, int slots, size_t slot_bytes, h3_bring **out);
+void ring_close(Backend *b, h3_bring *r);
+int ring_fill(Backend *b, h3_bring *r, int s, const void *host, size_t bytes);
+int ring_wait(Backend *b, h3_bring *r, int s, void **dev);
+int ring_done(Backend *b, h3_bring *r, int s);
+
 /* ---- element access shared by the row kernels ---------------------------------------------- */
 
 static __device__ __forceinline__ float ld_elem(const void *p, int bf16, int64_t i)

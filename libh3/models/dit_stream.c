@@ -1,0 +1,354 @@
+/*
+ * Weight streaming of the transformer's blocks under a memory budget (h3_options.vram_bytes).
+ *
+ * The budget covers every GEMM weight the transformer holds: the refiner, the projections and
+ * heads (always resident), the main blocks that stay resident, and the slots the others stream
+ * through. The main blocks' four GEMM weights (qkv, out, fc1, fc2: ~0.72 GiB of bf16 per block
+ * at the released widths) are what streams; their norm vectors stay resident (kilobytes).
+ *
+ * Which blocks stay: as many as fit after two slots, spread evenly over the stack from block 0 on
+ * (block i stays when ceil((i + 1) r / L) > ceil(i r / L)), so the copy of a streamed block also
+ * overlaps the resident blocks before it, not only the streamed one in the other slot, and the
+ * first copies of a forward overlap block 0.
+ *
+ * GPU: each streamed block is loaded once through weight_load (so bf16 rounding or fp8
+ * quantisation happen exactly as for a resident block), copied back to pinned host memory in that
+ * device form (weight_save) and let go on the device, before the ring exists (so the block in
+ * transit fits the budget's room for the slots). A forward then copies each one into a ring
+ * slot on the backend's copy stream, two blocks ahead at most, and its GEMMs read the slot through
+ * weight_view: the same bytes, the same plans, the same bits as the resident path
+ * (backend/cuda/cuda_stream.cu has the stream and event ordering).
+ *
+ * CPU: blocks that stay are views of the mapping as always; streamed blocks are read with pread
+ * from their shards into two slots by the block streamer's reader thread (runtime/streamer.h), the
+ * next block while this one computes, trusting the page cache. The GEMMs see the stored bytes
+ * through weight_load's view of the slot, as they see the mapping: the same bits. LoRA merges and
+ * int8 copies are made from the mapping at load, so a budget on the CPU takes neither.
+ *
+ * Auto (0): the CPU keeps every block (its weights are page-cache backed mappings already); a
+ * GPU keeps every block when they fit its free memory with DIT_AUTO_MARGIN to spare (today's
+ * path, untouched), else streams with the free memory less that margin as the budget.
+ */
+#include "models/dit_internal.h"
+#include "runtime/streamer.h"
+
+/* What auto keeps free on a GPU for the activations of a request (about 6.3 GiB at the released
+   widths and 37,838 tokens), the tables and the other stages' work. */
+#define DIT_AUTO_MARGIN ((int64_t)8 << 30)
+#define DIT_SLOTS 2
+#define CPU_ALIGN 64u
+
+static const char *const k_part[4] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
+
+static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+static bool on_gpu(const h3_dit *d)
+{
+    const h3_backend_ops *o = d->be->ops;
+    return o->host_alloc && o->host_free && o->weight_bytes && o->weight_save && o->weight_view && o->ring_open &&
+           o->ring_close && o->ring_fill && o->ring_wait && o->ring_done;
+}
+
+static void part_shape(const h3_dit *d, int k, int64_t *rows, int64_t *cols)
+{
+    const int64_t H = d->c.hidden, A = d->A, F = d->c.ffn;
+    const int64_t r[4] = {3 * A, H, 2 * F, H}, c[4] = {H, A, H, F};
+    *rows = r[k];
+    *cols = c[k];
+}
+
+static h3_bw *part(dit_block *b, int k)
+{
+    h3_bw *w[4] = {&b->qkv, &b->out, &b->fc1, &b->fc2};
+    return w[k];
+}
+
+/* Bytes a loaded weight holds: its device form on a GPU, its elements (and an int8 copy's
+   scales) on the CPU. */
+static uint64_t held(const h3_dit *d, const h3_bw *w)
+{
+    if (!w->data && !w->priv) return 0;
+    if (on_gpu(d)) return d->be->ops->weight_bytes(d->be, w);
+    return (uint64_t)(w->rows * w->cols) * h3_dtype_size(w->dtype) + (w->priv ? (uint64_t)w->rows * 4 : 0);
+}
+
+/* CPU: the stored tensor of part k of block i, checked as host_mat checks it. */
+static int cpu_tensor(h3_dit *d, int i, int k, const h3_tensor **out)
+{
+    char name[112];
+    snprintf(name, sizeof name, "blocks.%d.%s.weight", i, k_part[k]);
+    int64_t rows, cols;
+    part_shape(d, k, &rows, &cols);
+    const h3_tensor *t = h3_store_find(d->st, name);
+    if (!t) return h3_err(H3_E_SCHEMA, "transformer: tensor '%s' is missing", name);
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
+        (t->dtype != H3_DT_F32 && t->dtype != H3_DT_BF16 && t->dtype != H3_DT_F16))
+        return h3_err(H3_E_SCHEMA, "transformer: tensor '%s' must be a [%lld, %lld] F32, BF16 or F16 matrix", name,
+                      (long long)rows, (long long)cols);
+    *out = t;
+    return 0;
+}
+
+/* GPU: block i's weights (loaded now unless they are) copied to pinned host memory in their
+   device form, then let go on the device. */
+static int gpu_stage(h3_dit *d, int i)
+{
+    dit_block *b = &d->blk[i];
+    h3_backend *be = d->be;
+    int rc = 0;
+    /* The block passes through the device on its way to host memory: without the slots there, the
+       budget holds it (the budget has room for two slots and one block is less). The next forward
+       allocates them again. */
+    if (d->ring) {
+        be->ops->ring_close(be, d->ring);
+        d->ring = NULL;
+    }
+    if (!b->qkv.data && (rc = dit_load_block_weights(d, b, "blocks", i))) return rc;
+    for (int k = 0; k < 4; k++) {
+        const size_t want = (k < 3 ? d->blk_off[k + 1] : d->blk_bytes) - d->blk_off[k];
+        if (be->ops->weight_bytes(be, part(b, k)) != want) {
+            dit_unload_block_weights(d, i);
+            return h3_err(H3_E_SCHEMA, "transformer: block %d's %s differs in form from block 0's: it cannot stream "
+                          "through the same slots", i, k_part[k]);
+        }
+    }
+    void *host = be->ops->host_alloc(be, d->blk_bytes);
+    if (!host) {
+        dit_unload_block_weights(d, i);
+        return -H3_E_NOMEM;
+    }
+    for (int k = 0; k < 4 && !rc; k++) {
+        rc = be->ops->weight_save(be, part(b, k), (char *)host + d->blk_off[k]);
+        b->like[k] = *part(b, k);
+    }
+    dit_unload_block_weights(d, i);
+    if (rc) {
+        be->ops->host_free(be, host);
+        return rc;
+    }
+    b->host = host;
+    b->loaded = true;
+    return 0;
+}
+
+int dit_stream_stage(h3_dit *d, int i)
+{
+    dit_block *b = &d->blk[i];
+    if (!b->streamed || b->loaded) return 0;
+    if (on_gpu(d)) return gpu_stage(d, i);
+    /* CPU: nothing is held (the streamer checked the tensors when it opened). */
+    b->loaded = true;
+    return 0;
+}
+
+void dit_stream_unstage(h3_dit *d, int i)
+{
+    dit_block *b = &d->blk[i];
+    if (b->host) d->be->ops->host_free(d->be, b->host);
+    b->host = NULL;
+    b->loaded = false;
+}
+
+/* CPU: the streamer over the streamed blocks' stored tensors. */
+static int cpu_open_streamer(h3_dit *d)
+{
+    const int L = d->c.layers;
+    h3_stream_read *all = h3_calloc((size_t)L * 4, sizeof *all);
+    const h3_stream_read **reads = h3_calloc((size_t)L, sizeof *reads);
+    int *n = h3_calloc((size_t)L, sizeof *n);
+    int rc = all && reads && n ? 0 : -H3_E_NOMEM;
+    for (int i = 0; i < L && !rc; i++) {
+        reads[i] = all + (size_t)i * 4;
+        if (!d->blk[i].streamed) continue;
+        for (int k = 0; k < 4 && !rc; k++) {
+            const h3_tensor *t;
+            if ((rc = cpu_tensor(d, i, k, &t))) break;
+            const size_t extent = (k < 3 ? d->blk_off[k + 1] : d->blk_bytes) - d->blk_off[k];
+            if (t->end - t->begin > extent) {
+                rc = h3_err(H3_E_SCHEMA, "transformer: block %d's %s is stored wider than block 0's: it cannot "
+                            "stream through the same slots", i, k_part[k]);
+                break;
+            }
+            all[(size_t)i * 4 + k] = (h3_stream_read){t, d->blk_off[k]};
+            d->blk[i].like[k] = (h3_bw){NULL, t->dtype, t->shape[0], t->shape[1], NULL};
+        }
+        n[i] = 4;
+    }
+    if (!rc) rc = h3_streamer_open(d->st, L, reads, n, d->blk_bytes, d->slots, "transformer blocks", &d->streamer);
+    free(all);
+    free(reads);
+    free(n);
+    return rc;
+}
+
+int dit_stream_plan(h3_dit *d, int64_t vram)
+{
+    const int L = d->c.layers;
+    h3_backend *be = d->be;
+    const bool gpu = on_gpu(d);
+    if (vram < 0) return h3_err(H3_E_INVALID, "transformer: a memory budget of %lld bytes", (long long)vram);
+    if (L < 1) return 0;
+    /* What is held whatever the budget: the refiner, projections and heads. */
+    uint64_t fixed = held(d, &d->cond) + held(d, &d->vout) + held(d, &d->aout) + held(d, &d->vproj) +
+                     held(d, &d->aproj);
+    for (int i = 0; i < d->c.refiner_layers; i++)
+        for (int k = 0; k < 4; k++) fixed += held(d, part(&d->ref[i], k));
+    /* One block in a slot: a GPU's device form (learnt from block 0, loaded now), or the stored
+       tensors on the CPU. */
+    size_t B = 0;
+    int rc = 0;
+    if (gpu) {
+        if (!d->blk[0].loaded && (rc = dit_load_block_weights(d, &d->blk[0], "blocks", 0))) return rc;
+        for (int k = 0; k < 4; k++) {
+            d->blk_off[k] = B;
+            B += be->ops->weight_bytes(be, part(&d->blk[0], k));
+        }
+    } else if (vram == 0) {
+        /* Auto on the CPU: the mappings stay (the page cache backs them). Only the report is made
+           here, without checks: the blocks' own loads check their tensors and name the problem. */
+        for (int k = 0; k < 4; k++) {
+            char name[112];
+            snprintf(name, sizeof name, "blocks.0.%s.weight", k_part[k]);
+            const h3_tensor *t = h3_store_find(d->st, name);
+            B += t ? (size_t)((t->end - t->begin + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN) : 0;
+        }
+        d->blk_bytes = B;
+        d->held_bytes = fixed + (uint64_t)B * (uint64_t)L;
+        return 0;
+    } else {
+        for (int k = 0; k < 4; k++) {
+            const h3_tensor *t;
+            if ((rc = cpu_tensor(d, 0, k, &t))) return rc;
+            d->blk_off[k] = B;
+            B += (size_t)((t->end - t->begin + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN);
+        }
+    }
+    d->blk_bytes = B; /* reported even when every block stays */
+    int64_t avail;
+    if (vram > 0) {
+        avail = vram - (int64_t)fixed;
+    } else {
+        uint64_t fr = 0, tot = 0;
+        if ((rc = be->ops->mem_info(be, &fr, &tot))) return rc;
+        avail = (int64_t)fr + (int64_t)B - DIT_AUTO_MARGIN; /* block 0 is on the device already */
+    }
+    if (avail >= (int64_t)B * L) { /* every block fits: the resident path */
+        d->held_bytes = fixed + (uint64_t)B * (uint64_t)L;
+        return 0;
+    }
+    int64_t keep = avail >= (int64_t)B * DIT_SLOTS ? (avail - (int64_t)B * DIT_SLOTS) / (int64_t)B : -1;
+    if (keep < 0) {
+        if (vram > 0)
+            return h3_err(H3_E_INVALID,
+                          "vram budget %.3f GiB is below what the transformer needs with its blocks streamed: %.3f "
+                          "GiB (%.3f GiB of other weights + %d slots of %.3f GiB)",
+                          gib((uint64_t)vram), gib(fixed + (uint64_t)B * DIT_SLOTS), gib(fixed), DIT_SLOTS, gib(B));
+        keep = 0; /* auto on a card that is short even of that: try, and let the allocation say */
+    }
+    if (!gpu && (d->lora || d->precision != H3_PRECISION_DEFAULT))
+        return h3_err(H3_E_UNSUPPORTED, "a vram budget streams the stored block weights on the CPU, so it cannot be "
+                      "combined with LoRA files or int8 precision there (%.3f GiB would keep every block)",
+                      gib(fixed + (uint64_t)B * (uint64_t)L));
+    d->n_streamed = 0;
+    for (int i = 0; i < L; i++) { /* ceil((i + 1) k / L) > ceil(i k / L): block 0 first */
+        d->blk[i].streamed = !(((int64_t)(i + 1) * keep + L - 1) / L > ((int64_t)i * keep + L - 1) / L);
+        d->n_streamed += d->blk[i].streamed;
+    }
+    d->blk_bytes = B;
+    d->slots = DIT_SLOTS;
+    d->held_bytes = fixed + (uint64_t)B * (uint64_t)(L - d->n_streamed + DIT_SLOTS);
+    if (!(d->pass = h3_malloc(sizeof *d->pass * (size_t)L))) return -H3_E_NOMEM;
+    if (!gpu) return cpu_open_streamer(d);
+    /* Block 0 was loaded to learn the form: keep it, or make it the first streamed copy. The ring
+       is allocated by the first forward (dit_stream_begin), after every block is staged. */
+    return d->blk[0].streamed ? gpu_stage(d, 0) : 0;
+}
+
+int dit_stream_begin(h3_dit *d, const int *seq, int n)
+{
+    if (n > d->c.layers) return h3_err(H3_E_INVALID, "transformer: a pass of %d streamed blocks", n);
+    for (int j = 0; j < n; j++)
+        if (!d->blk[seq[j]].streamed || !d->blk[seq[j]].loaded)
+            return h3_err(H3_E_INVALID, "transformer: block %d is not ready to stream", seq[j]);
+    memcpy(d->pass, seq, sizeof *seq * (size_t)n);
+    d->pass_n = n;
+    if (d->streamer) return h3_streamer_begin(d->streamer, seq, n);
+    int rc;
+    if (!d->ring && (rc = d->be->ops->ring_open(d->be, d->slots, d->blk_bytes, &d->ring))) return rc;
+    /* The first slots fill at once: they overlap whatever runs before their blocks. */
+    for (int j = 0; j < n && j < d->slots; j++) {
+        rc = d->be->ops->ring_fill(d->be, d->ring, j % d->slots, d->blk[seq[j]].host, d->blk_bytes);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int dit_stream_acquire(h3_dit *d, int j, int b, dit_block *view)
+{
+    h3_backend *be = d->be;
+    *view = d->blk[b];
+    const uint8_t *base;
+    int rc;
+    if (d->streamer) {
+        if ((rc = h3_streamer_get(d->streamer, &base))) return rc;
+    } else {
+        void *dev;
+        if ((rc = be->ops->ring_wait(be, d->ring, j % d->slots, &dev))) return rc;
+        base = dev;
+    }
+    for (int k = 0; k < 4; k++) {
+        const h3_bw *like = &d->blk[b].like[k];
+        h3_bw *w = part(view, k);
+        if (d->streamer) {
+            /* The CPU's weight_load of stored bytes at the default precision is a view: nothing to free. */
+            rc = be->ops->weight_load(be, base + d->blk_off[k], like->dtype, like->rows, like->cols, w);
+            if (!rc && w->priv) {
+                be->ops->weight_free(be, w);
+                rc = h3_err(H3_E_UNSUPPORTED, "transformer: the backend copied a streamed weight (only views stream)");
+            }
+        } else {
+            rc = be->ops->weight_view(be, like, base + d->blk_off[k], w);
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int dit_stream_release(h3_dit *d, int j)
+{
+    d->stream_bytes += d->blk_bytes;
+    if (d->streamer) {
+        h3_streamer_done(d->streamer);
+        return 0;
+    }
+    h3_backend *be = d->be;
+    const int s = j % d->slots;
+    int rc = be->ops->ring_done(be, d->ring, s);
+    /* The slot refills with the block `slots` places on, once these GEMMs are done with it. */
+    if (!rc && j + d->slots < d->pass_n)
+        rc = be->ops->ring_fill(be, d->ring, s, d->blk[d->pass[j + d->slots]].host, d->blk_bytes);
+    return rc;
+}
+
+void dit_stream_close(h3_dit *d)
+{
+    if (d->ring) d->be->ops->ring_close(d->be, d->ring);
+    d->ring = NULL;
+    h3_streamer_close(d->streamer);
+    d->streamer = NULL;
+    if (d->blk)
+        for (int i = 0; i < d->c.layers; i++)
+            if (d->blk[i].streamed) dit_stream_unstage(d, i);
+    free(d->pass);
+    d->pass = NULL;
+}
+
+void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks, uint64_t *held_bytes, uint64_t *streamed_bytes,
+                        uint64_t *block_bytes)
+{
+    if (block_bytes) *block_bytes = d->blk_bytes;
+    if (streamed) *streamed = d->n_streamed;
+    if (blocks) *blocks = d->c.layers;
+    if (held_bytes) *held_bytes = d->held_bytes;
+    if (streamed_bytes) *streamed_bytes = d->stream_bytes;
+}

@@ -68,6 +68,10 @@ struct Backend {
     int stage_next;
 
     DecState *dec; /* the decoders' host staging (cuda_decoders.cu), created on first use */
+
+    /* Peak device memory in use (cudaMemGetInfo's total - free, sampled after each dev_alloc)
+       since the last mem_peak reset: the profile's per-phase high-water mark. */
+    uint64_t mem_peak;
 };
 
 static inline Backend *B(h3_backend *be) { return reinterpret_cast<Backend *>(be); }
@@ -197,6 +201,13 @@ int conv1_clamp(Backend *b, const h3_bt *X, const float *w, float *y);
 int attention_round_operands(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads,
                              int D, float scale, bool causal, const h3_bt *O);
 void decoders_destroy(Backend *b);
+
+/* cuda_wstream.cu: streamed weights (backend.h's wstream_* ops). */
+int wstream_open(Backend *b, size_t bytes, int slots, void **host, void **out);
+int wstream_load(Backend *b, void *ws, int slot, size_t bytes, int n, const h3_bwspec *spec, h3_bw *out);
+int wstream_wait_host(Backend *b, void *ws, int slot);
+int wstream_done(Backend *b, void *ws, int slot);
+void wstream_close(Backend *b, void *ws);
 
 /* dst bf16 [rows, cols] (ld elements) <- src f32 [rows, cols] (lds elements). */
 int convert_f32_bf16_2d(Backend *b, const float *src, int64_t lds, __nv_bfloat16 *dst, int64_t ldd, int64_t rows,

@@ -1,0 +1,195 @@
+/*
+ * Streamed weights (backend.h's wstream_* ops): the text encoder's layers cross PCIe on a copy
+ * stream while the previous layer computes on the backend's stream.
+ *
+ * A handle owns `slots` pinned host buffers (the stage's reader preads a layer straight into one),
+ * as many device slots of the same size, a copy stream and two events per slot:
+ *
+ *   copied[s]  recorded on the copy stream after the copy into slot s. The compute stream waits
+ *              for it before any op issued after the load (so the layer never reads a half-copied
+ *              slot), and wstream_wait_host waits for it on the host before the reader refills
+ *              host buffer s (the copy engine reads pinned memory asynchronously).
+ *   read[s]    recorded on the compute stream by wstream_done after the last op that reads slot s.
+ *              The copy stream waits for it before the next copy into slot s, so a layer's copy
+ *              overlaps the previous layer's compute but never overwrites weights still in use.
+ *
+ * With two slots, layer l uses slot l % 2: copy(l + 1) runs while layer l computes, and the reader
+ * fills host buffer (l + 2) % 2 once copy(l) is over. Per-layer time approaches the largest of the
+ * read, the copy and the compute.
+ *
+ * Weights stored in bf16 (the released text encoder) are used in place in the device slot: the
+ * GEMMs read the bytes that crossed PCIe. f32/f16 ones are rounded to bf16 on the device by the
+ * kernel weight_load uses (the same bits), into one conversion area: the conversion runs on the
+ * compute stream, after the previous layer's ops in stream order, so one area serves every slot.
+ */
+#include "backend/cuda/cuda_common.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+namespace h3cuda {
+
+enum { WS_MAX_SLOTS = 2 };
+
+struct WStream {
+    int slots;
+    size_t bytes;
+    void *host[WS_MAX_SLOTS];    /* pinned */
+    void *dev[WS_MAX_SLOTS];     /* raw layer bytes as stored */
+    cudaEvent_t copied[WS_MAX_SLOTS], read[WS_MAX_SLOTS];
+    bool copy_pending[WS_MAX_SLOTS], read_pending[WS_MAX_SLOTS];
+    cudaStream_t copy;
+    void *conv;                  /* bf16 copies of the f32/f16 weights of the current layer */
+    size_t conv_bytes;
+};
+
+static void ws_free(Backend *b, WStream *w)
+{
+    if (!w) return;
+    if (w->copy) cudaStreamSynchronize(w->copy);
+    if (b->stream) cudaStreamSynchronize(b->stream); /* ops may still read a slot */
+    for (int s = 0; s < WS_MAX_SLOTS; s++) {
+        if (w->host[s]) cudaFreeHost(w->host[s]);
+        if (w->dev[s]) cudaFree(w->dev[s]);
+        if (w->copied[s]) cudaEventDestroy(w->copied[s]);
+        if (w->read[s]) cudaEventDestroy(w->read[s]);
+    }
+    if (w->conv) cudaFree(w->conv);
+    if (w->copy) cudaStreamDestroy(w->copy);
+    (void)cudaGetLastError();
+    free(w);
+}
+
+int wstream_open(Backend *b, size_t bytes, int slots, void **host, void **out)
+{
+    *out = NULL;
+    if (slots < 1 || slots > WS_MAX_SLOTS || !bytes || !host)
+        return fail(b, H3_E_INVALID, "cuda: weight stream of %d slots of %zu bytes (1 or 2 slots)", slots, bytes);
+    WStream *w = (WStream *)calloc(1, sizeof(WStream));
+    if (!w) return fail(b, H3_E_NOMEM, "cuda: out of host memory opening a weight stream");
+    w->slots = slots;
+    w->bytes = bytes;
+    cudaError_t e = cudaStreamCreateWithFlags(&w->copy, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        w->copy = NULL;
+        ws_free(b, w);
+        return fail_cuda(b, e, "creating the weight copy stream");
+    }
+    for (int s = 0; s < slots; s++) {
+        if ((e = cudaEventCreateWithFlags(&w->copied[s], cudaEventDisableTiming)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&w->read[s], cudaEventDisableTiming)) != cudaSuccess) {
+            ws_free(b, w);
+            return fail_cuda(b, e, "creating the weight stream's events");
+        }
+        if ((e = cudaHostAlloc(&w->host[s], bytes, cudaHostAllocDefault)) != cudaSuccess) {
+            w->host[s] = NULL;
+            ws_free(b, w);
+            char what[96];
+            snprintf(what, sizeof what, "allocating %d pinned layer buffers of %.1f MiB", slots,
+                     (double)bytes / (1024.0 * 1024.0));
+            return fail_cuda(b, e, what);
+        }
+        if (!(w->dev[s] = dev_alloc(b, bytes, "a streamed layer's weights"))) {
+            ws_free(b, w);
+            return -H3_E_NOMEM;
+        }
+        host[s] = w->host[s];
+    }
+    *out = w;
+    return 0;
+}
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+int wstream_load(Backend *b, void *handle, int slot, size_t bytes, int n, const h3_bwspec *spec, h3_bw *out)
+{
+    WStream *w = (WStream *)handle;
+    if (!w || slot < 0 || slot >= w->slots || bytes > w->bytes || n < 0 || (n && (!spec || !out)))
+        return fail(b, H3_E_INVALID, "cuda: weight stream load of %zu bytes into slot %d", bytes, slot);
+    /* Every view must lie inside the bytes copied; the conversion area is sized from the specs. */
+    size_t conv = 0;
+    for (int i = 0; i < n; i++) {
+        const h3_bwspec *p = &spec[i];
+        const h3_dtype dt = p->dtype;
+        if (dt != H3_DT_F32 && dt != H3_DT_BF16 && dt != H3_DT_F16)
+            return fail(b, H3_E_SCHEMA, "cuda: weights must be F32, BF16 or F16, got %s", dtname(dt));
+        const size_t es = dt == H3_DT_F32 ? 4 : 2;
+        const size_t len = (size_t)p->rows * (size_t)p->cols * es;
+        if (p->rows < 0 || p->cols < 0 || p->offset > bytes || len > bytes - p->offset || p->offset % 16)
+            return fail(b, H3_E_INVALID, "cuda: streamed weight %d (%lld x %lld at byte %zu) outside the %zu-byte "
+                        "layer or misaligned", i, (long long)p->rows, (long long)p->cols, p->offset, bytes);
+        if (dt != H3_DT_BF16) conv += align256((size_t)p->rows * (size_t)p->cols * 2);
+    }
+    int rc = use_device(b);
+    if (rc) return rc;
+    if (conv > w->conv_bytes) {
+        /* Ops already queued may read the old area (the previous layer's views). */
+        cudaError_t e = cudaStreamSynchronize(b->stream);
+        if (e != cudaSuccess) return fail_cuda(b, e, "waiting for queued work");
+        if (w->conv) cudaFree(w->conv);
+        w->conv = NULL;
+        w->conv_bytes = 0;
+        if (!(w->conv = dev_alloc(b, conv, "streamed weights rounded to bf16"))) return -H3_E_NOMEM;
+        w->conv_bytes = conv;
+    }
+    cudaError_t e;
+    if (w->read_pending[slot] && (e = cudaStreamWaitEvent(w->copy, w->read[slot], 0)) != cudaSuccess)
+        return fail_cuda(b, e, "ordering a weight copy after the ops reading its slot");
+    w->read_pending[slot] = false;
+    if (bytes && (e = cudaMemcpyAsync(w->dev[slot], w->host[slot], bytes, cudaMemcpyHostToDevice, w->copy)) !=
+                     cudaSuccess)
+        return fail_cuda(b, e, "copying a layer's weights to the GPU");
+    if ((e = cudaEventRecord(w->copied[slot], w->copy)) != cudaSuccess ||
+        (e = cudaStreamWaitEvent(b->stream, w->copied[slot], 0)) != cudaSuccess)
+        return fail_cuda(b, e, "ordering the ops after a weight copy");
+    w->copy_pending[slot] = true;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const h3_bwspec *p = &spec[i];
+        const char *src = (const char *)w->dev[slot] + p->offset;
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].dtype = H3_DT_BF16;
+        out[i].rows = p->rows;
+        out[i].cols = p->cols;
+        if (p->dtype == H3_DT_BF16) {
+            out[i].data = src;
+            continue;
+        }
+        __nv_bfloat16 *dst = (__nv_bfloat16 *)((char *)w->conv + at);
+        at += align256((size_t)p->rows * (size_t)p->cols * 2);
+        if ((rc = convert_to_bf16(b, src, p->dtype, dst, p->rows * p->cols))) return rc;
+        out[i].data = dst;
+    }
+    return 0;
+}
+
+int wstream_wait_host(Backend *b, void *handle, int slot)
+{
+    WStream *w = (WStream *)handle;
+    if (!w || slot < 0 || slot >= w->slots) return fail(b, H3_E_INVALID, "cuda: weight stream slot %d", slot);
+    if (!w->copy_pending[slot]) return 0;
+    cudaError_t e = cudaEventSynchronize(w->copied[slot]);
+    if (e != cudaSuccess) return fail_cuda(b, e, "copying a layer's weights to the GPU");
+    w->copy_pending[slot] = false;
+    return 0;
+}
+
+int wstream_done(Backend *b, void *handle, int slot)
+{
+    WStream *w = (WStream *)handle;
+    if (!w || slot < 0 || slot >= w->slots) return fail(b, H3_E_INVALID, "cuda: weight stream slot %d", slot);
+    int rc = use_device(b);
+    if (rc) return rc;
+    cudaError_t e = cudaEventRecord(w->read[slot], b->stream);
+    if (e != cudaSuccess) return fail_cuda(b, e, "marking a weight slot's last reader");
+    w->read_pending[slot] = true;
+    return 0;
+}
+
+void wstream_close(Backend *b, void *handle)
+{
+    if (!handle || use_device(b)) return;
+    ws_free(b, (WStream *)handle);
+}
+
+} /* namespace h3cuda */

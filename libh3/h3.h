@@ -143,6 +143,17 @@ H3_API const char *h3_backends_json(void);
    description (device, memory, kernels). Owned by the context. */
 H3_API const char *h3_device_name(h3_ctx *ctx);
 H3_API const char *h3_device_description(h3_ctx *ctx);
+
+/*
+ * Peak device memory in use on the context's GPU, in bytes, since the last reset (reset != 0
+ * starts a new interval at the current use; the first interval starts when the GPU is opened).
+ * The CUDA backend samples cudaMemGetInfo's total - free after each of its allocations, so the
+ * figure counts the CUDA context, library workspaces and other processes on the same GPU.
+ * Returns 1 with *peak_bytes set on a GPU context, 0 with *peak_bytes = 0 on a CPU-only one (the
+ * process's peak RSS is the measure there), a negative H3_E_* code on error. Cheap enough to call
+ * from a progress callback (it only reads the counter and the driver's free memory).
+ */
+H3_API int h3_device_memory_peak(h3_ctx *ctx, int reset, uint64_t *peak_bytes);
 /* Where the text encoder (text prompts) and the two decoders run: "cuda" on a CUDA context, "cpu" on
    a CPU one or with H3_OPT_STAGES_CPU. Owned by the library. */
 H3_API const char *h3_stages_device(h3_ctx *ctx);

@@ -453,11 +453,14 @@ static void reader_stop(te_reader *r)
 static bool prefetch_default(void) { return true; }
 
 /* The streamed path: a backend with a weight stream at the default precision (a precision that
-   rewrites weights at load, such as fp8, keeps weight_load), unless H3_TEXT_STREAM=0. */
+   rewrites weights at load, such as fp8 or int8, keeps weight_load). On by default where weights are
+   copied to the backend (a GPU); H3_TEXT_STREAM=0 turns it off, H3_TEXT_STREAM=1 turns it on for the
+   CPU too (a copy there, which lets CI check the protocol's bits). */
 static bool use_stream(const h3_backend *be)
 {
     const char *e = getenv("H3_TEXT_STREAM");
-    return be->ops->wstream_open && be->weight_precision == H3_PRECISION_DEFAULT && !(e && !strcmp(e, "0"));
+    if (!be->ops->wstream_open || be->weight_precision != H3_PRECISION_DEFAULT || (e && !strcmp(e, "0"))) return false;
+    return be->act_dtype != H3_DT_F32 || (e && !strcmp(e, "1"));
 }
 
 /* Threads reading a layer: H3_TEXT_READERS (1-16), else 4 on the streamed path and 1 on the CPU

@@ -21,7 +21,9 @@
  * (get_rope_index) and rope_table picks each slot's axis; text-only prompts use the row index.
  *
  * Streaming. Only layers 0..K-1 are read, one at a time, into owned buffers (see te_reader). The
- * embedding table is touched only at the rows of the prompt's tokens.
+ * embedding table is touched only at the rows of the prompt's tokens. On a backend with a weight
+ * stream (a GPU) the buffers are its pinned ones and each layer's bytes go to a device slot on a
+ * copy stream while the previous layer computes (layer_stream; the backend's wstream_* ops).
  */
 #include "models/text_encoder.h"
 #include "backend/cpu/ops.h" /* h3_to_f32: weights are widened on the host before upload */
@@ -329,6 +331,13 @@ static int read_layer(const te_files *f, const te_layer *L, uint8_t *buf, const 
  * (whose slot held layer l-1, finished), then computes l while the reader fills l+1. With
  * H3_TEXT_PREFETCH=0 there is one slot and the main thread reads each layer itself before using
  * it. Either way the bytes computed on are the same, so results are bit-identical.
+ *
+ * GPU (weight stream): the slots are the backend's pinned buffers, and "finished" means the copy
+ * to the device is over, not the compute (ops are queued, not run): the main thread queues the copy
+ * of layer l, waits for the copy that last read buffer (l+1) % 2 (layer l-1's, queued a layer ago),
+ * hands that buffer to the reader, then queues layer l's ops behind its copy. Reads, copies and
+ * compute of neighbouring layers overlap. One reader thread copying out of the page cache moves
+ * ~5-10 GB/s, well below PCIe, so a layer is read by several (read_layer, H3_TEXT_READERS).
  */
 typedef struct {
     const te_plan *plan;
@@ -632,16 +641,14 @@ static int layer_norms(h3_backend *be, te_act *a, const te_layer *L, const uint8
     return 0;
 }
 
-/* The streamed path's first half: norm weights uploaded, the layer's bytes (already in the weight
-   stream's pinned buffer `slot`) sent to the device slot; W receives the GEMM weights as views of
-   it. The copy runs on the backend's copy stream; the layer's ops wait for it. */
-static int layer_stream(h3_backend *be, void *ws, int slot, te_act *a, const te_layer *L, const uint8_t *buf,
-                        h3_bw *W)
+/* The streamed path: the layer's bytes (already in the weight stream's pinned buffer `slot`) sent
+   to the device slot; W receives the GEMM weights as views of it. The copy runs on the backend's
+   copy stream; the layer's ops wait for it. */
+static int layer_stream(h3_backend *be, void *ws, int slot, const te_layer *L, h3_bw *W)
 {
     h3_bwspec spec[TE_GEMMS];
     h3_bw got[TE_GEMMS];
-    int rc = layer_norms(be, a, L, buf);
-    if (rc) return rc;
+    int rc;
     for (int i = 0; i < TE_GEMMS; i++) {
         const h3_tensor *t = L->t[k_gemms[i]];
         spec[i] = (h3_bwspec){L->off[k_gemms[i]], t->dtype, t->shape[0], t->shape[1]};
@@ -864,12 +871,17 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
                the layer's ops are queued behind the copy and mark the slot read. */
             const int slot = l % rd.nslots;
             h3_bw W[W_COUNT];
-            if ((rc = layer_stream(be, ws, slot, &a, &p.layers[l], buf, W))) break;
+            if ((rc = layer_stream(be, ws, slot, &p.layers[l], W))) break;
             if (l + 1 < L) {
                 if ((rc = be->ops->wstream_wait_host(be, ws, (l + 1) % rd.nslots))) break;
                 reader_request(&rd, l + 1);
             }
-            if ((rc = layer_forward(be, &a, &p.cfg, W)) || (rc = be->ops->wstream_done(be, ws, slot))) break;
+            /* The norm weights go last: an upload from pageable memory may wait for the ops queued
+               before it (layer l - 1's), and by now the copy and the next read are under way. They
+               are read from this layer's host buffer, which the reader does not touch. */
+            if ((rc = layer_norms(be, &a, &p.layers[l], buf)) || (rc = layer_forward(be, &a, &p.cfg, W)) ||
+                (rc = be->ops->wstream_done(be, ws, slot)))
+                break;
         } else {
             if (l + 1 < L) reader_request(&rd, l + 1);
             if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;

@@ -627,6 +627,7 @@ static void release_all(Backend *b)
 {
     if (b->stream) cudaStreamSynchronize(b->stream);
     decoders_destroy(b);
+    wstream_destroy(b);
     gemm_destroy(b);
     fp8_destroy(b);
     if (b->lt) cublasLtDestroy(b->lt);

@@ -34,6 +34,7 @@ enum { WS_MAX_SLOTS = 2 };
 struct WStream {
     int slots;
     size_t bytes;
+    size_t host_bytes;           /* size of each pinned buffer (a reused one may be larger than bytes) */
     void *host[WS_MAX_SLOTS];    /* pinned */
     void *dev[WS_MAX_SLOTS];     /* raw layer bytes as stored */
     cudaEvent_t copied[WS_MAX_SLOTS], read[WS_MAX_SLOTS];
@@ -43,13 +44,73 @@ struct WStream {
     size_t conv_bytes;
 };
 
+/*
+ * Pinning ~1 GB of host memory (cudaHostAlloc) costs a few hundred ms, as much as several layers'
+ * copies, so a closed stream parks its host buffers in the backend and the next stream of the same
+ * or a smaller size takes them (the text encoder opens one per encode). Device slots are freed at
+ * close: cudaMalloc is cheap, and the transformer may need that memory between encodes. The parked
+ * buffers (2 x the largest layer: ~1.9 GB for the release) stay until the backend is destroyed.
+ */
+struct WsPark {
+    void *host[WS_MAX_SLOTS];
+    size_t bytes;
+};
+
+void wstream_destroy(Backend *b)
+{
+    if (!b->ws_park) return;
+    for (int s = 0; s < WS_MAX_SLOTS; s++)
+        if (b->ws_park->host[s]) cudaFreeHost(b->ws_park->host[s]);
+    free(b->ws_park);
+    b->ws_park = NULL;
+}
+
+/* The parked buffers when they fit (slots of at least `bytes`), else none; whatever is left
+   parked (a stale size, a spare buffer) is freed, so at most one set of buffers is ever pinned. */
+static bool take_parked(Backend *b, int slots, size_t bytes, void **host, size_t *host_bytes)
+{
+    WsPark *p = b->ws_park;
+    if (!p) return false;
+    const bool fits = p->bytes >= bytes && p->host[0] && (slots == 1 || p->host[1]);
+    if (fits) {
+        for (int s = 0; s < slots; s++) {
+            host[s] = p->host[s];
+            p->host[s] = NULL;
+        }
+        *host_bytes = p->bytes;
+    }
+    for (int s = 0; s < WS_MAX_SLOTS; s++)
+        if (p->host[s]) {
+            cudaFreeHost(p->host[s]);
+            p->host[s] = NULL;
+        }
+    return fits;
+}
+
+/* A closing stream's pinned buffers: parked when the park is empty, else freed. */
+static void park_or_free(Backend *b, WStream *w)
+{
+    if (!b->ws_park) b->ws_park = (WsPark *)calloc(1, sizeof(WsPark));
+    WsPark *p = b->ws_park;
+    const bool park = p && !p->host[0] && !p->host[1];
+    for (int s = 0; s < WS_MAX_SLOTS; s++) {
+        if (!w->host[s]) continue;
+        if (park)
+            p->host[s] = w->host[s];
+        else
+            cudaFreeHost(w->host[s]);
+        w->host[s] = NULL;
+    }
+    if (park) p->bytes = w->host_bytes;
+}
+
 static void ws_free(Backend *b, WStream *w)
 {
     if (!w) return;
     if (w->copy) cudaStreamSynchronize(w->copy);
     if (b->stream) cudaStreamSynchronize(b->stream); /* ops may still read a slot */
+    park_or_free(b, w); /* the copies that read them are over */
     for (int s = 0; s < WS_MAX_SLOTS; s++) {
-        if (w->host[s]) cudaFreeHost(w->host[s]);
         if (w->dev[s]) cudaFree(w->dev[s]);
         if (w->copied[s]) cudaEventDestroy(w->copied[s]);
         if (w->read[s]) cudaEventDestroy(w->read[s]);
@@ -81,7 +142,8 @@ int wstream_open(Backend *b, size_t bytes, int slots, void **host, void **out)
             ws_free(b, w);
             return fail_cuda(b, e, "creating the weight stream's events");
         }
-        if ((e = cudaHostAlloc(&w->host[s], bytes, cudaHostAllocDefault)) != cudaSuccess) {
+        if (s == 0 && !take_parked(b, slots, bytes, w->host, &w->host_bytes)) w->host_bytes = bytes;
+        if (!w->host[s] && (e = cudaHostAlloc(&w->host[s], bytes, cudaHostAllocDefault)) != cudaSuccess) {
             w->host[s] = NULL;
             ws_free(b, w);
             char what[96];

@@ -468,7 +468,8 @@ static bool prefetch_default(void) { return true; }
 static bool use_stream(const h3_backend *be)
 {
     const char *e = getenv("H3_TEXT_STREAM");
-    if (!be->ops->wstream_open || be->weight_precision != H3_PRECISION_DEFAULT || (e && !strcmp(e, "0"))) return false;
+    if (!be->ops->wstream_open || be->weight_precision != H3_PRECISION_DEFAULT || (e && !strcmp(e, "0")))
+        return false;
     return be->act_dtype != H3_DT_F32 || (e && !strcmp(e, "1"));
 }
 
@@ -838,8 +839,10 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
         rc = files_open(&files, &p);
         if (!rc) rc = reader_start(&rd, &p, &files, prefetch, host, reader_threads(true));
         if (rc) goto done;
-    } else if ((rc = files_open(&files, &p)) || (rc = reader_start(&rd, &p, &files, prefetch, NULL, reader_threads(false)))) {
-        goto done;
+    } else {
+        rc = files_open(&files, &p);
+        if (!rc) rc = reader_start(&rd, &p, &files, prefetch, NULL, reader_threads(false));
+        if (rc) goto done;
     }
     reader_request(&rd, 0); /* layer 0 loads while the embeddings are gathered */
     /* hidden_states[0] is gathered into the caller's output, then becomes the residual stream. */

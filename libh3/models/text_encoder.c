@@ -473,12 +473,13 @@ static bool use_stream(const h3_backend *be)
     return be->act_dtype != H3_DT_F32 || (e && !strcmp(e, "1"));
 }
 
-/* Threads reading a layer: H3_TEXT_READERS (1-16), else 4 on the streamed path and 1 on the CPU
-   path (its compute threads need the cores). */
+/* Threads reading a layer: H3_TEXT_READERS (1-16), else 8 on the streamed path (the host's cores
+   are idle while the GPU computes; copying out of the page cache scales to about that many before
+   memory bandwidth caps it) and 1 on the CPU path (its compute threads need the cores). */
 static int reader_threads(bool streamed)
 {
     const char *e = getenv("H3_TEXT_READERS");
-    int n = e && *e ? atoi(e) : streamed ? 4 : 1;
+    int n = e && *e ? atoi(e) : streamed ? 8 : 1;
     return n < 1 ? 1 : n > 16 ? 16 : n;
 }
 

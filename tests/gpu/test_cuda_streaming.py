@@ -40,7 +40,7 @@ def test_text_stream_gives_the_weight_load_bits(tmp_path_factory, monkeypatch, d
     root = TE.write_checkpoint(model, layer, tmp_path_factory.mktemp(f"stream_{dtype}"), dtype=dtype, nshards=2)
     ids = [TE.random_ids(n, 40 + n) for n in (1, 77, 333)]
     outs = {}
-    for label, stream, prefetch, readers in (("weight_load", "0", "1", "1"), ("stream", "1", "1", "4"),
+    for label, stream, prefetch, readers in (("weight_load", "0", "1", "1"), ("stream", "1", "1", "8"),
                                              ("stream-1-reader", "1", "1", "1"), ("stream-no-prefetch", "1", "0", "4")):
         monkeypatch.setenv("H3_TEXT_STREAM", stream)
         monkeypatch.setenv("H3_TEXT_PREFETCH", prefetch)  # read at h3_init
@@ -51,7 +51,7 @@ def test_text_stream_gives_the_weight_load_bits(tmp_path_factory, monkeypatch, d
     for label, got in outs.items():
         assert got == outs["weight_load"], label
     assert all(np.isfinite(np.frombuffer(b, np.float32)).all() for b in outs["stream"])
-    print(f"parity: text stream {dtype}: streamed (2 slots, 4 readers; 1 reader; 1 slot) bit-identical to weight_load "
+    print(f"parity: text stream {dtype}: streamed (2 slots, 8 readers; 1 reader; 1 slot) bit-identical to weight_load "
           f"at 1, 77, 333 tokens")
 
 

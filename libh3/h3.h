@@ -156,6 +156,17 @@ H3_API const char *h3_backends_json(void);
    description (device, memory, kernels). Owned by the context. */
 H3_API const char *h3_device_name(h3_ctx *ctx);
 H3_API const char *h3_device_description(h3_ctx *ctx);
+
+/*
+ * Peak device memory in use on the context's GPU, in bytes, since the last reset (reset != 0
+ * starts a new interval at the current use; the first interval starts when the GPU is opened).
+ * The CUDA backend samples cudaMemGetInfo's total - free after each of its allocations, so the
+ * figure counts the CUDA context, library workspaces and other processes on the same GPU.
+ * Returns 1 with *peak_bytes set on a GPU context, 0 with *peak_bytes = 0 on a CPU-only one (the
+ * process's peak RSS is the measure there), a negative H3_E_* code on error. Cheap enough to call
+ * from a progress callback (it only reads the counter and the driver's free memory).
+ */
+H3_API int h3_device_memory_peak(h3_ctx *ctx, int reset, uint64_t *peak_bytes);
 /* Where the text encoder (text prompts) and the two decoders run: "cuda" on a CUDA context, "cpu" on
    a CPU one or with H3_OPT_STAGES_CPU. Owned by the library. */
 H3_API const char *h3_stages_device(h3_ctx *ctx);
@@ -496,9 +507,11 @@ H3_API int64_t h3_video_decode_workspace(h3_ctx *ctx, int T, int h, int w, const
  * Decode latents [C, T, h, w]; C must be the model's latent channel count (checked). `rgb`
  * (optional) receives uint8 frames [F, H, W, 3]. `pixels` (optional) receives float frames
  * [F, H, W, 3] in [0, 1] (the decode step's output_type="np" values), or with H3_VIDEO_RAW the
- * float sample of vae.decode() as [3, F, H, W]. At least one of them must be given. Weights are
- * mapped for the call and released after it. Results do not depend on the thread count. `opts`
- * may be NULL.
+ * float sample of vae.decode() as [3, F, H, W]. At least one of them must be given. On the CPU
+ * the weights are mapped for the call and released after it; on a GPU they are uploaded (bf16) at
+ * the first decode and kept on the device until h3_free (or until the transformer needs the
+ * memory), so later decodes and renders read no weights. Results do not depend on the thread
+ * count. `opts` may be NULL.
  */
 H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int h, int w,
                            const h3_video_decode_opts *opts, uint8_t *rgb, float *pixels);
@@ -592,7 +605,9 @@ H3_API int64_t h3_audio_samples(h3_ctx *ctx, int latent_frames);
  *  pcm:     f32 [2, samples] (samples = h3_audio_samples), left then right, clipped to [-1, 1],
  *           at the sample rate h3_audio_info reports; `pcm_capacity` is its size in floats.
  *  progress (may be NULL) is called between convolutions with phase "audio_decode" and the
- *  permille of work done (total 1000); non-zero cancels. The decoder weights are read for this call and released before it returns.
+ *  permille of work done (total 1000); non-zero cancels. On the CPU the decoder weights are read
+ *  for this call and released before it returns; on a GPU they are kept on the device after the
+ *  first call, as h3_video_decode keeps its own.
  */
 H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int latent_frames, float *pcm,
                            int64_t pcm_capacity, h3_progress_fn progress, void *user);

@@ -212,8 +212,9 @@ def test_render_on_cpu_profile_names_the_device(tmp_path):
     with Context(EMBEDDED_MODEL, threads=2, device="cpu") as ctx:
         desc = ctx.device_description
     assert desc.startswith("cpu")
-    device_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("device: ")]
-    assert device_lines == [f"device: {desc}; text encoder and decoders on the cpu"], proc.stdout
+    # the profile (and its device line) goes to stderr
+    device_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("device: ")]
+    assert device_lines == [f"device: {desc}; text encoder and decoders on the cpu"], proc.stderr
     assert out.stat().st_size > 0
 
 

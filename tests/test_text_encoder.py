@@ -220,14 +220,20 @@ def test_official_fixture_checkpoints(tiny_models, tiny_ckpt, tiny_ckpt_f32):
 
 
 def test_bit_identical_threads_and_prefetch(ckpts, monkeypatch):
+    # H3_TEXT_READERS=3 splits each layer's reads over three threads (the GPU path's parallel
+    # pread) and H3_TEXT_STREAM=1 runs the GPU's weight-stream protocol (pinned slots handed to the
+    # reader, a load per layer); the bytes computed on, hence the output, must not change.
     ids = random_ids(333, 7)
     outs = []
     for threads in (1, 2):
         for prefetch in ("0", "1"):
-            monkeypatch.setenv("H3_TEXT_PREFETCH", prefetch)
-            with Context(ckpts["wide"], threads=threads) as ctx:
-                outs.append(text.encode(ctx, ids).tobytes())
-    assert all(o == outs[0] for o in outs[1:])
+            for readers, stream in (("1", "0"), ("3", "0"), ("1", "1"), ("3", "1")):
+                monkeypatch.setenv("H3_TEXT_PREFETCH", prefetch)
+                monkeypatch.setenv("H3_TEXT_READERS", readers)
+                monkeypatch.setenv("H3_TEXT_STREAM", stream)  # 1: the GPU's slot protocol, a copy on the CPU
+                with Context(ckpts["wide"], threads=threads) as ctx:
+                    outs.append(text.encode(ctx, ids).tobytes())
+    assert len(outs) == 16 and all(o == outs[0] for o in outs[1:])
 
 
 # ---- streaming: what is read -------------------------------------------------------------------

@@ -215,6 +215,16 @@ H3_API const char *h3_device_description(h3_ctx *ctx)
     return ctx->device_desc;
 }
 
+H3_API int h3_device_memory_peak(h3_ctx *ctx, int reset, uint64_t *peak_bytes)
+{
+    if (!ctx || !peak_bytes) return h3_err(H3_E_INVALID, "NULL context or output");
+    *peak_bytes = 0;
+    h3_backend *g = ctx->rt.gpu;
+    if (!g || !g->ops->mem_peak) return 0;
+    int rc = g->ops->mem_peak(g, reset != 0, peak_bytes);
+    return rc ? rc : 1;
+}
+
 H3_API const char *h3_backends_json(void)
 {
     static char buf[1024];

@@ -68,7 +68,8 @@ H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int 
     if ((rc = h3_rt_stage_backend(&ctx->rt, &be))) return rc;
     /* No hook in the options: the context's (h3_set_progress), as every other stage reports. */
     h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels,
-                          o.progress ? o.progress : ctx->rt.progress, o.progress ? o.user : ctx->rt.progress_user};
+                          o.progress ? o.progress : ctx->rt.progress, o.progress ? o.user : ctx->rt.progress_user,
+                          &ctx->rt.vvae_keep};
     rc = h3_vvae_run(&ctx->model, be, &rq);
     if (!rc) h3_err_clear();
     return rc;
@@ -105,5 +106,6 @@ H3_API int h3_audio_decode(h3_ctx *ctx, const float *latents, int channels, int 
     h3_backend *be;
     int rc = h3_rt_stage_backend(&ctx->rt, &be);
     if (rc) return rc;
-    return h3_avae_run(&ctx->model, be, latents, channels, latent_frames, pcm, pcm_capacity, progress, user);
+    return h3_avae_run_keep(&ctx->model, be, latents, channels, latent_frames, pcm, pcm_capacity, progress, user,
+                            &ctx->rt.avae_keep);
 }

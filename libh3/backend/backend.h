@@ -140,6 +140,13 @@ static inline void h3_bconv3d_out(const h3_bconv3d *g, int *To, int *Ho, int *Wo
     *Wo = h3_bconv3d_len(g->W, g->pad_left + g->pad_right, g->kw, g->sw);
 }
 
+/* One GEMM weight inside a streamed layer (wstream_load). */
+typedef struct h3_bwspec {
+    size_t offset; /* byte offset in the layer buffer */
+    h3_dtype dtype;
+    int64_t rows, cols;
+} h3_bwspec;
+
 typedef struct h3_backend_ops {
     const char *name; /* "cpu", "cuda" */
     void (*destroy)(h3_backend *be);
@@ -364,7 +371,36 @@ typedef struct h3_backend_ops {
     int (*ring_wait)(h3_backend *be, struct h3_bring *r, int s, void **dev);
     /* The ops issued so far are the last to read slot s before its next fill. */
     int (*ring_done)(h3_backend *be, struct h3_bring *r, int s);
+
+    /* ---- streamed weights: a stage that reads its weights a layer at a time (the text encoder)
+       hands each layer's bytes to the device while the previous layer computes. NULL on a backend
+       that computes on host memory (the CPU takes views of the read buffer with weight_load). The
+       handle owns `slots` pinned host buffers (for the stage's reader to fill), as many device
+       slots of the same size and a copy stream. ---- */
+    /* Open: host[0..slots) receive the host buffers (`bytes` each), *ws the handle. */
+    int (*wstream_open)(h3_backend *be, size_t bytes, int slots, void **host, void **ws);
+    /* Copy host[slot][0, bytes) to device slot `slot` on the copy stream, once the ops that read
+       the slot last (wstream_done) are over. The n GEMM weights it holds (spec[i]: byte offset,
+       stored dtype, rows, cols) become w[i] as weight_load at the default precision makes them
+       (the same bits; stored bf16 is used in place, f32/f16 are rounded on the device); w[i] is
+       valid until the next load into the slot and must not be handed to weight_free. Ops issued
+       after this call wait for the copy; the call itself returns at once. */
+    int (*wstream_load)(h3_backend *be, void *ws, int slot, size_t bytes, int n, const h3_bwspec *spec,
+                        h3_bw *w);
+    /* Wait until host[slot] may be refilled (the copy that last read it is over). */
+    int (*wstream_wait_host)(h3_backend *be, void *ws, int slot);
+    /* The ops issued so far are the last to read device slot `slot` before its next load. */
+    int (*wstream_done)(h3_backend *be, void *ws, int slot);
+    /* Wait for everything and free the handle (NULL is ignored). */
+    void (*wstream_close)(h3_backend *be, void *ws);
+
+    /* Peak device memory in use (bytes) since the last reset (reset: start a new interval at the
+       current use). The CUDA backend samples cudaMemGetInfo's total - free after each of its own
+       allocations, so the figure includes the CUDA context, library workspaces and any other
+       process on the GPU. NULL on the CPU (the profile reads the process's peak RSS there). */
+    int (*mem_peak)(h3_backend *be, bool reset, uint64_t *peak);
 } h3_backend_ops;
+
 
 struct h3_backend {
     const h3_backend_ops *ops;

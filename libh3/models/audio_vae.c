@@ -733,8 +733,25 @@ int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads)
 
 /* ---- entry points ----------------------------------------------------------------------- */
 
+struct h3_avae_keep {
+    decoder *d;
+};
+
+void h3_avae_keep_free(h3_avae_keep *k)
+{
+    if (!k) return;
+    dec_free(k->d);
+    free(k);
+}
+
 int h3_avae_run(h3_model *m, h3_backend *be, const float *latents, int channels, int64_t frames, float *pcm,
                 int64_t pcm_cap, h3_progress_fn progress, void *user)
+{
+    return h3_avae_run_keep(m, be, latents, channels, frames, pcm, pcm_cap, progress, user, NULL);
+}
+
+int h3_avae_run_keep(h3_model *m, h3_backend *be, const float *latents, int channels, int64_t frames, float *pcm,
+                     int64_t pcm_cap, h3_progress_fn progress, void *user, h3_avae_keep **keep)
 {
     if (!latents || !pcm || !be) return h3_err(H3_E_INVALID, "audio decode: NULL latents, PCM buffer or backend");
     h3_avae_cfg cfg;
@@ -749,13 +766,27 @@ int h3_avae_run(h3_model *m, h3_backend *be, const float *latents, int channels,
     if (pcm_cap < 2 * S)
         return h3_err(H3_E_INVALID, "audio decode: the PCM buffer holds %lld floats, %lld frames need 2 x %lld",
                       (long long)pcm_cap, (long long)frames, (long long)S);
-    decoder *d;
-    if ((rc = dec_load(m, be, &d))) return rc;
+    /* Kept only where the weights were copied to the backend (the CPU decodes from host copies it
+       would rebuild cheaply; keeping them there would only pin host memory). */
+    if (keep && be->act_dtype == H3_DT_F32) keep = NULL;
+    if (keep && *keep && (*keep)->d->be != be) {
+        h3_avae_keep_free(*keep);
+        *keep = NULL;
+    }
+    decoder *d = keep && *keep ? (*keep)->d : NULL;
+    if (!d && (rc = dec_load(m, be, &d))) return rc;
+    if (keep && !*keep) {
+        if (!(*keep = h3_calloc(1, sizeof **keep))) {
+            dec_free(d);
+            return -H3_E_NOMEM;
+        }
+        (*keep)->d = d;
+    }
     runner r = {be, progress, user, 0, 2 * side_cost(d, frames), -1};
     slots sl = {{0}, {0}};
     for (int side = 0; !rc && side < 2; side++)
         rc = decode_side(&r, d, &sl, latents + (int64_t)side * channels * frames, frames, pcm + side * S);
     for (int i = 0; i < SL_COUNT; i++) be->ops->release(be, sl.p[i]);
-    dec_free(d);
+    if (!keep) dec_free(d);
     return rc;
 }

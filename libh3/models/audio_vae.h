@@ -33,6 +33,16 @@ H3_INTERNAL int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int
 H3_INTERNAL int h3_avae_run(h3_model *m, h3_backend *be, const float *latents, int channels, int64_t frames,
                             float *pcm, int64_t pcm_cap, h3_progress_fn progress, void *user);
 
+/* The loaded decoder kept between calls on a backend that copies its weights (a GPU; the folded
+   f32 weights then stay in device memory): h3_avae_run with `keep` takes it from *keep when it was
+   loaded for `be`, else loads it and leaves it there (free it with h3_avae_keep_free). On the CPU
+   it is loaded and released in the call, as h3_avae_run does. */
+typedef struct h3_avae_keep h3_avae_keep;
+H3_INTERNAL int h3_avae_run_keep(h3_model *m, h3_backend *be, const float *latents, int channels, int64_t frames,
+                                 float *pcm, int64_t pcm_cap, h3_progress_fn progress, void *user,
+                                 h3_avae_keep **keep);
+H3_INTERNAL void h3_avae_keep_free(h3_avae_keep *k);
+
 /* Refuse a decoder geometry this engine cannot run (one line naming the config). */
 H3_INTERNAL int h3_avae_check_geometry(const h3_avae_cfg *c, const char *path);
 

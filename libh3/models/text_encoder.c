@@ -21,7 +21,9 @@
  * (get_rope_index) and rope_table picks each slot's axis; text-only prompts use the row index.
  *
  * Streaming. Only layers 0..K-1 are read, one at a time, into owned buffers (see te_reader). The
- * embedding table is touched only at the rows of the prompt's tokens.
+ * embedding table is touched only at the rows of the prompt's tokens. On a backend with a weight
+ * stream (a GPU) the buffers are its pinned ones and each layer's bytes go to a device slot on a
+ * copy stream while the previous layer computes (layer_stream; the backend's wstream_* ops).
  */
 #include "models/text_encoder.h"
 #include "backend/cpu/ops.h" /* h3_to_f32: weights are widened on the host before upload */
@@ -208,7 +210,7 @@ static int read_tensor(const te_files *f, const h3_tensor *t, uint64_t skip, uin
     return 0;
 }
 
-static int read_layer(const te_files *f, const te_layer *L, uint8_t *buf, const atomic_int *stop)
+static int read_layer_seq(const te_files *f, const te_layer *L, uint8_t *buf, const atomic_int *stop)
 {
     for (int i = 0; i < W_COUNT; i++) {
         int w = L->order[i];
@@ -216,6 +218,89 @@ static int read_layer(const te_files *f, const te_layer *L, uint8_t *buf, const 
         if (rc) return rc;
     }
     return 0;
+}
+
+/*
+ * A layer read by `threads` threads at once, each pulling the next piece (in read order; 32 MiB,
+ * or less so that every thread gets about four). One thread copying out of the page cache moves
+ * ~5-10 GB/s, far below what PCIe takes, so the GPU path reads with several; the bytes land where
+ * the sequential read puts them.
+ */
+#define TE_PIECE_MAX (32ull << 20)
+#define TE_PIECE_MIN (4ull << 10)
+
+typedef struct {
+    const te_files *f;
+    const te_layer *L;
+    uint8_t *buf;
+    const atomic_int *stop;
+    uint64_t piece;        /* bytes per piece */
+    atomic_int next;       /* next piece to read */
+    atomic_int failed;     /* set by the first failure: the others stop taking pieces */
+    pthread_mutex_t mu;
+    int err;
+    char msg[512];
+} te_par;
+
+/* Piece k of the layer: tensor (in read order) and byte range; false past the last piece. */
+static bool piece_of(const te_layer *L, uint64_t piece, int k, int *w, uint64_t *skip, uint64_t *len)
+{
+    for (int i = 0; i < W_COUNT; i++) {
+        const int t = L->order[i];
+        const uint64_t n = L->t[t]->end - L->t[t]->begin, pieces = (n + piece - 1) / piece;
+        if ((uint64_t)k < pieces) {
+            *w = t;
+            *skip = (uint64_t)k * piece;
+            *len = n - *skip < piece ? n - *skip : piece;
+            return true;
+        }
+        k -= (int)pieces;
+    }
+    return false;
+}
+
+static void *par_main(void *arg)
+{
+    te_par *p = arg;
+    for (;;) {
+        if (atomic_load(&p->failed)) break;
+        int w;
+        uint64_t skip, len;
+        if (!piece_of(p->L, p->piece, atomic_fetch_add(&p->next, 1), &w, &skip, &len)) break;
+        int rc = read_tensor(p->f, p->L->t[w], skip, len, p->buf + p->L->off[w] + skip, p->stop);
+        if (rc) {
+            /* h3_err's message lives in this thread's storage: keep the first one. */
+            pthread_mutex_lock(&p->mu);
+            if (!p->err) {
+                p->err = -rc;
+                snprintf(p->msg, sizeof p->msg, "%s", h3_last_error());
+            }
+            pthread_mutex_unlock(&p->mu);
+            atomic_store(&p->failed, 1);
+            break;
+        }
+    }
+    return NULL;
+}
+
+static int read_layer(const te_files *f, const te_layer *L, uint8_t *buf, const atomic_int *stop, int threads)
+{
+    if (threads > 16) threads = 16;
+    uint64_t piece = L->bytes / (4u * (unsigned)(threads > 0 ? threads : 1)) / TE_PIECE_MIN * TE_PIECE_MIN;
+    piece = piece < TE_PIECE_MIN ? TE_PIECE_MIN : piece > TE_PIECE_MAX ? TE_PIECE_MAX : piece;
+    if (threads <= 1 || L->bytes <= piece) return read_layer_seq(f, L, buf, stop);
+    te_par p = {.f = f, .L = L, .buf = buf, .stop = stop, .piece = piece};
+    atomic_init(&p.next, 0);
+    atomic_init(&p.failed, 0);
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_t th[15];
+    int started = 0;
+    for (; started < threads - 1; started++)
+        if (pthread_create(&th[started], NULL, par_main, &p) != 0) break; /* fewer helpers still finish */
+    par_main(&p);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&p.mu);
+    return p.err ? h3_err(p.err, "%s", p.msg) : 0;
 }
 
 /* ---- layer streaming ---------------------------------------------------------------------- */
@@ -246,11 +331,20 @@ static int read_layer(const te_files *f, const te_layer *L, uint8_t *buf, const 
  * (whose slot held layer l-1, finished), then computes l while the reader fills l+1. With
  * H3_TEXT_PREFETCH=0 there is one slot and the main thread reads each layer itself before using
  * it. Either way the bytes computed on are the same, so results are bit-identical.
+ *
+ * GPU (weight stream): the slots are the backend's pinned buffers, and "finished" means the copy
+ * to the device is over, not the compute (ops are queued, not run): the main thread queues the copy
+ * of layer l, waits for the copy that last read buffer (l+1) % 2 (layer l-1's, queued a layer ago),
+ * hands that buffer to the reader, then queues layer l's ops behind its copy. Reads, copies and
+ * compute of neighbouring layers overlap. One reader thread copying out of the page cache moves
+ * ~5-10 GB/s, well below PCIe, so a layer is read by several (read_layer, H3_TEXT_READERS).
  */
 typedef struct {
     const te_plan *plan;
     const te_files *files;
     uint8_t *slot[2];
+    bool slots_external;   /* pinned buffers of a weight stream: not ours to free */
+    int threads;           /* threads reading one layer (read_layer) */
     int nslots;
     pthread_t th;
     bool running;
@@ -272,7 +366,7 @@ static void *reader_main(void *arg)
         if (atomic_load(&r->stop)) break;
         int l = r->loaded + 1;
         pthread_mutex_unlock(&r->mu);
-        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[l % r->nslots], &r->stop);
+        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[l % r->nslots], &r->stop, r->threads);
         pthread_mutex_lock(&r->mu);
         if (rc) {
             /* h3_err's message lives in this thread's storage: hand it to the main thread. */
@@ -289,16 +383,24 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
-static int reader_start(te_reader *r, const te_plan *p, const te_files *f, bool prefetch)
+/* Slots: reader_slots(prefetch) buffers of p->slot_bytes; `host` gives them (a weight stream's
+   pinned buffers), else they are allocated here. */
+static int reader_slots(const te_plan *p, bool prefetch) { return prefetch && p->cfg.cond_layer > 1 ? 2 : 1; }
+
+static int reader_start(te_reader *r, const te_plan *p, const te_files *f, bool prefetch, void *const *host,
+                        int threads)
 {
     memset(r, 0, sizeof *r);
     r->plan = p;
     r->files = f;
     r->requested = r->loaded = -1;
-    r->nslots = prefetch && p->cfg.cond_layer > 1 ? 2 : 1;
+    r->nslots = reader_slots(p, prefetch);
+    r->threads = threads;
+    r->slots_external = host != NULL;
     atomic_init(&r->stop, 0);
     for (int i = 0; i < r->nslots; i++)
-        if (!(r->slot[i] = h3_alloc_aligned(p->slot_bytes ? p->slot_bytes : TE_ALIGN))) return -H3_E_NOMEM;
+        if (!(r->slot[i] = host ? host[i] : h3_alloc_aligned(p->slot_bytes ? p->slot_bytes : TE_ALIGN)))
+            return -H3_E_NOMEM;
     if (r->nslots == 1) return 0;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
@@ -324,7 +426,7 @@ static void reader_request(te_reader *r, int layer)
 static int reader_get(te_reader *r, int l, const uint8_t **buf)
 {
     if (!r->running) {
-        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[0], NULL);
+        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[0], NULL, r->threads);
         if (rc) return rc;
         r->bytes += r->plan->layers[l].bytes;
         *buf = r->slot[0];
@@ -351,12 +453,35 @@ static void reader_stop(te_reader *r)
         pthread_cond_destroy(&r->cv);
         r->running = false;
     }
-    for (int i = 0; i < 2; i++) h3_free_aligned(r->slot[i]);
+    if (!r->slots_external)
+        for (int i = 0; i < 2; i++) h3_free_aligned(r->slot[i]);
     r->slot[0] = r->slot[1] = NULL;
 }
 
 /* Prefetch is on unless the caller says otherwise (H3_OPT_NO_TEXT_PREFETCH, read by the API). */
 static bool prefetch_default(void) { return true; }
+
+/* The streamed path: a backend with a weight stream at the default precision (a precision that
+   rewrites weights at load, such as fp8 or int8, keeps weight_load). On by default where weights are
+   copied to the backend (a GPU); H3_TEXT_STREAM=0 turns it off, H3_TEXT_STREAM=1 turns it on for the
+   CPU too (a copy there, which lets CI check the protocol's bits). */
+static bool use_stream(const h3_backend *be)
+{
+    const char *e = getenv("H3_TEXT_STREAM");
+    if (!be->ops->wstream_open || be->weight_precision != H3_PRECISION_DEFAULT || (e && !strcmp(e, "0")))
+        return false;
+    return be->act_dtype != H3_DT_F32 || (e && !strcmp(e, "1"));
+}
+
+/* Threads reading a layer: H3_TEXT_READERS (1-16), else 8 on the streamed path (the host's cores
+   are idle while the GPU computes; copying out of the page cache scales to about that many before
+   memory bandwidth caps it) and 1 on the CPU path (its compute threads need the cores). */
+static int reader_threads(bool streamed)
+{
+    const char *e = getenv("H3_TEXT_READERS");
+    int n = e && *e ? atoi(e) : streamed ? 8 : 1;
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
 
 /* ---- compute ------------------------------------------------------------------------------ */
 
@@ -504,20 +629,48 @@ static int layer_forward(h3_backend *be, te_act *a, const h3_text_cfg *c, const 
     return 0;
 }
 
-/* Layer l from its buffer: norm weights uploaded, GEMM weights handed to the backend (views on the
-   CPU, device copies on a GPU, released right after the layer). */
-static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_layer *L, const uint8_t *buf)
+static const int k_gemms[7] = {W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN};
+#define TE_GEMMS ((int)(sizeof k_gemms / sizeof *k_gemms))
+
+static int layer_norms(h3_backend *be, te_act *a, const te_layer *L, const uint8_t *buf)
 {
-    static const int gemms[] = {W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN};
-    h3_bw W[W_COUNT];
-    memset(W, 0, sizeof W);
-    int rc, loaded = 0;
+    int rc;
     if ((rc = norm_weight(be, L, buf, W_IN_NORM, a->stage, a->w_in)) ||
         (rc = norm_weight(be, L, buf, W_POST_NORM, a->stage, a->w_post)) ||
         (rc = norm_weight(be, L, buf, W_Q_NORM, a->stage, a->w_qn)) ||
         (rc = norm_weight(be, L, buf, W_K_NORM, a->stage, a->w_kn)))
         return rc;
-    for (; loaded < (int)(sizeof gemms / sizeof *gemms) && !rc; loaded++) {
+    return 0;
+}
+
+/* The streamed path: the layer's bytes (already in the weight stream's pinned buffer `slot`) sent
+   to the device slot; W receives the GEMM weights as views of it. The copy runs on the backend's
+   copy stream; the layer's ops wait for it. */
+static int layer_stream(h3_backend *be, void *ws, int slot, const te_layer *L, h3_bw *W)
+{
+    h3_bwspec spec[TE_GEMMS];
+    h3_bw got[TE_GEMMS];
+    int rc;
+    for (int i = 0; i < TE_GEMMS; i++) {
+        const h3_tensor *t = L->t[k_gemms[i]];
+        spec[i] = (h3_bwspec){L->off[k_gemms[i]], t->dtype, t->shape[0], t->shape[1]};
+    }
+    if ((rc = be->ops->wstream_load(be, ws, slot, L->buf_bytes, TE_GEMMS, spec, got))) return rc;
+    memset(W, 0, sizeof(h3_bw) * W_COUNT);
+    for (int i = 0; i < TE_GEMMS; i++) W[k_gemms[i]] = got[i];
+    return 0;
+}
+
+/* Layer l from its buffer: norm weights uploaded, GEMM weights handed to the backend (views on the
+   CPU, device copies on a GPU without a weight stream, released right after the layer). */
+static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_layer *L, const uint8_t *buf)
+{
+    const int *gemms = k_gemms;
+    h3_bw W[W_COUNT];
+    memset(W, 0, sizeof W);
+    int rc, loaded = 0;
+    if ((rc = layer_norms(be, a, L, buf))) return rc;
+    for (; loaded < TE_GEMMS && !rc; loaded++) {
         const h3_tensor *t = L->t[gemms[loaded]];
         rc = be->ops->weight_load(be, buf + L->off[gemms[loaded]], t->dtype, t->shape[0], t->shape[1],
                                   &W[gemms[loaded]]);
@@ -660,6 +813,7 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     float *ds = NULL;       /* backend: the deepstack rows that are added (layers 0..n_ds-1) */
     int32_t *pos = NULL;    /* host: [3][n] positions of the 3-D table */
     uint64_t emb_bytes = 0;
+    void *ws = NULL;        /* the backend's weight stream, when it has one */
     const size_t stream_bytes = sizeof(float) * (size_t)n * (size_t)H;
     /* hidden_states[L] is recorded before layer L-1's own addition, so at most L-1 sets matter. */
     const int n_ds = !vis ? 0 : vis->n_deepstack < L - 1 ? vis->n_deepstack : L - 1;
@@ -675,7 +829,22 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
             goto done;
         }
     }
-    if ((rc = files_open(&files, &p)) || (rc = reader_start(&rd, &p, &files, prefetch))) goto done;
+    /* A backend with a weight stream (a GPU) gets each layer through it: the reader preads into its
+       pinned buffers with several threads, and the copy to the device overlaps the previous layer's
+       compute. H3_TEXT_STREAM=0 keeps the per-weight weight_load path (the same bits, slower). */
+    if (use_stream(be)) {
+        void *host[2] = {NULL, NULL};
+        if ((rc = be->ops->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, reader_slots(&p, prefetch), host,
+                                        &ws)))
+            goto done;
+        rc = files_open(&files, &p);
+        if (!rc) rc = reader_start(&rd, &p, &files, prefetch, host, reader_threads(true));
+        if (rc) goto done;
+    } else {
+        rc = files_open(&files, &p);
+        if (!rc) rc = reader_start(&rd, &p, &files, prefetch, NULL, reader_threads(false));
+        if (rc) goto done;
+    }
     reader_request(&rd, 0); /* layer 0 loads while the embeddings are gathered */
     /* hidden_states[0] is gathered into the caller's output, then becomes the residual stream. */
     if ((rc = act_alloc(&a, be, &p.cfg, n, &block)) || (rc = embed_rows(&files, &p, ids, n, out, &emb_bytes)))
@@ -700,14 +869,34 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     for (int l = 0; l < L; l++) {
         const uint8_t *buf = NULL;
         if ((rc = reader_get(&rd, l, &buf))) break;
-        if (l + 1 < L) reader_request(&rd, l + 1);
-        if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;
+        if (ws) {
+            /* Slot l % nslots: its device copy is queued, then the host buffer of layer l + 1 is
+               handed to the reader once the copy that last read it (layer l + 1 - nslots) is over;
+               the layer's ops are queued behind the copy and mark the slot read. */
+            const int slot = l % rd.nslots;
+            h3_bw W[W_COUNT];
+            if ((rc = layer_stream(be, ws, slot, &p.layers[l], W))) break;
+            if (l + 1 < L) {
+                if ((rc = be->ops->wstream_wait_host(be, ws, (l + 1) % rd.nslots))) break;
+                reader_request(&rd, l + 1);
+            }
+            /* The norm weights go last: an upload from pageable memory may wait for the ops queued
+               before it (layer l - 1's), and by now the copy and the next read are under way. They
+               are read from this layer's host buffer, which the reader does not touch. */
+            if ((rc = layer_norms(be, &a, &p.layers[l], buf)) || (rc = layer_forward(be, &a, &p.cfg, W)) ||
+                (rc = be->ops->wstream_done(be, ws, slot)))
+                break;
+        } else {
+            if (l + 1 < L) reader_request(&rd, l + 1);
+            if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;
+        }
         if (l < n_ds && (rc = vision_add(be, &a, vis, ds + (size_t)l * (size_t)vtok * H))) break;
         if ((rc = h3_progress_check(progress, user, "text_encoder", l + 1, L))) break;
     }
     if (!rc) rc = be->ops->download(be, out, a.x, stream_bytes);
 done:
     reader_stop(&rd);
+    if (ws) be->ops->wstream_close(be, ws); /* after the reader: it may be filling a pinned buffer */
     if (run) run->bytes_read = emb_bytes + rd.bytes;
     if (block) be->ops->release(be, block);
     if (ds) be->ops->release(be, ds);

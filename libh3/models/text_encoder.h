@@ -66,7 +66,8 @@ H3_INTERNAL int h3_text_check_count(int n);
  * Peak memory of h3_text_forward for an n-token prompt, from the config and headers: weights =
  * layer buffers in flight (2 with prefetch, 1 without) + nothing else (embedding rows are read
  * straight into the output); activations = f32 working buffers incl. the [n, hidden] output and
- * the RoPE table. `layer_bytes` is the largest layer's stored size.
+ * the RoPE table. `layer_bytes` is the largest layer's stored size. (On a GPU the layer buffers
+ * are pinned host memory, and as many device slots of the same size come on top, on the device.)
  */
 typedef struct h3_text_mem {
     uint64_t layer_bytes, layer_slots, weights, activations, total;

@@ -259,7 +259,12 @@ typedef struct {
     void **owned; /* aligned copies of matrices whose mapping is misaligned */
     int nowned;
     h3_store *store;
+    uint64_t dev_bytes; /* backend bytes of the weights (matrices as the backend holds them + vectors) */
 } vv_model;
+
+struct h3_vvae_keep {
+    vv_model M;
+};
 
 static void vv_free_w(vv_model *M, h3_bw *w)
 {
@@ -324,6 +329,8 @@ static int vv_mat(vv_model *M, const char *name, int ndim, const int64_t *shape,
     const void *src = h3_store_get_float(M->store, name, ndim, shape, &dt);
     if (!src) return -H3_E_SCHEMA;
     size_t es = h3_dtype_size(dt), n = (size_t)shape[0] * (size_t)shape[1];
+    /* bf16 on a GPU (weight_load's copy), as stored on the CPU (a view) */
+    M->dev_bytes += (uint64_t)n * (M->be->act_dtype == H3_DT_F32 ? es : 2);
     if ((uintptr_t)src % es) {
         /* The kernels read weights in place; an oddly aligned tensor gets an aligned copy. */
         void **o = realloc(M->owned, sizeof(void *) * (size_t)(M->nowned + 1));
@@ -434,6 +441,7 @@ static int vv_load(h3_model *m, h3_backend *be, vv_model *M)
         l->w2_b = on_backend(M, l->w2_b), l->norm1 = on_backend(M, l->norm1), l->norm2 = on_backend(M, l->norm2);
         l->scale1 = on_backend(M, l->scale1), l->scale2 = on_backend(M, l->scale2);
     }
+    M->dev_bytes += (uint64_t)M->arena_n * sizeof(float);
     h3_free_aligned(M->arena);
     M->arena = NULL;
     return 0;
@@ -663,11 +671,44 @@ int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
     if ((rc = h3_vvae_plan_make(&cfg, rq->T, rq->h, rq->w, rq->tile_px, rq->overlap_px, rq->flags, &plan)))
         return rc;
     h3_vvae_plan_for_backend(&cfg, be, &plan);
-    vv_model M;
-    if ((rc = vv_load(m, be, &M)) == 0) {
-        rc = run_decode(&M, be, &plan, rq);
-        vv_model_free(&M); /* releases the mapping: the weights live for this phase only */
+    /* A backend that copies the weights (bf16 on a GPU) can keep them for the next call: the video
+       decoder of the release is 9.7 GB of f32 on disk, seconds of conversion and upload per call.
+       The CPU computes on views of the mapping: nothing to keep there. */
+    const bool keep = rq->keep && be->act_dtype != H3_DT_F32;
+    if (keep && *rq->keep && (*rq->keep)->M.be != be) {
+        h3_vvae_keep_free(*rq->keep);
+        *rq->keep = NULL;
+    }
+    if (keep && *rq->keep) {
+        rc = run_decode(&(*rq->keep)->M, be, &plan, rq);
+    } else if (keep) {
+        h3_vvae_keep *k = h3_calloc(1, sizeof *k);
+        if (!k) rc = -H3_E_NOMEM;
+        else if ((rc = vv_load(m, be, &k->M)) == 0) {
+            /* Everything now lives on the backend: the mapping and its page cache can go. */
+            h3_store_release(k->M.store);
+            k->M.store = NULL;
+            *rq->keep = k;
+            rc = run_decode(&k->M, be, &plan, rq);
+        } else {
+            free(k);
+        }
+    } else {
+        vv_model M;
+        if ((rc = vv_load(m, be, &M)) == 0) {
+            rc = run_decode(&M, be, &plan, rq);
+            vv_model_free(&M); /* releases the mapping: the weights live for this phase only */
+        }
     }
     h3_vvae_plan_free(&plan);
     return rc;
 }
+
+void h3_vvae_keep_free(h3_vvae_keep *k)
+{
+    if (!k) return;
+    vv_model_free(&k->M);
+    free(k);
+}
+
+uint64_t h3_vvae_keep_bytes(const h3_vvae_keep *k) { return k ? k->M.dev_bytes : 0; }

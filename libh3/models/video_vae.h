@@ -71,9 +71,21 @@ typedef struct h3_vvae_request {
     float *pixels;          /* optional: [F, H, W, 3] in [0, 1], or [3, F, H, W] with H3_VVAE_RAW */
     h3_progress_fn progress; /* "video_decode": 0, then after each (window, tile); non-zero cancels */
     void *user;
+    /* Optional: the decoder's weights kept between calls on a backend that copies them (a GPU):
+       taken from *keep when it holds them for `be`, else loaded and left there (the caller frees
+       it with h3_vvae_keep_free). NULL, or a backend that computes on the mapping (the CPU): loaded
+       and released in the call. */
+    struct h3_vvae_keep **keep;
 } h3_vvae_request;
 
-/* Map the video VAE decoder weights, decode on backend `be`, release the weights (h3_store_release).
+/* Device copies of the video decoder's weights (h3_vvae_request.keep). NULL is ignored. */
+typedef struct h3_vvae_keep h3_vvae_keep;
+H3_INTERNAL void h3_vvae_keep_free(h3_vvae_keep *k);
+/* Bytes of backend memory it holds (0 for NULL). */
+H3_INTERNAL uint64_t h3_vvae_keep_bytes(const h3_vvae_keep *k);
+
+/* Map the video VAE decoder weights, decode on backend `be`, release the weights (h3_store_release)
+   unless the request keeps them (see h3_vvae_request.keep).
    The request's latents and outputs are host memory (see the backend's channels_last and
    vae_stitch). */
 H3_INTERNAL int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *req);

@@ -920,6 +920,9 @@ int h3_rt_step(h3_runtime *rt)
     rc = h3_dit_step(rt->dit, r->done, r->vrows, r->arows);
     if (rc < 0) return rc;
     r->done++;
+    /* The last step waits for the device, so the denoise phase's wall time (a profile reads it
+       at the next phase's first callback) holds the queued work and the decode's does not. */
+    if (r->done == r->evals && (rc = r->be->ops->sync(r->be))) return rc;
     if ((rc = progress(rt, "denoise", r->done, r->evals))) return rc;
     return r->evals - r->done;
 }
@@ -990,8 +993,8 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
         rc = alat ? download_rows(r, r->arows, r->arow_floats, &rows) : -H3_E_NOMEM;
         if (!rc) {
             h3_dit_unpack_audio(r->AC, r->Ta, rows + r->acond_floats, alat);
-            rc = h3_avae_run(rt->model, be, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
-                             rt->progress_user);
+            rc = h3_avae_run_keep(rt->model, be, alat, r->AC, r->Ta, pcm, 2 * r->samples, rt->progress,
+                                  rt->progress_user, &rt->avae_keep);
         }
         h3_free_aligned(rows);
         h3_free_aligned(alat);
@@ -1025,6 +1028,7 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
         vq.progress = rt->progress;
         vq.user = rt->progress_user;
         vq.tile_px = r->vae_tile; /* smaller tiles bound memory tighter; the blend is diffusers' */
+        vq.keep = &rt->vvae_keep;  /* on a GPU the weights stay for the next render */
         rc = h3_vvae_run(rt->model, be, &vq);
         h3_free_aligned(vlat);
         if (!rc && resize)

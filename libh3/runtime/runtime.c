@@ -4,7 +4,9 @@
 #include "backend/cpu/ops.h"
 #include "core/tokenizer.h"
 #include "models/dit.h"
+#include "models/audio_vae.h"
 #include "models/text_encoder.h"
+#include "models/video_vae.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +125,9 @@ int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
     o.precision = rt->precision;
     o.vram_bytes = rt->vram_bytes;
     if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
+    /* The decoders' kept weights give way to the transformer: free them and try once more. */
+    if (rc == -H3_E_NOMEM && h3_rt_release_decoders(rt))
+        rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
     if (rc) {
         free(key);
         return rc;
@@ -142,9 +147,20 @@ void h3_rt_release_dit(h3_runtime *rt)
     h3_store_release(&rt->model->comp[H3_COMP_TRANSFORMER].store);
 }
 
+bool h3_rt_release_decoders(h3_runtime *rt)
+{
+    const bool held = rt->vvae_keep || rt->avae_keep;
+    h3_vvae_keep_free(rt->vvae_keep);
+    h3_avae_keep_free(rt->avae_keep);
+    rt->vvae_keep = NULL;
+    rt->avae_keep = NULL;
+    return held;
+}
+
 void h3_rt_free(h3_runtime *rt)
 {
     h3_rt_render_free(rt); /* its latents live on the transformer's backend */
+    h3_rt_release_decoders(rt); /* before the backends they live on */
     h3_tokenizer_free(rt->tokenizer);
     h3_text_cache_free(rt->text_cache);
     h3_dit_close(rt->dit); /* before the model and the backends: it holds views and copies of both */

@@ -126,6 +126,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_device_name": (c_char_p, [c_void_p]),
     "h3_device_description": (c_char_p, [c_void_p]),
     "h3_stages_device": (c_char_p, [c_void_p]),
+    "h3_device_memory_peak": (c_int, [c_void_p, c_int, ctypes.POINTER(c_uint64)]),
     "h3_init": (c_void_p, [c_char_p, ctypes.POINTER(H3Options)]),
     "h3_free": (None, [c_void_p]),
     "h3_threads": (c_int, [c_void_p]),

@@ -81,6 +81,7 @@ class Result:
     steps: int = 0
     info: dict = field(default_factory=dict)
     transformer: dict = field(default_factory=dict)  # the transformer's work: evaluations, time_ms, ...
+    profile: list | None = None  # render(profile=True): per-phase wall time and peak memory (h3ctl.profile)
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write an MP4 (H.264 + AAC), or a WAV when the name ends in .wav."""
@@ -139,6 +140,18 @@ class Engine:
         _lib.lib().h3_set_progress(self._ctx.ptr, self._hook, None)
 
     # -- progress and cancellation -----------------------------------------------------------
+    def device_memory_peak(self, reset: bool = False) -> int | None:
+        """Peak device memory in use (bytes) on the GPU since the last reset, or None on a CPU-only engine (see
+        h3_device_memory_peak). Like cancel(), it may be called from the progress callback."""
+        ctx = self._ctx
+        if ctx is None:
+            return None
+        peak = _lib.c_uint64(0)
+        rc = _lib.lib().h3_device_memory_peak(ctx.ptr, 1 if reset else 0, _lib.ctypes.byref(peak))
+        if rc < 0:
+            raise H3Error(_lib.last_error())
+        return int(peak.value) if rc == 1 else None
+
     def cancel(self) -> None:
         """Ask the running call to stop at its next unit of work (safe from a signal handler)."""
         self._cancel = True
@@ -498,7 +511,8 @@ class Engine:
                seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
                vae_tile: int | None = None, preview: Callable | None = None, preview_every: int = 1,
-               preset: str | None = None, first_frame=None, last_frame=None, references=None, **knobs) -> Result:
+               preset: str | None = None, first_frame=None, last_frame=None, references=None, profile=None,
+               **knobs) -> Result:
         """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate).
 
         `first_frame` / `last_frame` (a path or a uint8 [H, W, 3] RGB array): the video starts / ends on these
@@ -510,13 +524,28 @@ class Engine:
 
         `preview(rgb, step)` (optional) receives the current x0 estimate every `preview_every` steps and at the
         last one, as uint8 [T, h, w, 3] through the model's latent-to-RGB map (h3ctl.preview; the first use on a
-        model fits that map, about a second on h3-tiny, then it is cached)."""
+        model fits that map, about a second on h3-tiny, then it is cached).
+
+        `profile`: True, or an h3ctl.profile.PhaseProfile to add to, records each phase's wall time, peak RSS and
+        peak device memory; `Result.profile` then lists them (dicts: phase, wall_s, peak_rss_bytes,
+        peak_device_bytes, the last None on the CPU). A PhaseProfile passed in is left open (its caller may
+        time more phases, as `h3ctl render` does its writing)."""
         with self._guard("render"):
             previewer = None
             if preview is not None:
                 from .preview import Previewer
 
                 previewer = Previewer(self, preview, preview_every)  # before prepare: a first fit renders
+            prof = None
+            if profile is not None and profile is not False:
+                from .profile import PhaseProfile
+
+                prof = profile if isinstance(profile, PhaseProfile) else PhaseProfile(self.device_memory_peak)
+
+                def progress(phase, done, total, _user=progress):
+                    prof.progress(phase)
+                    return _user(phase, done, total) if _user is not None else False
+
             self._progress = progress
             try:
                 info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise,
@@ -528,8 +557,15 @@ class Engine:
                 while self.step() > 0:
                     pass
                 self.last_transformer_profile = self.transformer_profile()
+                # The decoders' first callbacks come after their weights load: start their phases here.
+                if prof is not None:
+                    prof.progress("audio_decode")
                 audio = self.decode_audio()
+                if prof is not None:
+                    prof.progress("video_decode")
                 video = self.decode_video()
+                if prof is not None and not isinstance(profile, PhaseProfile):
+                    prof.finish()
             finally:
                 self._progress = None
             tp = self.last_transformer_profile
@@ -537,7 +573,8 @@ class Engine:
                     "skipped_steps": tp.get("skipped_steps", 0), "layers_run": tp.get("layers_run", 0),
                     "time_ms": tp.get("transformer_ms", 0.0)}
             return Result(frames=video, audio=audio, sample_rate=info["sample_rate"], fps=info["fps"],
-                          prompt=prompt, seed=int(seed), steps=int(steps), info=info, transformer=work)
+                          prompt=prompt, seed=int(seed), steps=int(steps), info=info, transformer=work,
+                          profile=prof.as_dict() if prof is not None else None)
 
     def close(self) -> None:
         with self._guard("close"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -72,7 +71,8 @@ def add_arguments(p) -> None:
     add_device_arguments(p)
     add_precision_argument(p)
     add_vram_argument(p)
-    p.add_argument("--profile", action="store_true", help="print per-phase wall time and peak memory")
+    p.add_argument("--profile", action="store_true",
+                   help="print each phase's wall time, peak RSS and (on a GPU) peak device memory to stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     from .showopts import add_preview_arguments
 
@@ -150,57 +150,6 @@ def _size(args):
     return args.width, args.height
 
 
-class PhaseProfile:
-    """Wall time and peak resident memory per phase (peak reset at each phase on Linux)."""
-
-    def __init__(self):
-        self.rows: list[list] = []
-        self._current = None
-        self._t0 = 0.0
-        self._linux = os.path.exists("/proc/self/clear_refs")
-
-    def _peak(self) -> int:
-        if self._linux:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        import resource
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return rss if sys.platform == "darwin" else rss * 1024
-
-    def _reset_peak(self):
-        if self._linux:
-            try:
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")
-            except OSError:
-                self._linux = False
-
-    def enter(self, label: str):
-        if label == self._current:
-            return
-        self.finish()
-        self._current = label
-        self._reset_peak()
-        self._t0 = time.perf_counter()
-
-    def finish(self):
-        if self._current is not None:
-            self.rows.append([self._current, time.perf_counter() - self._t0, self._peak()])
-            self._current = None
-
-    def table(self) -> str:
-        from .info import human_bytes
-
-        lines = [f"{'phase':<16}{'wall':>10}  {'peak memory':>12}"]
-        for label, wall, peak in self.rows:
-            lines.append(f"{label:<16}{wall:>9.3f}s  {human_bytes(peak):>12}")
-        lines.append(f"{'total':<16}{sum(r[1] for r in self.rows):>9.3f}s")
-        return "\n".join(lines)
-
-
 def main(args) -> int:
     from . import media
     from .engine import Engine, default_model_dir
@@ -264,7 +213,11 @@ def main(args) -> int:
 
         live = LivePreview(engine, args.preview_protocol, args.preview_every,
                            notice=lambda msg: print(f"h3ctl: {msg}", file=sys.stderr, flush=True))
-    profile = PhaseProfile() if args.profile else None
+    profile = None
+    if args.profile:
+        from .profile import PhaseProfile
+
+        profile = PhaseProfile(engine.device_memory_peak)
     progress_ui = None
     tasks = {}
     if not args.quiet and not (live is not None and live.active):  # previews own the terminal with --show
@@ -276,8 +229,6 @@ def main(args) -> int:
 
     def on_progress(phase: str, done: int, total: int):
         label = PHASE_LABELS.get(phase, phase)
-        if profile:
-            profile.enter(label)
         if live is not None:
             live.phase(phase, done, total)
         if progress_ui is not None:
@@ -306,7 +257,8 @@ def main(args) -> int:
         result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
                                progress=on_progress, vae_tile=args.vae_tile,
                                preview=live.callback if live is not None and live.active else None,
-                               preview_every=args.preview_every, **keyframes, references=refs or None, **knobs)
+                               preview_every=args.preview_every, **keyframes, references=refs or None,
+                               profile=profile, **knobs)
         state["computing"] = False
         if engine._cancel:
             raise KeyboardInterrupt
@@ -341,17 +293,20 @@ def main(args) -> int:
           f"({plan['frames'] / 24:.2f} s), {result.sample_rate // 1000} kHz stereo, {result.info['steps']} steps, "
           f"seed {args.seed}, {wall:.2f} s")
     if profile:
+        # The profile goes to stderr (stdout keeps the one-line summary): wall time per phase, peak RSS, and on a
+        # GPU the device's peak memory in use (h3_device_memory_peak: cudaMemGetInfo sampled at allocations).
         from .info import human_bytes
 
-        print(device_line)
-        print(profile.table())
+        err = sys.stderr
+        print(device_line, file=err)
+        print(profile.table(), file=err)
         tp = engine.last_transformer_profile
         if tp:
             print(f"transformer: {tp['forwards']} forwards, {tp['forward_ms_mean']:.1f} ms each ({tp['kernels']} "
                   f"kernels, {tp['threads']} threads); AdaLN precompute released "
                   f"{human_bytes(tp['adaln_weight_bytes'])} of adaln_proj weights for "
-                  f"{human_bytes(tp['adaln_table_bytes'])} of tables")
+                  f"{human_bytes(tp['adaln_table_bytes'])} of tables", file=err)
             print(f"transformer work (preset {knobs['preset']}): {tp['evaluations']} evaluations, "
                   f"{tp['skipped_steps']} steps skipped, {tp['block_runs']} block-stack runs of {tp['layers_run']} "
-                  f"blocks, {tp['transformer_ms'] / 1000:.3f} s in the steps")
+                  f"blocks, {tp['transformer_ms'] / 1000:.3f} s in the steps", file=err)
     return 0

@@ -1151,6 +1151,7 @@ static void bench(bk *b)
 #include "backend_ops_decoders.inc"
 #include "backend_ops_int8.inc"
 #include "backend_ops_audio_enc.inc"
+#include "backend_ops_wstream.inc"
 
 /* ---- the suite ------------------------------------------------------------------------------ */
 
@@ -1457,6 +1458,7 @@ int main(void)
         run_all(&b);
         run_int8(&b);
         run_audio_enc_ops(&b);
+        run_wstream(&b);
         h3_backend_destroy(cpu);
     }
 
@@ -1479,6 +1481,7 @@ int main(void)
         bk b = {"cuda", gpu, true};
         CHECK(gpu->act_dtype == H3_DT_BF16 && strcmp(gpu->ops->name, "cuda") == 0);
         run_all(&b);
+        run_wstream(&b);
         const char *bn = getenv("H3_BENCH");
         if (bn && bn[0] && strcmp(bn, "0") != 0) bench(&b);
         h3_backend_destroy(gpu);

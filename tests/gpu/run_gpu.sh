@@ -11,6 +11,9 @@
 #           text encoder and both decoders next to transformers / diffusers; bench-stages.json; alone: bench-stages),
 #           then tests/bench_stream.py (weight streaming under a 4 GiB budget, bf16 and fp8, next to diffusers' group
 #           offloading; bench-stream.json; alone, with budgets 4 and 8 GiB: bench-stream)
+#   bench-render  (optional, not in the default list: ~4 min) tests/bench_render_released.py: whole renders at the
+#           released widths (4 blocks, 4 text layers, full decoders) at 864x480x56 and 1344x768x124, per phase next
+#           to diffusers, extrapolated to 50 blocks / 20 steps (table + bench-render.json)
 #
 # Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
 # wheels in ./.whl when that folder exists. A failing stage does not stop the later ones (except the build, which
@@ -106,8 +109,13 @@ for stage in "${STAGES[@]}"; do
     bench-stages)
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
         ;;
+    bench-render)
+        run bench-render "$PY" tests/bench_render_released.py --out "$LOG/bench-render.json"
+        # the extrapolated totals, where a reader of the summary looks first
+        grep -E '^\| \*\*total|extrapolated to' "$LOG/bench-render.log" >>"$LOG/summary.txt"
+        ;;
     *)
-        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-stages, bench-stream)"
+        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-stages, bench-stream, bench-render)"
         FAILED=1
         ;;
     esac

@@ -121,6 +121,70 @@ static void cpu_weight_free(h3_backend *be, h3_bw *w)
     memset(w, 0, sizeof *w);
 }
 
+/* Streamed weights (backend.h's wstream_*). The CPU computes on views of the text encoder's read
+   buffer, so the stage uses them only when H3_TEXT_STREAM=1 asks: then the "device" slot is a
+   second host buffer and a load is a memcpy, which runs the GPU's protocol (slots, reader hand-
+   off) where CI can check its bits. */
+typedef struct {
+    int slots;
+    size_t bytes;
+    void *host[2], *dev[2];
+} cpu_wstream;
+
+static void cpu_wstream_close(h3_backend *be, void *ws)
+{
+    (void)be;
+    cpu_wstream *w = ws;
+    if (!w) return;
+    for (int s = 0; s < 2; s++) {
+        h3_free_aligned(w->host[s]);
+        h3_free_aligned(w->dev[s]);
+    }
+    free(w);
+}
+
+static int cpu_wstream_open(h3_backend *be, size_t bytes, int slots, void **host, void **out)
+{
+    *out = NULL;
+    if (slots < 1 || slots > 2 || !bytes || !host)
+        return h3_err(H3_E_INVALID, "cpu backend: weight stream of %d slots of %zu bytes (1 or 2 slots)", slots, bytes);
+    cpu_wstream *w = h3_calloc(1, sizeof *w);
+    if (!w) return -H3_E_NOMEM;
+    w->slots = slots;
+    w->bytes = bytes;
+    for (int s = 0; s < slots; s++)
+        if (!(w->host[s] = h3_alloc_aligned(bytes)) || !(w->dev[s] = h3_alloc_aligned(bytes))) {
+            cpu_wstream_close(be, w);
+            return h3_err(H3_E_NOMEM, "cpu backend: cannot allocate 2 x %d layer buffers of %zu bytes", slots, bytes);
+        }
+    for (int s = 0; s < slots; s++) host[s] = w->host[s];
+    *out = w;
+    return 0;
+}
+
+static int cpu_wstream_load(h3_backend *be, void *ws, int slot, size_t bytes, int n, const h3_bwspec *spec, h3_bw *w)
+{
+    cpu_wstream *st = ws;
+    if (!st || slot < 0 || slot >= st->slots || bytes > st->bytes || n < 0)
+        return h3_err(H3_E_INVALID, "cpu backend: weight stream load of %zu bytes into slot %d", bytes, slot);
+    memcpy(st->dev[slot], st->host[slot], bytes);
+    for (int i = 0; i < n; i++) {
+        const size_t es = h3_dtype_size(spec[i].dtype);
+        if (spec[i].offset > bytes || (size_t)(spec[i].rows * spec[i].cols) * es > bytes - spec[i].offset)
+            return h3_err(H3_E_INVALID, "cpu backend: streamed weight %d outside the %zu-byte layer", i, bytes);
+        int rc = cpu_weight_load(be, (const char *)st->dev[slot] + spec[i].offset, spec[i].dtype, spec[i].rows,
+                                 spec[i].cols, &w[i]);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int cpu_wstream_sync(h3_backend *be, void *ws, int slot)
+{
+    (void)be, (void)ws, (void)slot; /* the copy and the ops ran in the calls: nothing is in flight */
+    return 0;
+}
+
 static int cpu_linear(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
 {
     int rc;
@@ -382,6 +446,11 @@ static const h3_backend_ops cpu_ops = {
     .snake = h3_cpu_snake,
     .head_pool = h3_cpu_head_pool,
     .mul = h3_cpu_mul,
+    .wstream_open = cpu_wstream_open,
+    .wstream_load = cpu_wstream_load,
+    .wstream_wait_host = cpu_wstream_sync,
+    .wstream_done = cpu_wstream_sync,
+    .wstream_close = cpu_wstream_close,
 };
 
 int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)

@@ -25,6 +25,7 @@ namespace h3cuda {
 struct GemmCache; /* cuda_gemm.cu */
 struct Fp8Cache;  /* cuda_fp8.cu */
 struct DecState;  /* cuda_decoders.cu */
+struct WsPark;    /* cuda_wstream.cu */
 
 /* Scratch buffers the ops reuse across calls (stream order makes reuse safe). */
 enum { SCR_XBF16 = 0, SCR_YF32 = 1, SCR_PARTIAL = 2, SCR_XF8 = 3, SCR_XSCALE = 4, SCR_COUNT = 5 };
@@ -68,6 +69,12 @@ struct Backend {
     int stage_next;
 
     DecState *dec; /* the decoders' host staging (cuda_decoders.cu), created on first use */
+
+    /* Peak device memory in use (cudaMemGetInfo's total - free, sampled after each dev_alloc)
+       since the last mem_peak reset: the profile's per-phase high-water mark. */
+    uint64_t mem_peak;
+
+    WsPark *ws_park; /* pinned layer buffers of a closed weight stream, reused by the next (cuda_wstream.cu) */
 };
 
 static inline Backend *B(h3_backend *be) { return reinterpret_cast<Backend *>(be); }
@@ -108,6 +115,8 @@ void ring_close(Backend *b, h3_bring *r);
 int ring_fill(Backend *b, h3_bring *r, int s, const void *host, size_t bytes);
 int ring_wait(Backend *b, h3_bring *r, int s, void **dev);
 int ring_done(Backend *b, h3_bring *r, int s);
+/* The host waits until slot s's last fill has landed (its pinned source may be refilled). */
+int ring_host_wait(Backend *b, h3_bring *r, int s);
 
 /* ---- element access shared by the row kernels ---------------------------------------------- */
 
@@ -209,6 +218,14 @@ int conv1_clamp(Backend *b, const h3_bt *X, const float *w, float *y);
 int attention_round_operands(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads,
                              int D, float scale, bool causal, const h3_bt *O);
 void decoders_destroy(Backend *b);
+
+/* cuda_wstream.cu: streamed weights (backend.h's wstream_* ops). */
+int wstream_open(Backend *b, size_t bytes, int slots, void **host, void **out);
+int wstream_load(Backend *b, void *ws, int slot, size_t bytes, int n, const h3_bwspec *spec, h3_bw *out);
+int wstream_wait_host(Backend *b, void *ws, int slot);
+int wstream_done(Backend *b, void *ws, int slot);
+void wstream_close(Backend *b, void *ws);
+void wstream_destroy(Backend *b); /* frees the parked pinned buffers (backend teardown) */
 
 /* dst bf16 [rows, cols] (ld elements) <- src f32 [rows, cols] (lds elements). */
 int convert_f32_bf16_2d(Backend *b, const float *src, int64_t lds, __nv_bfloat16 *dst, int64_t ldd, int64_t rows,

@@ -189,4 +189,12 @@ int ring_done(Backend *b, h3_bring *r, int s)
     return 0;
 }
 
+int ring_host_wait(Backend *b, h3_bring *r, int s)
+{
+    if (s < 0 || s >= r->n) return fail(b, H3_E_INVALID, "cuda: weight slot %d of %d", s, r->n);
+    /* An event never recorded counts as done: a slot never filled has no copy to wait for. */
+    cudaError_t e = cudaEventSynchronize(r->ready[s]);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "waiting for a streamed weight copy");
+}
+
 } /* namespace h3cuda */

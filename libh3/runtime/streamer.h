@@ -18,7 +18,8 @@
  * compaction under THP "madvise" defrag), so owned slots are plain aligned allocations.
  * The page cache is trusted, not dropped (no POSIX_FADV_DONTNEED): its pages are clean and
  * reclaimable, so they never raise the committed peak, and an item read again (the next step,
- * the next prompt) comes from RAM when RAM allows (Flash-MoE's lesson).
+ * the next prompt) comes from RAM when RAM allows (Flash-MoE's lesson); the phase-end
+ * h3_store_release is the place that drops it explicitly.
  *
  * An item is a list of tensor spans copied to fixed offsets of a slot. The consumer opens a pass
  * with the sequence of items it will use (h3_streamer_begin), then for each one in order calls

@@ -174,7 +174,8 @@ static int cpu_open_streamer(h3_dit *d)
         }
         n[i] = 4;
     }
-    if (!rc) rc = h3_streamer_open(d->st, L, reads, n, d->blk_bytes, d->slots, "transformer blocks", &d->streamer);
+    if (!rc) rc = h3_streamer_open(d->st, L, reads, n, d->blk_bytes, d->slots, NULL, 1, "transformer blocks",
+                                      &d->streamer);
     free(all);
     free(reads);
     free(n);

@@ -20,24 +20,20 @@
  * matches, and take cos/sin of that f32 angle. With vision rows the positions are 3-D
  * (get_rope_index) and rope_table picks each slot's axis; text-only prompts use the row index.
  *
- * Streaming. Only layers 0..K-1 are read, one at a time, into owned buffers (see te_reader). The
- * embedding table is touched only at the rows of the prompt's tokens. On a backend with a weight
- * stream (a GPU) the buffers are its pinned ones and each layer's bytes go to a device slot on a
- * copy stream while the previous layer computes (layer_stream; the backend's wstream_* ops).
+ * Streaming. Only layers 0..K-1 are read, one at a time, into the slots of runtime/streamer
+ * (layers_open). The embedding table is touched only at the rows of the prompt's tokens. On a
+ * backend with a weight stream (a GPU) the slots are its pinned buffers and each layer's bytes go
+ * to a device slot on a copy stream while the previous layer computes (layer_stream; the
+ * backend's wstream_* ops).
  */
 #include "models/text_encoder.h"
 #include "backend/cpu/ops.h" /* h3_to_f32: weights are widened on the host before upload */
+#include "runtime/streamer.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* ---- the read plan: which bytes each layer needs ------------------------------------------ */
 
@@ -139,323 +135,49 @@ static int plan_build(h3_model *m, te_plan *p)
     return 0;
 }
 
-/* ---- shard access ------------------------------------------------------------------------- */
-
-typedef struct {
-    const h3_store *s;
-    int *fd;               /* per shard, -1 until opened */
-} te_files;
-
-static void files_close(te_files *f)
-{
-    if (f->fd)
-        for (int i = 0; i < f->s->nfiles; i++)
-            if (f->fd[i] >= 0) close(f->fd[i]);
-    free(f->fd);
-    f->fd = NULL;
-}
-
-/* Open every shard the plan reads (before any reader thread starts: the table is then read-only). */
-static int files_open(te_files *f, const te_plan *p)
-{
-    f->s = p->store;
-    f->fd = h3_malloc((size_t)(p->store->nfiles ? p->store->nfiles : 1) * sizeof *f->fd);
-    if (!f->fd) return -H3_E_NOMEM;
-    for (int i = 0; i < p->store->nfiles; i++) f->fd[i] = -1;
-    bool *need = h3_calloc((size_t)(p->store->nfiles ? p->store->nfiles : 1), sizeof *need);
-    if (!need) return -H3_E_NOMEM;
-    need[p->embed->file] = true;
-    for (int l = 0; l < p->cfg.cond_layer; l++)
-        for (int w = 0; w < W_COUNT; w++) need[p->layers[l].t[w]->file] = true;
-    int rc = 0;
-    for (int i = 0; i < p->store->nfiles && !rc; i++) {
-        if (!need[i]) continue;
-        const h3_st_file *sf = &p->store->files[i];
-        int fd = open(sf->path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            rc = h3_err(H3_E_IO, "%s: cannot open: %s", sf->path, strerror(errno));
-            break;
-        }
-        f->fd[i] = fd;
-        struct stat st;
-        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != sf->size)
-            rc = h3_err(H3_E_IO, "%s: file changed size since its header was read", sf->path);
-    }
-    free(need);
-    return rc;
-}
-
-/*
- * pread `len` bytes of tensor `t` starting `skip` bytes into it. Big reads go in 64 MiB pieces so a
- * cancelled encode stops the reader within one piece.
- */
-static int read_tensor(const te_files *f, const h3_tensor *t, uint64_t skip, uint64_t len, void *dst,
-                       const atomic_int *stop)
-{
-    const h3_st_file *sf = &f->s->files[t->file];
-    uint64_t pos = sf->data_off + t->begin + skip, done = 0;
-    const uint64_t piece = 64ull << 20;
-    while (done < len) {
-        if (stop && atomic_load_explicit(stop, memory_order_relaxed))
-            return h3_err(H3_E_CANCELLED, "text encoder: read of '%s' stopped", h3_tensor_name(f->s, t));
-        size_t want = (size_t)(len - done < piece ? len - done : piece);
-        ssize_t r = pread(f->fd[t->file], (char *)dst + done, want, (off_t)(pos + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return h3_err(H3_E_IO, "%s: cannot read tensor '%s' (%llu bytes at offset %llu): %s", sf->path,
-                          h3_tensor_name(f->s, t), (unsigned long long)len,
-                          (unsigned long long)(pos + done), r < 0 ? strerror(errno) : "file truncated");
-        done += (uint64_t)r;
-    }
-    return 0;
-}
-
-static int read_layer_seq(const te_files *f, const te_layer *L, uint8_t *buf, const atomic_int *stop)
-{
-    for (int i = 0; i < W_COUNT; i++) {
-        int w = L->order[i];
-        int rc = read_tensor(f, L->t[w], 0, L->t[w]->end - L->t[w]->begin, buf + L->off[w], stop);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-/*
- * A layer read by `threads` threads at once, each pulling the next piece (in read order; 32 MiB,
- * or less so that every thread gets about four). One thread copying out of the page cache moves
- * ~5-10 GB/s, far below what PCIe takes, so the GPU path reads with several; the bytes land where
- * the sequential read puts them.
- */
-#define TE_PIECE_MAX (32ull << 20)
-#define TE_PIECE_MIN (4ull << 10)
-
-typedef struct {
-    const te_files *f;
-    const te_layer *L;
-    uint8_t *buf;
-    const atomic_int *stop;
-    uint64_t piece;        /* bytes per piece */
-    atomic_int next;       /* next piece to read */
-    atomic_int failed;     /* set by the first failure: the others stop taking pieces */
-    pthread_mutex_t mu;
-    int err;
-    char msg[512];
-} te_par;
-
-/* Piece k of the layer: tensor (in read order) and byte range; false past the last piece. */
-static bool piece_of(const te_layer *L, uint64_t piece, int k, int *w, uint64_t *skip, uint64_t *len)
-{
-    for (int i = 0; i < W_COUNT; i++) {
-        const int t = L->order[i];
-        const uint64_t n = L->t[t]->end - L->t[t]->begin, pieces = (n + piece - 1) / piece;
-        if ((uint64_t)k < pieces) {
-            *w = t;
-            *skip = (uint64_t)k * piece;
-            *len = n - *skip < piece ? n - *skip : piece;
-            return true;
-        }
-        k -= (int)pieces;
-    }
-    return false;
-}
-
-static void *par_main(void *arg)
-{
-    te_par *p = arg;
-    for (;;) {
-        if (atomic_load(&p->failed)) break;
-        int w;
-        uint64_t skip, len;
-        if (!piece_of(p->L, p->piece, atomic_fetch_add(&p->next, 1), &w, &skip, &len)) break;
-        int rc = read_tensor(p->f, p->L->t[w], skip, len, p->buf + p->L->off[w] + skip, p->stop);
-        if (rc) {
-            /* h3_err's message lives in this thread's storage: keep the first one. */
-            pthread_mutex_lock(&p->mu);
-            if (!p->err) {
-                p->err = -rc;
-                snprintf(p->msg, sizeof p->msg, "%s", h3_last_error());
-            }
-            pthread_mutex_unlock(&p->mu);
-            atomic_store(&p->failed, 1);
-            break;
-        }
-    }
-    return NULL;
-}
-
-static int read_layer(const te_files *f, const te_layer *L, uint8_t *buf, const atomic_int *stop, int threads)
-{
-    if (threads > 16) threads = 16;
-    uint64_t piece = L->bytes / (4u * (unsigned)(threads > 0 ? threads : 1)) / TE_PIECE_MIN * TE_PIECE_MIN;
-    piece = piece < TE_PIECE_MIN ? TE_PIECE_MIN : piece > TE_PIECE_MAX ? TE_PIECE_MAX : piece;
-    if (threads <= 1 || L->bytes <= piece) return read_layer_seq(f, L, buf, stop);
-    te_par p = {.f = f, .L = L, .buf = buf, .stop = stop, .piece = piece};
-    atomic_init(&p.next, 0);
-    atomic_init(&p.failed, 0);
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_t th[15];
-    int started = 0;
-    for (; started < threads - 1; started++)
-        if (pthread_create(&th[started], NULL, par_main, &p) != 0) break; /* fewer helpers still finish */
-    par_main(&p);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    pthread_mutex_destroy(&p.mu);
-    return p.err ? h3_err(p.err, "%s", p.msg) : 0;
-}
-
 /* ---- layer streaming ---------------------------------------------------------------------- */
 /*
- * Design: pread into owned buffers, double-buffered, with one background reader thread.
+ * Layers are read by libh3's one weight reader, runtime/streamer (why pread into slots, and what
+ * it measured, is written there): item l is layer l, its tensors read in (shard, offset) order to
+ * their 64-byte aligned offsets in a slot. Two slots with prefetch (the streamer's thread fills
+ * layer l + 1 while l computes), one without (H3_TEXT_PREFETCH=0: each layer is read by the main
+ * thread before it is used). Either way the bytes computed on are the same: bit-identical results.
  *
- * Why pread and not mmap + MADV_WILLNEED: a layer of the release is ~930 MiB read once per
- * encode. pread hands the kernel one large request per piece, while a cold mapping faults page by
- * page (Flash-MoE measured mmap ~5x slower than pread for cold multi-MB blobs). Owned buffers
- * also make the peak exact and independent of page-cache behaviour: two layer buffers, reused,
- * whatever the kernel does; no mapping of a 60+ GB shard set stays around, and nothing has to
- * be madvise'd away afterwards. The price is one memory-bandwidth copy per layer out of the page
- * cache, small next to the layer's GEMMs for any real prompt (a release layer is ~1 GFLOP per token).
- *
- * Measured on the 2-core development box with a header-true full-size checkpoint (sparse shards,
- * first 4 of 64 layers, 1 token): peak RSS rises by 1861 MiB with prefetch (2 x 930 MiB buffers)
- * and by 931 MiB without; steady-state layers take ~1.0 s with prefetch against ~1.5 s without,
- * while each freshly allocated buffer pays ~1.5 s of page faults on first use. Huge pages
- * (MADV_HUGEPAGE) were tried for the buffers and made that first touch slower (synchronous
- * compaction under THP "madvise" defrag), so buffers are plain allocations.
- *
- * Page cache: we do not drop it (no POSIX_FADV_DONTNEED). Its pages are clean and reclaimable,
- * so they never raise the committed peak, and when RAM allows, a second prompt re-reads the
- * layers from RAM instead of the disk ("trust the OS page cache", the Flash-MoE lesson). The
- * phase-end h3_store_release remains the place to drop it explicitly.
- *
- * Protocol: slot (l % 2) holds layer l. The main thread waits for layer l, then requests l+1
- * (whose slot held layer l-1, finished), then computes l while the reader fills l+1. With
- * H3_TEXT_PREFETCH=0 there is one slot and the main thread reads each layer itself before using
- * it. Either way the bytes computed on are the same, so results are bit-identical.
- *
- * GPU (weight stream): the slots are the backend's pinned buffers, and "finished" means the copy
- * to the device is over, not the compute (ops are queued, not run): the main thread queues the copy
- * of layer l, waits for the copy that last read buffer (l+1) % 2 (layer l-1's, queued a layer ago),
- * hands that buffer to the reader, then queues layer l's ops behind its copy. Reads, copies and
- * compute of neighbouring layers overlap. One reader thread copying out of the page cache moves
- * ~5-10 GB/s, well below PCIe, so a layer is read by several (read_layer, H3_TEXT_READERS).
+ * GPU (weight stream): the slots are the backend's pinned buffers, and a slot is free once the
+ * copy to the device out of it is over, not the compute (ops are queued, not run): the main
+ * thread queues the copy of layer l, waits for the copy that last read slot (l + 1) % slots
+ * (layer l + 1 - slots, queued a layer ago), marks that layer done so that the streamer refills
+ * the slot with layer l + 1, then queues layer l's ops behind its copy. Reads, copies and compute
+ * of neighbouring layers overlap. One thread copying out of the page cache moves ~5-10 GB/s, well
+ * below PCIe, so there a layer is read by several threads (H3_TEXT_READERS).
  */
-typedef struct {
-    const te_plan *plan;
-    const te_files *files;
-    uint8_t *slot[2];
-    bool slots_external;   /* pinned buffers of a weight stream: not ours to free */
-    int threads;           /* threads reading one layer (read_layer) */
-    int nslots;
-    pthread_t th;
-    bool running;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int requested, loaded; /* highest layer asked for / completely read (-1: none) */
-    int err;               /* H3_E* code of a failed read (0: none) */
-    char msg[512];
-    atomic_int stop;
-    uint64_t bytes;
-} te_reader;
 
-static void *reader_main(void *arg)
-{
-    te_reader *r = arg;
-    pthread_mutex_lock(&r->mu);
-    for (;;) {
-        while (!atomic_load(&r->stop) && r->requested <= r->loaded) pthread_cond_wait(&r->cv, &r->mu);
-        if (atomic_load(&r->stop)) break;
-        int l = r->loaded + 1;
-        pthread_mutex_unlock(&r->mu);
-        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[l % r->nslots], &r->stop, r->threads);
-        pthread_mutex_lock(&r->mu);
-        if (rc) {
-            /* h3_err's message lives in this thread's storage: hand it to the main thread. */
-            r->err = -rc;
-            snprintf(r->msg, sizeof r->msg, "%s", h3_last_error());
-            pthread_cond_broadcast(&r->cv);
-            break;
-        }
-        r->bytes += r->plan->layers[l].bytes;
-        r->loaded = l;
-        pthread_cond_broadcast(&r->cv);
-    }
-    pthread_mutex_unlock(&r->mu);
-    return NULL;
-}
-
-/* Slots: reader_slots(prefetch) buffers of p->slot_bytes; `host` gives them (a weight stream's
-   pinned buffers), else they are allocated here. */
+/* Slots: 2 with prefetch (one if there is a single layer), else 1. */
 static int reader_slots(const te_plan *p, bool prefetch) { return prefetch && p->cfg.cond_layer > 1 ? 2 : 1; }
 
-static int reader_start(te_reader *r, const te_plan *p, const te_files *f, bool prefetch, void *const *host,
-                        int threads)
+/* The streamer over layers 0..cond_layer-1; `host`: the weight stream's pinned slots, or NULL. */
+static int layers_open(const te_plan *p, int slots, void *const *host, int readers, h3_streamer **out)
 {
-    memset(r, 0, sizeof *r);
-    r->plan = p;
-    r->files = f;
-    r->requested = r->loaded = -1;
-    r->nslots = reader_slots(p, prefetch);
-    r->threads = threads;
-    r->slots_external = host != NULL;
-    atomic_init(&r->stop, 0);
-    for (int i = 0; i < r->nslots; i++)
-        if (!(r->slot[i] = host ? host[i] : h3_alloc_aligned(p->slot_bytes ? p->slot_bytes : TE_ALIGN)))
-            return -H3_E_NOMEM;
-    if (r->nslots == 1) return 0;
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    if (pthread_create(&r->th, NULL, reader_main, r) != 0) {
-        pthread_mutex_destroy(&r->mu);
-        pthread_cond_destroy(&r->cv);
-        return h3_err(H3_E_NOMEM, "text encoder: cannot start the layer reader thread");
+    const int L = p->cfg.cond_layer;
+    h3_stream_read *all = h3_malloc(sizeof *all * (size_t)(L > 0 ? L : 1) * W_COUNT);
+    const h3_stream_read **reads = h3_malloc(sizeof *reads * (size_t)(L > 0 ? L : 1));
+    int *n = h3_malloc(sizeof *n * (size_t)(L > 0 ? L : 1));
+    int rc = -H3_E_NOMEM;
+    if (all && reads && n) {
+        for (int l = 0; l < L; l++) {
+            const te_layer *Y = &p->layers[l];
+            for (int i = 0; i < W_COUNT; i++)
+                all[(size_t)l * W_COUNT + i] = (h3_stream_read){Y->t[Y->order[i]], Y->off[Y->order[i]]};
+            reads[l] = all + (size_t)l * W_COUNT;
+            n[l] = W_COUNT;
+        }
+        rc = h3_streamer_open(p->store, L, reads, n, p->slot_bytes ? p->slot_bytes : TE_ALIGN, slots, host, readers,
+                              "text encoder", out);
     }
-    r->running = true;
-    return 0;
-}
-
-static void reader_request(te_reader *r, int layer)
-{
-    if (!r->running) return;
-    pthread_mutex_lock(&r->mu);
-    if (layer > r->requested) r->requested = layer;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* Layer `l` ready in its slot: wait for the reader, or read it here when synchronous. */
-static int reader_get(te_reader *r, int l, const uint8_t **buf)
-{
-    if (!r->running) {
-        int rc = read_layer(r->files, &r->plan->layers[l], r->slot[0], NULL, r->threads);
-        if (rc) return rc;
-        r->bytes += r->plan->layers[l].bytes;
-        *buf = r->slot[0];
-        return 0;
-    }
-    pthread_mutex_lock(&r->mu);
-    while (r->loaded < l && !r->err) pthread_cond_wait(&r->cv, &r->mu);
-    int err = r->loaded < l ? r->err : 0;
-    pthread_mutex_unlock(&r->mu);
-    if (err) return h3_err(err, "%s", r->msg);
-    *buf = r->slot[l % r->nslots];
-    return 0;
-}
-
-static void reader_stop(te_reader *r)
-{
-    if (r->running) {
-        pthread_mutex_lock(&r->mu);
-        atomic_store(&r->stop, 1);
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
-        pthread_join(r->th, NULL);
-        pthread_mutex_destroy(&r->mu);
-        pthread_cond_destroy(&r->cv);
-        r->running = false;
-    }
-    if (!r->slots_external)
-        for (int i = 0; i < 2; i++) h3_free_aligned(r->slot[i]);
-    r->slot[0] = r->slot[1] = NULL;
+    free(all);
+    free(reads);
+    free(n);
+    return rc;
 }
 
 /* Prefetch is on unless the caller says otherwise (H3_OPT_NO_TEXT_PREFETCH, read by the API). */
@@ -682,8 +404,7 @@ static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_l
 }
 
 /* hidden_states[0]: the prompt's rows of the embedding table, read one by one into out. */
-static int embed_rows(const te_files *f, const te_plan *p, const int32_t *ids, int n, float *out,
-                      uint64_t *bytes)
+static int embed_rows(h3_streamer *st, const te_plan *p, const int32_t *ids, int n, float *out)
 {
     const h3_tensor *t = p->embed;
     const int H = p->cfg.hidden;
@@ -692,9 +413,8 @@ static int embed_rows(const te_files *f, const te_plan *p, const int32_t *ids, i
     if (!tmp) return -H3_E_NOMEM;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        rc = read_tensor(f, t, (uint64_t)ids[i] * row, row, tmp, NULL);
+        rc = h3_streamer_read(st, t, (uint64_t)ids[i] * row, row, tmp);
         if (!rc) h3_to_f32(tmp, t->dtype, out + (int64_t)i * H, H);
-        *bytes += row;
     }
     h3_free_aligned(tmp);
     return rc;
@@ -806,18 +526,16 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     bool prefetch = run && run->prefetch >= 0 ? run->prefetch != 0 : prefetch_default();
     h3_progress_fn progress = run ? run->progress : NULL;
     void *user = run ? run->progress_user : NULL;
-    te_files files = {0};
-    te_reader rd;
+    h3_streamer *st = NULL;
+    int *seq = NULL;        /* the pass: layers 0..L-1 */
     te_act a;
     void *block = NULL;
     float *ds = NULL;       /* backend: the deepstack rows that are added (layers 0..n_ds-1) */
     int32_t *pos = NULL;    /* host: [3][n] positions of the 3-D table */
-    uint64_t emb_bytes = 0;
     void *ws = NULL;        /* the backend's weight stream, when it has one */
     const size_t stream_bytes = sizeof(float) * (size_t)n * (size_t)H;
     /* hidden_states[L] is recorded before layer L-1's own addition, so at most L-1 sets matter. */
     const int n_ds = !vis ? 0 : vis->n_deepstack < L - 1 ? vis->n_deepstack : L - 1;
-    memset(&rd, 0, sizeof rd);
     memset(&a, 0, sizeof a);
     if (vis) {
         if (!(pos = h3_malloc(sizeof(int32_t) * 3 * (size_t)n))) {
@@ -832,23 +550,23 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     /* A backend with a weight stream (a GPU) gets each layer through it: the reader preads into its
        pinned buffers with several threads, and the copy to the device overlaps the previous layer's
        compute. H3_TEXT_STREAM=0 keeps the per-weight weight_load path (the same bits, slower). */
+    const int nslots = reader_slots(&p, prefetch);
     if (use_stream(be)) {
         void *host[2] = {NULL, NULL};
-        if ((rc = be->ops->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, reader_slots(&p, prefetch), host,
-                                        &ws)))
+        if ((rc = be->ops->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, nslots, host, &ws)) ||
+            (rc = layers_open(&p, nslots, host, reader_threads(true), &st)))
             goto done;
-        rc = files_open(&files, &p);
-        if (!rc) rc = reader_start(&rd, &p, &files, prefetch, host, reader_threads(true));
-        if (rc) goto done;
-    } else {
-        rc = files_open(&files, &p);
-        if (!rc) rc = reader_start(&rd, &p, &files, prefetch, NULL, reader_threads(false));
-        if (rc) goto done;
-    }
-    reader_request(&rd, 0); /* layer 0 loads while the embeddings are gathered */
-    /* hidden_states[0] is gathered into the caller's output, then becomes the residual stream. */
-    if ((rc = act_alloc(&a, be, &p.cfg, n, &block)) || (rc = embed_rows(&files, &p, ids, n, out, &emb_bytes)))
+    } else if ((rc = layers_open(&p, nslots, NULL, reader_threads(false), &st))) {
         goto done;
+    }
+    if (!(seq = h3_malloc(sizeof *seq * (size_t)L))) {
+        rc = -H3_E_NOMEM;
+        goto done;
+    }
+    for (int l = 0; l < L; l++) seq[l] = l;
+    if ((rc = h3_streamer_begin(st, seq, L))) goto done; /* the first layers load while the embeddings are gathered */
+    /* hidden_states[0] is gathered into the caller's output, then becomes the residual stream. */
+    if ((rc = act_alloc(&a, be, &p.cfg, n, &block)) || (rc = embed_rows(st, &p, ids, n, out))) goto done;
     if (vis) {
         /* masked_scatter of the merger rows over the placeholders' embeddings, span by span */
         int64_t off = 0;
@@ -868,17 +586,17 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     if ((rc = h3_progress_check(progress, user, "text_encoder", 0, L))) goto done;
     for (int l = 0; l < L; l++) {
         const uint8_t *buf = NULL;
-        if ((rc = reader_get(&rd, l, &buf))) break;
+        if ((rc = h3_streamer_get(st, &buf))) break;
         if (ws) {
             /* Slot l % nslots: its device copy is queued, then the host buffer of layer l + 1 is
-               handed to the reader once the copy that last read it (layer l + 1 - nslots) is over;
-               the layer's ops are queued behind the copy and mark the slot read. */
-            const int slot = l % rd.nslots;
+               handed to the streamer once the copy that last read it (layer l + 1 - nslots) is
+               over; the layer's ops are queued behind the copy and mark the slot read. */
+            const int slot = l % nslots;
             h3_bw W[W_COUNT];
             if ((rc = layer_stream(be, ws, slot, &p.layers[l], W))) break;
             if (l + 1 < L) {
-                if ((rc = be->ops->wstream_wait_host(be, ws, (l + 1) % rd.nslots))) break;
-                reader_request(&rd, l + 1);
+                if ((rc = be->ops->wstream_wait_host(be, ws, (l + 1) % nslots))) break;
+                if (l + 1 - nslots >= 0) h3_streamer_done(st); /* layer l + 1 - nslots: the oldest not done */
             }
             /* The norm weights go last: an upload from pageable memory may wait for the ops queued
                before it (layer l - 1's), and by now the copy and the next read are under way. They
@@ -887,22 +605,22 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
                 (rc = be->ops->wstream_done(be, ws, slot)))
                 break;
         } else {
-            if (l + 1 < L) reader_request(&rd, l + 1);
             if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;
+            h3_streamer_done(st);
         }
         if (l < n_ds && (rc = vision_add(be, &a, vis, ds + (size_t)l * (size_t)vtok * H))) break;
         if ((rc = h3_progress_check(progress, user, "text_encoder", l + 1, L))) break;
     }
     if (!rc) rc = be->ops->download(be, out, a.x, stream_bytes);
 done:
-    reader_stop(&rd);
-    if (ws) be->ops->wstream_close(be, ws); /* after the reader: it may be filling a pinned buffer */
-    if (run) run->bytes_read = emb_bytes + rd.bytes;
+    if (run) run->bytes_read = st ? h3_streamer_bytes(st) : 0;
+    h3_streamer_close(st);
+    if (ws) be->ops->wstream_close(be, ws); /* after the streamer: it may be filling a pinned buffer */
+    free(seq);
     if (block) be->ops->release(be, block);
     if (ds) be->ops->release(be, ds);
     free(pos);
     free(a.stage);
-    files_close(&files);
     plan_free(&p);
     return rc;
 }

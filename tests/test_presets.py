@@ -361,13 +361,14 @@ def test_lora_matches_the_numpy_merge(eng, tmp_path):
     plain = eng.render(PROMPT, steps=4, seed=3)
     d = np.abs(ours.frames.astype(int) - want.frames).max()
     ea = np.linalg.norm(ours.audio - want.audio) / np.linalg.norm(want.audio)
-    dp = np.abs(plain.frames.astype(int) - want.frames).mean()
+    dp = np.abs(plain.frames.astype(int) - want.frames).max()
     ep = np.linalg.norm(plain.audio - want.audio) / np.linalg.norm(want.audio)
-    print(f"lora vs numpy merge: frames max diff {d}, audio rel-L2 {ea:.2e}; plain model: frames mean diff {dp:.2f}, "
+    print(f"lora vs numpy merge: frames max diff {d}, audio rel-L2 {ea:.2e}; plain model: frames max diff {dp}, "
           f"audio rel-L2 {ep:.2e}")
     # a merged bf16 weight may land one bf16 step apart where numpy's and libh3's f32 GEMMs round B A differently
     assert d <= 2 and ea < 1e-3, (d, ea)
-    assert dp > 1.0 and ep > 100 * max(ea, 1e-6)  # the LoRA changes the render: the comparison above can fail
+    # the LoRA changes the render far beyond the tolerance above, so that comparison can fail
+    assert dp > 4 * max(d, 2) and ep > 100 * max(ea, 1e-6)
 
 
 def test_lora_scale_zero_is_the_plain_model(eng, tmp_path):

@@ -236,7 +236,7 @@ def extrapolate_libh3(run: dict, args, text_s: float | None = None) -> dict:
     block = stack / args.blocks
     outside = max(0.0, wall("denoise") - tp["transformer_ms"] / 1e3)
     denoise = outside + (FULL_STEPS - 1) * (fwd - stack + FULL_BLOCKS * block)
-    out = {"text_s": text, "denoise_s": denoise, "audio_decode_s": wall("decode audio"),
+    out = {"text_s": text, "text_encode_s": enc, "denoise_s": denoise, "audio_decode_s": wall("decode audio"),
            "video_decode_s": wall("decode video"), "block_ms": block * 1e3, "forward_fixed_ms": (fwd - stack) * 1e3,
            "forwards_measured": n, "load_transformer_s_measured": wall("load transformer"),
            "load_transformer_s_full": wall("load transformer") * FULL_BLOCKS / args.blocks, "write_s": run["write_s"],

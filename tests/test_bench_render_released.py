@@ -48,11 +48,15 @@ def test_extrapolation_is_the_stated_arithmetic(dry_run):
     run = res["libh3"]["64x64x22"][-1]
     ex = res["extrapolated"]["64x64x22"]["libh3"]
     tp, ph = run["transformer"], run["phases"]
-    block = tp["stack_ms_mean"] / 1e3 / cfg["blocks"]
-    fixed = (tp["forward_ms_mean"] - tp["stack_ms_mean"]) / 1e3
+    # the fastest forward (a render's first also builds its plans); the text encoder from this render's encode
+    # unless that was a prompt-cache hit (then another warm render's)
+    block = tp["stack_ms_min"] / 1e3 / cfg["blocks"]
+    fixed = (tp["forward_ms_min"] - tp["stack_ms_min"]) / 1e3
     outside = max(0.0, ph["denoise"]["wall_s"] - tp["transformer_ms"] / 1e3)
     assert ex["denoise_s"] == pytest.approx(outside + 19 * (fixed + 50 * block), rel=1e-9)
-    assert ex["text_s"] == pytest.approx(ph["encode prompt"]["wall_s"] / cfg["text_layers"] * 50, rel=1e-9)
+    enc = ph["encode prompt"]["wall_s"]
+    assert ex["text_encode_s"] == enc or enc < 0.005
+    assert ex["text_s"] == pytest.approx(ex["text_encode_s"] / cfg["text_layers"] * 50, rel=1e-9)
     assert ex["total_s"] == pytest.approx(ex["text_s"] + ex["denoise_s"] + ph["decode audio"]["wall_s"]
                                           + ph["decode video"]["wall_s"], rel=1e-9)
     d, dx = res["diffusers"]["64x64x22"], res["extrapolated"]["64x64x22"]["diffusers"]

@@ -307,7 +307,8 @@ class Engine:
 
     @property
     def sample_rate(self) -> int:
-        """The audio VAE's sample rate (Hz): what audio references must be given at."""
+        """The audio VAE's sample rate (Hz): the rate of the rendered audio (audio references at other rates are
+        resampled to it by libh3)."""
         return int(self._ctx.info()["components"]["audio_vae"]["config"]["sample_rate"])
 
     def reference_size(self, width: int, height: int) -> tuple[int, int]:
@@ -370,8 +371,8 @@ class Engine:
 
         `references` (Ref2VA): a list in the order the model reads them; an item is an image (a path or a uint8
         [H, W, 3] array) or ("image", image), or audio: a dict {"audio": float [channels, samples] (or [samples])
-        array, "sample_rate": Hz} at the model's rate (libh3 does not resample) or ("audio", path) decoded with
-        the bundled ffmpeg at the model's rate, or a video: ("video", path) (decoded with the bundled ffmpeg, its
+        array, "sample_rate": Hz} at any rate from 4 to 384 kHz (libh3 resamples it to the model's once, as
+        diffusers does) or ("audio", path) decoded with the bundled ffmpeg at the file's own rate, or a video: ("video", path) (decoded with the bundled ffmpeg, its
         soundtrack kept), ("silent_video", path) (the sound dropped) or a dict {"frames": uint8 [T, H, W, 3],
         "fps": rate (default 24), "audio": float [channels, samples] (optional), "sample_rate": Hz}. Needs an
         Engine opened with ref2va=True on a model with Ref2VA/."""

@@ -55,7 +55,7 @@ def add_arguments(p) -> None:
                    help="a reference video without its sound (as --ref-video, the soundtrack dropped)")
     p.add_argument("--ref-audio", metavar="FILE", action=_Reference, default=[],
                    help="a reference sound (Ref2VA; repeatable, at most 3, needs a --ref-image too; decoded with the "
-                   "bundled ffmpeg at the model's rate); its place among the --ref-image options is kept")
+                   "bundled ffmpeg at its own rate, resampled by libh3); its place among the --ref-image options is kept")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--frames", type=int, help="frames at 24 fps, aligned up to 17n+5 (default: the model's)")
     g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")

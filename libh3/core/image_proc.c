@@ -130,13 +130,15 @@ static int parse_cfg(const h3_json *d, const h3j *o, const char *path, h3_image_
     return 0;
 }
 
-int h3_image_proc_cfg_load(h3_model *m, h3_image_proc_cfg *c)
+/*
+ * The settings of the first of `files` (under the partition) that holds them. processor_config.json nests each
+ * processor's settings under a key: `key` is looked up in files[keyed], the other files are the settings
+ * themselves. A keyed file without its object is an error when `required`, else the next file is tried.
+ */
+static int load_first_cfg(h3_model *m, const char *const *files, size_t n, size_t keyed, const char *key,
+                          bool required, h3_image_proc_cfg *c)
 {
-    h3_image_proc_defaults(c);
-    if (!m || !m->partition_dir) return 0;
-    static const char *const files[] = {"processor/preprocessor_config.json", "processor/processor_config.json",
-                                        "text_encoder/preprocessor_config.json", "tokenizer/preprocessor_config.json"};
-    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    for (size_t i = 0; i < n; i++) {
         char *path = h3_path_join(m->partition_dir, files[i]);
         if (!path) return -H3_E_NOMEM;
         if (!h3_is_file(path)) {
@@ -146,19 +148,31 @@ int h3_image_proc_cfg_load(h3_model *m, h3_image_proc_cfg *c)
         h3_json doc;
         memset(&doc, 0, sizeof doc);
         int rc = h3_json_parse_file(&doc, path, 1 << 20);
+        bool used = true;
         if (!rc) {
             const h3j *root = h3j_root(&doc);
-            const h3j *ip = i == 1 ? h3j_get(&doc, root, "image_processor") : root;
-            if (i == 1 && !ip)
-                rc = h3_err(H3_E_FORMAT, "%s: no \"image_processor\" object", path);
+            const h3j *o = i == keyed ? h3j_get(&doc, root, key) : root;
+            if (o)
+                rc = parse_cfg(&doc, o, path, c);
+            else if (required)
+                rc = h3_err(H3_E_FORMAT, "%s: no \"%s\" object", path, key);
             else
-                rc = parse_cfg(&doc, ip, path, c);
+                used = false;
         }
         h3_json_free(&doc);
         free(path);
-        return rc;
+        if (rc || used) return rc;
     }
     return 0;
+}
+
+int h3_image_proc_cfg_load(h3_model *m, h3_image_proc_cfg *c)
+{
+    h3_image_proc_defaults(c);
+    if (!m || !m->partition_dir) return 0;
+    static const char *const files[] = {"processor/preprocessor_config.json", "processor/processor_config.json",
+                                        "text_encoder/preprocessor_config.json", "tokenizer/preprocessor_config.json"};
+    return load_first_cfg(m, files, sizeof files / sizeof *files, 1, "image_processor", true, c);
 }
 
 /* ---- smart_resize ---------------------------------------------------------------------------- */
@@ -489,30 +503,7 @@ int h3_video_proc_cfg_load(h3_model *m, h3_image_proc_cfg *c)
        video_preprocessor_config.json and preprocessor_config.json of the processor folder. */
     static const char *const files[] = {"processor/processor_config.json", "processor/video_preprocessor_config.json",
                                         "processor/preprocessor_config.json"};
-    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-        char *path = h3_path_join(m->partition_dir, files[i]);
-        if (!path) return -H3_E_NOMEM;
-        if (!h3_is_file(path)) {
-            free(path);
-            continue;
-        }
-        h3_json doc;
-        memset(&doc, 0, sizeof doc);
-        int rc = h3_json_parse_file(&doc, path, 1 << 20);
-        bool used = true;
-        if (!rc) {
-            const h3j *root = h3j_root(&doc);
-            const h3j *vp = i == 0 ? h3j_get(&doc, root, "video_processor") : root;
-            if (vp)
-                rc = parse_cfg(&doc, vp, path, c);
-            else
-                used = false;
-        }
-        h3_json_free(&doc);
-        free(path);
-        if (rc || used) return rc;
-    }
-    return 0;
+    return load_first_cfg(m, files, sizeof files / sizeof *files, 0, "video_processor", false, c);
 }
 
 int h3_video_smart_resize(int n_frames, int height, int width, int factor, int temporal_factor, int64_t min_pixels,

@@ -648,6 +648,25 @@ static int span_reserve(h3_vl_prompt *p, int *cap, int tp)
     return 0;
 }
 
+/* A new vision span: its label as text, then <|vision_start|> (a video row); the span's rows start after
+   them, on grid (t, h, w) of request item `item` with `sampled` frames read from it (0: an image). */
+static int span_open(h3_vl_prompt *p, int *cap, int tp, id_buf *b, h3_tokenizer *tok, const char *label, int32_t vs,
+                     const int *grid, int item, int sampled, int *span)
+{
+    int rc;
+    if ((rc = span_reserve(p, cap, tp)) || (rc = buf_text(b, tok, label, H3_TAG_TEXT)) ||
+        (rc = buf_token(b, vs, 1, H3_TAG_VIDEO)))
+        return rc;
+    const int s = p->n_spans++;
+    p->start[s] = b->n;
+    p->grid_h[s] = grid[1];
+    p->grid_w[s] = grid[2];
+    p->item[s] = item;
+    p->sampled[s] = sampled;
+    *span = s;
+    return 0;
+}
+
 int h3_vl_prompt_build_refs(h3_model *m, h3_tokenizer *tok, const char *prompt, int n_images, const int *widths,
                             const int *heights, const int *frames, const int *audio_before, h3_vl_prompt *out)
 {
@@ -697,15 +716,8 @@ int h3_vl_prompt_build_refs(h3_model *m, h3_tokenizer *tok, const char *prompt, 
             const int64_t tokens = (int64_t)grid[1] * grid[2] / mm;
             /* diffusers: the label as text, then <|vision_start|>, the pads, <|vision_end|> as video rows */
             snprintf(label, sizeof label, "<Picture %d>: ", ++n_pic);
-            if ((rc = span_reserve(out, &cap, tp)) || (rc = buf_text(&b, tok, label, H3_TAG_TEXT)) ||
-                (rc = buf_token(&b, vs, 1, H3_TAG_VIDEO)))
-                break;
-            const int s = out->n_spans++;
-            out->start[s] = b.n;
-            out->grid_h[s] = grid[1];
-            out->grid_w[s] = grid[2];
-            out->item[s] = i;
-            out->sampled[s] = 0;
+            int s;
+            if ((rc = span_open(out, &cap, tp, &b, tok, label, vs, grid, i, 0, &s))) break;
             if ((rc = buf_token(&b, pad, tokens, H3_TAG_VIDEO)) || (rc = buf_token(&b, ve, 1, H3_TAG_VIDEO))) break;
             out->tokens += (int)tokens;
             continue;
@@ -735,15 +747,8 @@ int h3_vl_prompt_build_refs(h3_model *m, h3_tokenizer *tok, const char *prompt, 
             const int j0 = blk * tp, j1 = j0 + tp - 1 < ns ? j0 + tp - 1 : ns - 1;
             const double ts = (j0 / H3_VL_VIDEO_SAMPLE_FPS + j1 / H3_VL_VIDEO_SAMPLE_FPS) / 2;
             snprintf(label, sizeof label, "<%.1f seconds>", ts);
-            if ((rc = span_reserve(out, &cap, tp)) || (rc = buf_text(&b, tok, label, H3_TAG_TEXT)) ||
-                (rc = buf_token(&b, vs, 1, H3_TAG_VIDEO)))
-                break;
-            const int s = out->n_spans++;
-            out->start[s] = b.n;
-            out->grid_h[s] = grid[1];
-            out->grid_w[s] = grid[2];
-            out->item[s] = i;
-            out->sampled[s] = ns;
+            int s;
+            if ((rc = span_open(out, &cap, tp, &b, tok, label, vs, grid, i, ns, &s))) break;
             for (int t = 0; t < tp; t++) out->frame[s * tp + t] = idx[j0 + t < ns ? j0 + t : ns - 1];
             if ((rc = buf_token(&b, vpad, tokens, H3_TAG_VIDEO)) || (rc = buf_token(&b, ve, 1, H3_TAG_VIDEO))) break;
             out->tokens += (int)tokens;

@@ -246,14 +246,21 @@ static int be_sync(h3_backend *be)
     return e == cudaSuccess ? 0 : fail_cuda(b, e, "a queued GPU operation failed");
 }
 
-static int be_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_bytes)
+/* The device's free and total memory now (cudaMemGetInfo on the backend's device). */
+static int mem_now(Backend *b, size_t *fr, size_t *tot)
 {
-    Backend *b = B(be);
     int rc = use_device(b);
     if (rc) return rc;
-    size_t fr = 0, tot = 0;
-    cudaError_t e = cudaMemGetInfo(&fr, &tot);
-    if (e != cudaSuccess) return fail_cuda(b, e, "reading free memory");
+    *fr = *tot = 0;
+    cudaError_t e = cudaMemGetInfo(fr, tot);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "reading free memory");
+}
+
+static int be_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    size_t fr, tot;
+    int rc = mem_now(B(be), &fr, &tot);
+    if (rc) return rc;
     if (free_bytes) *free_bytes = fr;
     if (total_bytes) *total_bytes = tot;
     return 0;
@@ -262,11 +269,9 @@ static int be_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_byt
 static int be_mem_peak(h3_backend *be, bool reset, uint64_t *peak)
 {
     Backend *b = B(be);
-    int rc = use_device(b);
+    size_t fr, tot;
+    int rc = mem_now(b, &fr, &tot);
     if (rc) return rc;
-    size_t fr = 0, tot = 0;
-    cudaError_t e = cudaMemGetInfo(&fr, &tot);
-    if (e != cudaSuccess) return fail_cuda(b, e, "reading free memory");
     const uint64_t now = (uint64_t)(tot - fr);
     if (reset || now > b->mem_peak) b->mem_peak = now;
     if (peak) *peak = b->mem_peak;

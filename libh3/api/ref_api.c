@@ -27,20 +27,8 @@ H3_API int64_t h3_dit_ref2va_layout(h3_ctx *ctx, int64_t n_text, const uint8_t *
     rc = h3_dit_layout_ref2va(&c, n_text, text_tags, rf, n_refs, latent_frames, latent_height, latent_width,
                               audio_latents, &l);
     if (rc) return rc;
-    if (position_ids) memcpy(position_ids, l.pos, sizeof(double) * 3 * (size_t)l.seq);
-    if (token_tags)
-        for (int64_t r = 0; r < l.seq; r++) token_tags[r] = l.tags[r];
-    if (text_indices) memcpy(text_indices, l.text_idx, sizeof(int64_t) * (size_t)l.n_text);
-    if (video_indices) memcpy(video_indices, l.video_idx, sizeof(int64_t) * (size_t)l.n_video);
-    if (audio_indices) memcpy(audio_indices, l.audio_idx, sizeof(int64_t) * (size_t)l.n_audio);
-    if (roles) memcpy(roles, l.role, (size_t)l.seq);
-    if (n_condition) {
-        n_condition[0] = l.n_cond_video;
-        n_condition[1] = l.n_cond_audio;
-    }
-    int64_t seq = l.seq;
-    h3_dit_layout_free(&l);
-    return seq;
+    return h3_dit_layout_export(&l, position_ids, token_tags, text_indices, video_indices, audio_indices, roles,
+                                n_condition);
 }
 
 H3_API int h3_reference_size(h3_ctx *ctx, int image_width, int image_height, int *width, int *height)

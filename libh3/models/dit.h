@@ -98,6 +98,13 @@ H3_INTERNAL int h3_dit_layout_ref2va(const h3_dit_cfg *c, int64_t n_text, const 
                                      const h3_dit_ref *refs, int n_refs, int lat_t, int lat_h, int lat_w,
                                      int audio_lat, h3_dit_layout *out);
 H3_INTERNAL void h3_dit_layout_free(h3_dit_layout *l);
+/*
+ * Copy a layout out in diffusers' array forms (each output may be NULL: position_ids [seq][3], token_tags [seq],
+ * text / video / audio row indices, roles [seq], n_condition {video, audio} rows), then free it. Returns seq.
+ */
+H3_INTERNAL int64_t h3_dit_layout_export(h3_dit_layout *l, double *position_ids, int64_t *token_tags,
+                                         int64_t *text_indices, int64_t *video_indices, int64_t *audio_indices,
+                                         uint8_t *roles, int64_t *n_condition);
 /* Deep copy. */
 H3_INTERNAL int h3_dit_layout_copy(h3_dit_layout *dst, const h3_dit_layout *src);
 /*

@@ -28,6 +28,25 @@ void h3_dit_layout_free(h3_dit_layout *l)
     memset(l, 0, sizeof *l);
 }
 
+int64_t h3_dit_layout_export(h3_dit_layout *l, double *position_ids, int64_t *token_tags, int64_t *text_indices,
+                             int64_t *video_indices, int64_t *audio_indices, uint8_t *roles, int64_t *n_condition)
+{
+    if (position_ids) memcpy(position_ids, l->pos, sizeof(double) * 3 * (size_t)l->seq);
+    if (token_tags)
+        for (int64_t r = 0; r < l->seq; r++) token_tags[r] = l->tags[r];
+    if (text_indices) memcpy(text_indices, l->text_idx, sizeof(int64_t) * (size_t)l->n_text);
+    if (video_indices) memcpy(video_indices, l->video_idx, sizeof(int64_t) * (size_t)l->n_video);
+    if (audio_indices) memcpy(audio_indices, l->audio_idx, sizeof(int64_t) * (size_t)l->n_audio);
+    if (roles) memcpy(roles, l->role, (size_t)l->seq);
+    if (n_condition) {
+        n_condition[0] = l->n_cond_video;
+        n_condition[1] = l->n_cond_audio;
+    }
+    const int64_t seq = l->seq;
+    h3_dit_layout_free(l);
+    return seq;
+}
+
 static int layout_alloc(h3_dit_layout *l, int64_t seq, int64_t nt, int64_t nv, int64_t na)
 {
     memset(l, 0, sizeof *l);

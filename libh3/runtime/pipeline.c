@@ -428,6 +428,15 @@ static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const 
     return rc < 0 ? rc : 0;
 }
 
+/* The render takes over a text encode's rows (ids, hidden states, tags): a prompt with images or references. */
+static void take_text_rows(struct h3_render *r, const h3_text_rows *tr)
+{
+    r->n_ids = r->n_text = tr->n;
+    r->ids = tr->ids;
+    r->text = tr->rows;
+    r->text_tags = tr->tags;
+}
+
 /* diffusers' fl2va presentation ("<Picture k>: ", a vision block per keyframe, then the prompt)
    through the text encoder with its vision tower, cached: sets r->ids / n_ids, n_text, text and
    text_tags. The keyframes are on the output canvas W x H, as the processor sees them. */
@@ -437,12 +446,8 @@ static int keyframe_text_encode(h3_runtime *rt, const char *prompt, const uint8_
     const int w[2] = {W, W}, h[2] = {H, H};
     h3_text_rows tr;
     int rc = h3_rt_text_encode_images(rt, prompt, n, frames, w, h, &tr);
-    if (rc) return rc;
-    r->n_ids = r->n_text = tr.n;
-    r->ids = tr.ids;
-    r->text = tr.rows;
-    r->text_tags = tr.tags;
-    return 0;
+    if (!rc) take_text_rows(r, &tr);
+    return rc;
 }
 
 static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, keyframes *kf, h3_ref_plan *rp)
@@ -619,12 +624,8 @@ static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf
             rc = h3_rt_text_encode_refs(rt, q->prompt, rp->n, (const uint8_t *const *)sized, rp->w, rp->h,
                                         rp->frames, rp->audio_before, &tr);
         for (int i = 0; i < rp->n; i++) free(sized[i]);
-        if (rc) return rc;
-        r->n_ids = r->n_text = tr.n;
-        r->ids = tr.ids;
-        r->text = tr.rows;
-        r->text_tags = tr.tags;
-        return 0;
+        if (!rc) take_text_rows(r, &tr);
+        return rc;
     }
     if (q->text_states) {
         r->n_text = q->text_rows;

@@ -327,16 +327,21 @@ def _gif_images(data: bytes) -> int:
     return images
 
 
+def _existing_file(p: Path, label: str) -> None:
+    """A media input path must name a file: one H3Error line otherwise."""
+    if not p.exists():
+        raise H3Error(f"{label}: no such file")
+    if p.is_dir():
+        raise H3Error(f"{label}: is a directory")
+
+
 def read_image(path: str | os.PathLike, what: str = "image") -> np.ndarray:
     """Decode a still image into uint8 RGB [H, W, 3] with the bundled ffmpeg (alpha dropped, grey and palette
     expanded, as PIL's convert("RGB")). Unreadable, empty, truncated, non-image and animated files, images of
     more than 64 megapixels and aspects outside 1:4..4:1 raise H3Error with one line naming the file."""
     p = Path(path)
     label = f"{what} {p}"
-    if not p.exists():
-        raise H3Error(f"{label}: no such file")
-    if p.is_dir():
-        raise H3Error(f"{label}: is a directory")
+    _existing_file(p, label)
     try:
         data = p.read_bytes()
     except OSError as e:
@@ -512,10 +517,7 @@ def read_audio(path: str | os.PathLike, what: str = "audio") -> tuple[np.ndarray
     naming the file."""
     p = Path(path)
     label = f"{what}: {p}"
-    if not p.exists():
-        raise H3Error(f"{label}: no such file")
-    if p.is_dir():
-        raise H3Error(f"{label}: is a directory")
+    _existing_file(p, label)
     try:
         with open(p, "rb") as f:
             head = f.read(16)

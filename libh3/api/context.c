@@ -305,6 +305,17 @@ static int describe_store(h3_buf *b, const h3_store *s)
     return 0;
 }
 
+/* A shared-weight Ref2VA transformer: how many of its tensors are read from FL2VA's shards. */
+static void describe_shared(h3_buf *b, const h3_store *s, const char *shared_dir)
+{
+    size_t n = 0, len = strlen(shared_dir);
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const char *p = s->files[s->tensors[i].file].path;
+        n += strncmp(p, shared_dir, len) == 0 && p[len] == '/';
+    }
+    if (n) h3_buf_printf(b, ", \"tensors_shared_from_FL2VA\": %zu", n);
+}
+
 static int describe_config(h3_buf *b, h3_model *m, h3_component c)
 {
     int rc;
@@ -387,6 +398,8 @@ H3_API const char *h3_model_info_json(h3_ctx *ctx)
                       k->present ? "true" : "false");
         if (k->present) {
             json_kv_str(&b, "dir", k->dir, true);
+            /* A shared-weight Ref2VA partition: this component is FL2VA's folder. */
+            if (k->shared) h3_buf_printf(&b, ", \"shared_from\": \"FL2VA\"");
             if (c == H3_COMP_TOKENIZER) {
                 struct stat st;
                 json_kv_str(&b, "path", k->config_path, true);
@@ -394,6 +407,7 @@ H3_API const char *h3_model_info_json(h3_ctx *ctx)
             } else {
                 if ((rc = h3_model_headers(m, (h3_component)c))) break;
                 describe_store(&b, &k->store);
+                if (c == H3_COMP_TRANSFORMER && m->shared_dir) describe_shared(&b, &k->store, m->shared_dir);
                 if ((rc = describe_config(&b, m, (h3_component)c))) break;
                 if ((rc = h3_model_validate(m, (h3_component)c))) break;
             }

@@ -131,7 +131,8 @@ static int parse_cfg(const h3_json *d, const h3j *o, const char *path, h3_image_
 }
 
 /*
- * The settings of the first of `files` (under the partition) that holds them. processor_config.json nests each
+ * The settings of the first of `files` (under the partition, or FL2VA's folder where a shared-weight Ref2VA
+ * partition has none) that holds them. processor_config.json nests each
  * processor's settings under a key: `key` is looked up in files[keyed], the other files are the settings
  * themselves. A keyed file without its object is an error when `required`, else the next file is tried.
  */
@@ -139,7 +140,7 @@ static int load_first_cfg(h3_model *m, const char *const *files, size_t n, size_
                           bool required, h3_image_proc_cfg *c)
 {
     for (size_t i = 0; i < n; i++) {
-        char *path = h3_path_join(m->partition_dir, files[i]);
+        char *path = h3_model_path(m, files[i], NULL);
         if (!path) return -H3_E_NOMEM;
         if (!h3_is_file(path)) {
             free(path);

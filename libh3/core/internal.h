@@ -169,8 +169,13 @@ H3_INTERNAL int h3_store_check_buffer(const uint8_t *buf, size_t len, const char
  * Open a component: if `dir`/model.safetensors.index.json exists, the shards it names (every
  * listed tensor must be in the shard the index says); otherwise every *.safetensors in `dir`,
  * sorted by name. Names must be unique across shards.
+ * Shard names are plain file names in `dir`, with one exception for a Ref2VA partition's
+ * transformer that stores only the tensors its fine-tune changed: given `shared_dir` (the sibling
+ * FL2VA/transformer folder; NULL everywhere else), a name H3_SHARED_SHARD_PREFIX + <file> is
+ * `shared_dir`/<file>, and only the tensors the index maps to it are taken from it.
  */
-H3_INTERNAL int h3_store_open_dir(h3_store *s, const char *dir);
+#define H3_SHARED_SHARD_PREFIX "../../FL2VA/transformer/"
+H3_INTERNAL int h3_store_open_dir(h3_store *s, const char *dir, const char *shared_dir);
 H3_INTERNAL void h3_store_close(h3_store *s);
 H3_INTERNAL const h3_tensor *h3_store_find(const h3_store *s, const char *name);
 static inline const char *h3_tensor_name(const h3_store *s, const h3_tensor *t)
@@ -214,6 +219,7 @@ typedef struct h3_comp {
     h3_json config2;    /* video_vae/source/config.json, audio_vae/metadata.json */
     bool config_loaded, config2_loaded;
     bool headers_loaded;
+    bool shared;        /* taken from FL2VA/ because a Ref2VA partition lacks the folder */
     h3_store store;
 } h3_comp;
 
@@ -221,6 +227,7 @@ typedef struct h3_model {
     char *root;         /* directory given by the user */
     char *partition_dir;
     const char *partition; /* "FL2VA", "Ref2VA" or "partition" when given directly */
+    char *shared_dir;   /* Ref2VA opened: the sibling FL2VA/, whose folders fill in what Ref2VA/ lacks */
     bool has_ref2va;
     h3_json index;      /* partition model_index.json (may be empty) */
     bool index_loaded;
@@ -232,6 +239,12 @@ typedef struct h3_model {
 /* Locate the partition and its components; read configs and headers (no tensor data). */
 H3_INTERNAL int h3_model_open(h3_model *m, const char *dir, unsigned flags);
 H3_INTERNAL void h3_model_close(h3_model *m);
+/*
+ * A file of the partition by its relative path (e.g. "processor/preprocessor_config.json"): under
+ * the partition, or, for a Ref2VA partition that lacks the first folder of `rel`, under FL2VA/
+ * (*shared set; `shared` may be NULL). Caller frees; NULL when out of memory.
+ */
+H3_INTERNAL char *h3_model_path(const h3_model *m, const char *rel, bool *shared);
 /* Error (naming the folder) if a component a stage needs is absent. */
 H3_INTERNAL int h3_model_require(h3_model *m, h3_component c, const char *stage);
 

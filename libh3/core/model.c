@@ -3,6 +3,10 @@
  * a root with FL2VA/ (and optionally Ref2VA/) partitions, each holding transformer/,
  * text_encoder/, tokenizer/, video_vae/ (weights under source/) and audio_vae/. Components may
  * be absent: a stage that needs one reports it when it runs.
+ *
+ * A Ref2VA partition may be the shared-weight form (h3-tiny's, to fit its package budget): only
+ * transformer/ of its own, whose index takes the unchanged tensors from FL2VA/transformer, and no
+ * text_encoder/, tokenizer/, video_vae/ or audio_vae/: those folders are then FL2VA's.
  */
 #include "core/internal.h"
 
@@ -51,10 +55,42 @@ static const char *cfg_string(const h3_json *d, const char *key, const char *dfl
     return (v && v->type == H3J_STR) ? h3j_str(d, v) : dflt;
 }
 
+/* Length of the first path segment of `rel` (the folder a file lives in). */
+static size_t first_segment(const char *rel)
+{
+    const char *slash = strchr(rel, '/');
+    return slash ? (size_t)(slash - rel) : strlen(rel);
+}
+
+char *h3_model_path(const h3_model *m, const char *rel, bool *shared)
+{
+    if (shared) *shared = false;
+    char *own = h3_path_join(m->partition_dir, rel);
+    if (!own || !m->shared_dir) return own;
+    /* Decided by the folder, not the file: a folder Ref2VA/ has is never mixed with FL2VA's. */
+    char *seg = h3_asprintf("%.*s", (int)first_segment(rel), rel);
+    char *mine = seg ? h3_path_join(m->partition_dir, seg) : NULL;
+    char *theirs = seg ? h3_path_join(m->shared_dir, seg) : NULL;
+    char *out = own;
+    if (!seg || !mine || !theirs) {
+        free(own);
+        out = NULL;
+    } else if (!h3_is_dir(mine) && h3_is_dir(theirs)) {
+        free(own);
+        out = h3_path_join(m->shared_dir, rel);
+        if (out && shared) *shared = true;
+    }
+    free(seg);
+    free(mine);
+    free(theirs);
+    return out;
+}
+
 static int open_component(h3_model *m, h3_component c)
 {
     h3_comp *k = &m->comp[c];
-    char *dir = h3_path_join(m->partition_dir, k_comp_names[c]);
+    bool shared = false;
+    char *dir = h3_model_path(m, k_comp_names[c], &shared);
     if (!dir) return -H3_E_NOMEM;
     int rc = 0;
     if (c == H3_COMP_TOKENIZER) {
@@ -76,6 +112,7 @@ static int open_component(h3_model *m, h3_component c)
         }
         if (h3_is_file(p)) {
             k->present = true;
+            k->shared = shared && strncmp(dir, m->shared_dir, strlen(m->shared_dir)) == 0;
             k->dir = dir;
             k->config_path = p;
         } else {
@@ -86,9 +123,13 @@ static int open_component(h3_model *m, h3_component c)
     }
     if (!h3_is_dir(dir)) {
         free(dir);
+        if (c == H3_COMP_TRANSFORMER && m->shared_dir)
+            return h3_err(H3_E_IO, "%s: no transformer/ folder (a Ref2VA partition needs its own "
+                          "transformer; only the other components can be FL2VA's)", m->partition_dir);
         return 0;
     }
     k->present = true;
+    k->shared = shared;
     k->dir = dir;
     k->config_path = h3_path_join(dir, "config.json");
     if (!k->config_path) return -H3_E_NOMEM;
@@ -204,7 +245,10 @@ int h3_model_open(h3_model *m, const char *dir, unsigned flags)
             rc = h3_err(H3_E_IO, "%s: no FL2VA/ partition (only Ref2VA/; open it with the Ref2VA option)", dir);
         m->partition_dir = want_ref ? ref : fl;
         m->partition = want_ref ? "Ref2VA" : "FL2VA";
-        free(want_ref ? fl : ref);
+        if (want_ref && has_fl)
+            m->shared_dir = fl; /* where the components Ref2VA/ lacks come from */
+        else
+            free(want_ref ? fl : ref);
     } else {
         free(fl);
         free(ref);
@@ -269,6 +313,7 @@ void h3_model_close(h3_model *m)
     if (m->index_loaded) h3_json_free(&m->index);
     free(m->root);
     free(m->partition_dir);
+    free(m->shared_dir);
     memset(m, 0, sizeof *m);
 }
 
@@ -298,7 +343,13 @@ int h3_model_headers(h3_model *m, h3_component c)
         free(p);
         if (rc) h3_store_close(&k->store);
     } else {
-        rc = h3_store_open_dir(&k->store, k->weights_dir);
+        /* Only a Ref2VA transformer may name FL2VA's shards in its index. */
+        char *shared = NULL;
+        if (c == H3_COMP_TRANSFORMER && m->shared_dir && !k->shared &&
+            !(shared = h3_path_join(m->shared_dir, "transformer")))
+            return -H3_E_NOMEM;
+        rc = h3_store_open_dir(&k->store, k->weights_dir, shared);
+        free(shared);
     }
     if (!rc) k->headers_loaded = true;
     k->store.drop_page_cache = (m->flags & H3_OPT_DROP_PAGE_CACHE) != 0;

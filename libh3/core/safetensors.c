@@ -130,12 +130,17 @@ static int span_cmp(const void *a, const void *b)
     return 0;
 }
 
+/* Which of a file's tensors join the store (NULL: all of them). */
+typedef bool (*keep_fn)(const char *name, void *ud);
+
 /*
  * Validate a parsed header against a data area of `data_len` bytes and append its tensors to
- * `s` (when s != NULL). `label` names the file in messages.
+ * `s` (when s != NULL) -- only those `keep` accepts when it is given: a shard shared with another
+ * partition also holds tensors that this store takes from elsewhere. The whole header is validated
+ * either way. `label` names the file in messages.
  */
 static int parse_header(h3_store *s, int file_idx, const char *hdr, size_t hlen, uint64_t data_len,
-                        const char *label)
+                        const char *label, keep_fn keep, void *keep_ud)
 {
     h3_json doc;
     int rc = h3_json_parse(&doc, hdr, hlen);
@@ -268,7 +273,7 @@ static int parse_header(h3_store *s, int file_idx, const char *hdr, size_t hlen,
         spans[nspan].end = t.end;
         spans[nspan].idx = (uint32_t)nspan;
         nspan++;
-        if (s) {
+        if (s && (!keep || keep(name, keep_ud))) {
             size_t off;
             long prev = hash_find(s, name);
             if (prev >= 0) {
@@ -306,8 +311,8 @@ static int parse_header(h3_store *s, int file_idx, const char *hdr, size_t hlen,
             s->bytes += t.end - t.begin;
         }
     }
-    if (!rc && !s && nspan > 1) {
-        /* Without a store to look names up in, sort them to find repeats. */
+    if (!rc && (!s || keep) && nspan > 1) {
+        /* Without a store to look names up in (or with names it skipped), sort them to find repeats. */
         const char **keys = h3_calloc(nspan, sizeof *keys);
         if (!keys) {
             rc = -H3_E_NOMEM;
@@ -383,10 +388,10 @@ int h3_store_check_buffer(const uint8_t *buf, size_t len, const char *label)
     int rc = check_prefix(buf, len, label, &hlen);
     if (rc) return rc;
     if (buf[8] != '{') return h3_err(H3_E_FORMAT, "%s: header does not start with '{'", label);
-    return parse_header(NULL, 0, (const char *)buf + 8, (size_t)hlen, len - 8 - hlen, label);
+    return parse_header(NULL, 0, (const char *)buf + 8, (size_t)hlen, len - 8 - hlen, label, NULL, NULL);
 }
 
-int h3_store_add_file(h3_store *s, const char *path)
+static int add_file(h3_store *s, const char *path, keep_fn keep, void *keep_ud)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return h3_err(H3_E_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -454,7 +459,7 @@ int h3_store_add_file(h3_store *s, const char *path)
         free(hdr);
         return -H3_E_NOMEM;
     }
-    rc = parse_header(s, s->nfiles, hdr, (size_t)hlen, fsize - 8 - hlen, path);
+    rc = parse_header(s, s->nfiles, hdr, (size_t)hlen, fsize - 8 - hlen, path, keep, keep_ud);
     free(hdr);
     if (rc) {
         free(f->path);
@@ -464,13 +469,41 @@ int h3_store_add_file(h3_store *s, const char *path)
     return 0;
 }
 
+int h3_store_add_file(h3_store *s, const char *path) { return add_file(s, path, NULL, NULL); }
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A plain file name: no folder part, not "." or "..", not empty. */
+static bool plain_name(const char *fn) { return fn[0] && !strchr(fn, '/') && strcmp(fn, "..") && strcmp(fn, "."); }
+
+/* The file name after the shared-shard prefix, or NULL when `fn` is not a shared shard. */
+static const char *shared_name(const char *fn, const char *shared_dir)
+{
+    size_t n = strlen(H3_SHARED_SHARD_PREFIX);
+    if (!shared_dir || strncmp(fn, H3_SHARED_SHARD_PREFIX, n) != 0) return NULL;
+    return plain_name(fn + n) ? fn + n : NULL;
+}
+
+typedef struct {
+    const h3_json *idx;
+    const h3j *wm;
+    const char *shard; /* the weight_map value of the shard being added */
+} keep_listed;
+
+/* A shared shard contributes only the tensors the index maps to it: the rest of it (the tensors this
+   partition overrides) belongs to the partition that owns the file. */
+static bool keep_if_listed(const char *name, void *ud)
+{
+    const keep_listed *k = ud;
+    const h3j *v = h3j_get(k->idx, k->wm, name);
+    return v && v->type == H3J_STR && strcmp(h3j_str(k->idx, v), k->shard) == 0;
+}
+
 /* Shards named by model.safetensors.index.json, verified against their headers. */
-static int open_indexed(h3_store *s, const char *dir, const char *index_path)
+static int open_indexed(h3_store *s, const char *dir, const char *index_path, const char *shared_dir)
 {
     h3_json idx;
     int rc = h3_json_parse_file(&idx, index_path, 64u << 20);
@@ -494,7 +527,7 @@ static int open_indexed(h3_store *s, const char *dir, const char *index_path)
             goto done;
         }
         const char *fn = h3j_str(&idx, e);
-        if (strchr(fn, '/') || strcmp(fn, "..") == 0 || fn[0] == 0) {
+        if (!shared_name(fn, shared_dir) && (strchr(fn, '/') || strcmp(fn, "..") == 0 || fn[0] == 0)) {
             rc = h3_err(H3_E_FORMAT, "%s: weight_map names '%s', which is not a file in %s",
                         index_path, fn, dir);
             goto done;
@@ -505,20 +538,26 @@ static int open_indexed(h3_store *s, const char *dir, const char *index_path)
     size_t u = 0;
     for (size_t i = 0; i < n; i++)
         if (u == 0 || strcmp(names[u - 1], names[i]) != 0) names[u++] = names[i];
+    /* The store starts empty, so file i is names[i]: the name a tensor's file is checked against. */
     for (size_t i = 0; i < u && !rc; i++) {
-        char *p = h3_path_join(dir, names[i]);
+        const char *shared = shared_name(names[i], shared_dir);
+        char *p = shared ? h3_path_join(shared_dir, shared) : h3_path_join(dir, names[i]);
         if (!p) {
             rc = -H3_E_NOMEM;
             break;
         }
+        keep_listed k = {&idx, wm, names[i]};
         if (!h3_is_file(p))
-            rc = h3_err(H3_E_IO, "%s: shard '%s' listed in model.safetensors.index.json is missing",
-                        dir, names[i]);
+            rc = shared ? h3_err(H3_E_IO, "%s: shared shard '%s' listed in model.safetensors.index.json is "
+                                 "missing (%s)", dir, names[i], p)
+                        : h3_err(H3_E_IO, "%s: shard '%s' listed in model.safetensors.index.json is missing",
+                                 dir, names[i]);
         else
-            rc = h3_store_add_file(s, p);
+            rc = add_file(s, p, shared ? keep_if_listed : NULL, &k);
         free(p);
     }
-    /* Every listed tensor must live in the shard the index names. */
+    /* Every listed tensor must live in the shard the index names (the whole relative name, so a
+       shared shard is not confused with a local file of the same base name). */
     for (const h3j *e = h3j_first(&idx, wm); e && !rc; e = h3j_next(&idx, e)) {
         const h3_tensor *t = h3_store_find(s, h3j_key(&idx, e));
         if (!t) {
@@ -526,11 +565,9 @@ static int open_indexed(h3_store *s, const char *dir, const char *index_path)
                         h3j_key(&idx, e), h3j_str(&idx, e));
             break;
         }
-        const char *base = strrchr(s->files[t->file].path, '/');
-        base = base ? base + 1 : s->files[t->file].path;
-        if (strcmp(base, h3j_str(&idx, e)) != 0)
+        if (strcmp(names[t->file], h3j_str(&idx, e)) != 0)
             rc = h3_err(H3_E_FORMAT, "%s: tensor '%s' is listed in %s but stored in %s", index_path,
-                        h3j_key(&idx, e), h3j_str(&idx, e), base);
+                        h3j_key(&idx, e), h3j_str(&idx, e), names[t->file]);
     }
     if (!rc && s->ntensors != wm->len) {
         /* A tensor in a shard but not in the map would be invisible to other loaders. */
@@ -547,7 +584,7 @@ done:
     return rc;
 }
 
-int h3_store_open_dir(h3_store *s, const char *dir)
+int h3_store_open_dir(h3_store *s, const char *dir, const char *shared_dir)
 {
     memset(s, 0, sizeof *s);
     if (!h3_is_dir(dir)) return h3_err(H3_E_IO, "%s: not a directory", dir);
@@ -555,7 +592,7 @@ int h3_store_open_dir(h3_store *s, const char *dir)
     if (!index_path) return -H3_E_NOMEM;
     int rc;
     if (h3_is_file(index_path)) {
-        rc = open_indexed(s, dir, index_path);
+        rc = open_indexed(s, dir, index_path, shared_dir);
     } else {
         DIR *dh = opendir(dir);
         if (!dh) {

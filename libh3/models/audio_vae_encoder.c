@@ -21,6 +21,8 @@
  */
 #include "models/audio_vae_encoder.h"
 
+#include "backend/cpu/ops.h" /* h3_to_f32: BF16 encoder weights are widened on the host */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,17 +129,24 @@ typedef struct {
     econv qkv, proj, aproj, w0, w1, w2, meanp; /* linears as k = 1 "convolutions" */
 } encoder;
 
-/* Copy a tensor that must be F32 with exactly this shape (the mapping may be unaligned). */
+/* Copy a tensor of exactly this shape, F32 or BF16, as f32 (the mapping may be unaligned). BF16 is
+   widened exactly: h3-tiny stores its encoder in BF16 to fit its package budget. */
 static int read_f32(h3_store *s, const char *name, int ndim, const int64_t *shape, float *out)
 {
-    const void *p = h3_store_get(s, name, H3_DT_F32, ndim, shape);
+    h3_dtype dt;
+    const void *p = h3_store_get_float(s, name, ndim, shape, &dt);
     if (!p) {
         const h3_tensor *t = h3_store_find(s, name);
-        return t ? -H3_E_IO : -H3_E_SCHEMA; /* h3_store_get recorded the message */
+        return t ? -H3_E_IO : -H3_E_SCHEMA; /* h3_store_get_float recorded the message */
+    }
+    if (dt != H3_DT_F32 && dt != H3_DT_BF16) {
+        const h3_tensor *t = h3_store_find(s, name);
+        return h3_err(H3_E_SCHEMA, "%s: tensor '%s' is %s, expected F32 or BF16 (audio VAE encoder)",
+                      s->files[t->file].path, name, h3_dtype_name(dt));
     }
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
-    memcpy(out, p, (size_t)n * sizeof(float));
+    h3_to_f32(p, dt, out, n);
     h3_store_release_tensor(s, name);
     return 0;
 }

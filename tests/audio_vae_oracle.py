@@ -64,8 +64,23 @@ def build_audio_vae(name: str, seed: int = 0, post_gain: float = 1.0):
     return model.eval()
 
 
-def write_audio_vae(model, root: Path, drop: str | None = None, reshape: dict | None = None) -> Path:
-    """Write root/FL2VA/audio_vae; `drop` leaves a tensor out, `reshape` {name: shape} replaces tensors with ones."""
+#: The audio VAE's encoder-side tensors (what h3-tiny may store as BF16); everything else is the decoder's.
+ENCODER_PREFIXES = ("encoder.", "pre_block.", "mean_proj.", "logs_proj.")
+
+
+def bf16_encoder_(model):
+    """Round the encoder-side parameters of `model` through bfloat16, in place (what a BF16 file holds, in f32)."""
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            if k.startswith(ENCODER_PREFIXES) and v.is_floating_point():
+                v.copy_(v.to(torch.bfloat16).float())
+    return model
+
+
+def write_audio_vae(model, root: Path, drop: str | None = None, reshape: dict | None = None,
+                    encoder_bf16: bool = False) -> Path:
+    """Write root/FL2VA/audio_vae; `drop` leaves a tensor out, `reshape` {name: shape} replaces tensors with ones,
+    `encoder_bf16` stores the encoder-side tensors (ENCODER_PREFIXES) as BF16 (the decoder stays F32)."""
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -75,6 +90,8 @@ def write_audio_vae(model, root: Path, drop: str | None = None, reshape: dict | 
     (d / "config.json").write_text(json.dumps(top))
     (d / "metadata.json").write_text(json.dumps(meta))
     sd = {k: v.detach().float().contiguous() for k, v in model.state_dict().items() if k != drop}
+    if encoder_bf16:
+        sd = {k: v.to(torch.bfloat16) if k.startswith(ENCODER_PREFIXES) else v for k, v in sd.items()}
     for k, shape in (reshape or {}).items():
         sd[k] = torch.ones(shape)
     save_file(sd, str(d / "model.safetensors"))

@@ -7,6 +7,10 @@ Compared quantities:
   * Ref2VA rows: MiniMaxH3Ref2VAEncodeStep's (mode.transpose(1, 2) - latents_mean) / latents_std reshaped to
     [channels * frames, C] (h3_audio_latent_rows).
 Tolerance: rel-L2 <= 1e-5 (f32) for both.
+
+A checkpoint whose encoder-side tensors (encoder.*, pre_block.*, mean_proj.*, logs_proj.*) are BF16 (h3-tiny's, to
+fit its package budget) is held against diffusers loaded from the same BF16-rounded weights in f32, at the same
+tolerance; the rounding itself moves the output by far more than that, so BF16 read as anything else would show.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import torch  # noqa: E402  (test extra)
 from h3ctl._lib import H3Error  # noqa: E402
 from h3ctl.context import Context  # noqa: E402
 from h3ctl.parity import audio_encode as PA  # noqa: E402
-from tests.audio_vae_oracle import build_audio_vae, rel_l2, threads, write_audio_vae  # noqa: E402
+from tests.audio_vae_oracle import (ENCODER_PREFIXES, bf16_encoder_, build_audio_vae, rel_l2, threads,  # noqa: E402
+                                    write_audio_vae)
 
 TOL = 1e-5
 H3_TINY = os.path.join(PYDIR, "h3ctl", "models", "h3-tiny")
@@ -119,6 +124,38 @@ def test_parity_stage(vaes):
     ref = diffusers_mean(model, pcm)
     assert rel_l2(out["mean"], ref) <= TOL
     assert rel_l2(out["rows"], diffusers_rows(model, ref)) <= TOL
+
+
+@pytest.mark.parametrize("name,channels,samples", [("tiny", 2, 2399), ("weird", 1, 1001)])
+def test_bf16_encoder_weights(name, channels, samples, tmp_path):
+    import copy
+
+    from safetensors import safe_open
+
+    model = build_audio_vae(name, seed=6)
+    root = write_audio_vae(model, tmp_path / "bf16", encoder_bf16=True)
+    with safe_open(str(root / "FL2VA" / "audio_vae" / "model.safetensors"), "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert {d for k, d in dtypes.items() if k.startswith(ENCODER_PREFIXES)} == {"BF16"}
+    assert {d for k, d in dtypes.items() if not k.startswith(ENCODER_PREFIXES)} == {"F32"}
+    pcm = pcm_for(channels, samples, seed=samples)
+    rounded = bf16_encoder_(copy.deepcopy(model))
+    got = check(rounded, root, pcm, f"{name} {channels}ch {samples} samples, BF16 encoder weights")
+    # the rounding is visible: against the unrounded weights libh3's output is far outside the tolerance
+    assert rel_l2(got, diffusers_mean(model, pcm)) > 20 * TOL
+
+
+def test_f16_encoder_weights_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    root = write_audio_vae(build_audio_vae("tiny", seed=6), tmp_path / "f16", encoder_bf16=True)
+    f = root / "FL2VA" / "audio_vae" / "model.safetensors"
+    sd = load_file(str(f))
+    sd["pre_block.attn.v_bias"] = sd["pre_block.attn.v_bias"].to(torch.float16)
+    save_file(sd, str(f))
+    with Context(root, threads=1) as ctx:
+        with pytest.raises(H3Error, match="'pre_block.attn.v_bias' is F16, expected F32 or BF16"):
+            PA.encode(ctx, pcm_for(1, 900, 0))
 
 
 def test_h3_tiny_weights():

@@ -90,7 +90,9 @@ static int open_component(h3_model *m, h3_component c)
 {
     h3_comp *k = &m->comp[c];
     bool shared = false;
-    char *dir = h3_model_path(m, k_comp_names[c], &shared);
+    /* The transformer is what makes a Ref2VA partition: never FL2VA's. */
+    char *dir = c == H3_COMP_TRANSFORMER ? h3_path_join(m->partition_dir, k_comp_names[c])
+                                         : h3_model_path(m, k_comp_names[c], &shared);
     if (!dir) return -H3_E_NOMEM;
     int rc = 0;
     if (c == H3_COMP_TOKENIZER) {

@@ -74,11 +74,17 @@ def render_text(info: dict) -> str:
         if not c.get("present"):
             table.add_row(name, "-", "-", "missing", "-")
             continue
+        label = name
+        # a shared-weight Ref2VA partition: the folders it lacks are FL2VA's, and its index reads FL2VA's shards
+        if c.get("shared_from"):
+            label += f" (shared from {c['shared_from']})"
+        elif c.get("tensors_shared_from_FL2VA"):
+            label += f" ({c['tensors_shared_from_FL2VA']} tensors from FL2VA)"
         if name == "tokenizer":
-            table.add_row(name, "1", "-", "tokenizer.json", human_bytes(c.get("bytes", 0)))
+            table.add_row(label, "1", "-", "tokenizer.json", human_bytes(c.get("bytes", 0)))
             continue
         dtypes = ", ".join(f"{k} {v['tensors']}" for k, v in c["dtypes"].items())
-        table.add_row(name, str(c["files"]), str(c["tensors"]), dtypes, human_bytes(c["bytes"]))
+        table.add_row(label, str(c["files"]), str(c["tensors"]), dtypes, human_bytes(c["bytes"]))
     console.print(table)
     for name in COMPONENT_ORDER:
         cfg = info["components"].get(name, {}).get("config")

@@ -3,6 +3,7 @@
 #include "core/internal.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int parse(const char *s)
@@ -129,7 +130,7 @@ static void test_store_files(void)
                "\"b\":\"model-00002-of-00002.safetensors\"}}");
     fclose(f);
     h3_store s;
-    CHECK(h3_store_open_dir(&s, dir) == 0);
+    CHECK(h3_store_open_dir(&s, dir, NULL) == 0);
     CHECK(s.nfiles == 2 && s.ntensors == 2);
     const uint16_t *w = h3_store_get(&s, "w", H3_DT_BF16, 2, (int64_t[]){2, 2});
     CHECK(w && w[0] == 0x3F80);
@@ -144,24 +145,99 @@ static void test_store_files(void)
     f = fopen(idx, "w");
     fprintf(f, "{\"weight_map\":{\"w\":\"model-00001-of-00002.safetensors\",\"b\":\"gone.safetensors\"}}");
     fclose(f);
-    CHECK(h3_store_open_dir(&s, dir) != 0);
+    CHECK(h3_store_open_dir(&s, dir, NULL) != 0);
     CHECK(strstr(h3_last_error(), "gone.safetensors") != NULL);
     /* index placing a tensor in the wrong shard */
     f = fopen(idx, "w");
     fprintf(f, "{\"weight_map\":{\"w\":\"model-00002-of-00002.safetensors\",\"b\":\"model-00002-of-00002.safetensors\"}}");
     fclose(f);
-    CHECK(h3_store_open_dir(&s, dir) != 0);
+    CHECK(h3_store_open_dir(&s, dir, NULL) != 0);
     /* duplicate names across shards (no index) */
     unlink(idx);
     n = build(buf, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
     f = fopen(p2, "wb");
     fwrite(buf, 1, n, f);
     fclose(f);
-    CHECK(h3_store_open_dir(&s, dir) != 0);
+    CHECK(h3_store_open_dir(&s, dir, NULL) != 0);
     CHECK(strstr(h3_last_error(), "duplicate name across shards") != NULL);
     unlink(p1);
     unlink(p2);
     rmdir(dir);
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+/* A shared-weight Ref2VA transformer: its own shard holds the fine-tuned "a", FL2VA's holds "a" and "b";
+   the index takes only "b" from FL2VA's. */
+static void test_shared_shards(void)
+{
+    char root[] = "/tmp/h3-shared-XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    char fl[300], ref[300], p[400];
+    snprintf(p, sizeof p, "%s/FL2VA", root), mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/Ref2VA", root), mkdir(p, 0755);
+    snprintf(fl, sizeof fl, "%s/FL2VA/transformer", root), mkdir(fl, 0755);
+    snprintf(ref, sizeof ref, "%s/Ref2VA/transformer", root), mkdir(ref, 0755);
+    uint8_t buf[512];
+    const float fl_data[2] = {1.0f, 2.0f}, ref_data[1] = {5.0f};
+    size_t n = build(buf, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                          "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8);
+    memcpy(buf + n - 8, fl_data, 8);
+    snprintf(p, sizeof p, "%s/model.safetensors", fl), write_file(p, buf, n);
+    n = build(buf, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+    memcpy(buf + n - 4, ref_data, 4);
+    snprintf(p, sizeof p, "%s/model.safetensors", ref), write_file(p, buf, n);
+    char idx[400];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", ref);
+    const char *good = "{\"weight_map\":{\"a\":\"model.safetensors\",\"b\":\"../../FL2VA/transformer/model.safetensors\"}}";
+    write_file(idx, good, strlen(good));
+    h3_store s;
+    CHECK(h3_store_open_dir(&s, ref, fl) == 0);
+    CHECK(s.nfiles == 2 && s.ntensors == 2 && s.bytes == 8);
+    const float *a = h3_store_get(&s, "a", H3_DT_F32, 1, (int64_t[]){1});
+    const float *b = h3_store_get(&s, "b", H3_DT_F32, 1, (int64_t[]){1});
+    CHECK(a && b && a[0] == 5.0f && b[0] == 2.0f);
+    h3_store_close(&s);
+    /* the same index without the permission: today's refusal */
+    CHECK(h3_store_open_dir(&s, ref, NULL) != 0);
+    CHECK(strstr(h3_last_error(), "weight_map names '../../FL2VA/transformer/model.safetensors'") != NULL);
+    /* other relative names stay refused with the permission */
+    static const char *bad[] = {"../x.safetensors", "../../Ref2VA/transformer/model.safetensors", "/abs/x",
+                                "../../FL2VA/transformer/../../x", "../../FL2VA/transformer/", "../../FL2VA/transformer/.."};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char text[300];
+        snprintf(text, sizeof text, "{\"weight_map\":{\"a\":\"model.safetensors\",\"b\":\"%s\"}}", bad[i]);
+        write_file(idx, text, strlen(text));
+        CHECK(h3_store_open_dir(&s, ref, fl) != 0);
+        CHECK(strstr(h3_last_error(), "which is not a file in") != NULL);
+    }
+    /* a missing shared shard */
+    const char *gone = "{\"weight_map\":{\"a\":\"model.safetensors\",\"b\":\"../../FL2VA/transformer/gone.safetensors\"}}";
+    write_file(idx, gone, strlen(gone));
+    CHECK(h3_store_open_dir(&s, ref, fl) != 0);
+    CHECK(strstr(h3_last_error(), "shared shard '../../FL2VA/transformer/gone.safetensors'") != NULL);
+    /* a tensor listed for the shared shard but absent there */
+    const char *absent = "{\"weight_map\":{\"a\":\"model.safetensors\",\"b\":\"../../FL2VA/transformer/model.safetensors\","
+                         "\"c\":\"../../FL2VA/transformer/model.safetensors\"}}";
+    write_file(idx, absent, strlen(absent));
+    CHECK(h3_store_open_dir(&s, ref, fl) != 0);
+    CHECK(strstr(h3_last_error(), "'c' is listed but not in shard ../../FL2VA/transformer/model.safetensors") != NULL);
+    /* a local file with the shared shard's base name does not stand in for it: "b" is in FL2VA's file only */
+    const char *local = "{\"weight_map\":{\"a\":\"../../FL2VA/transformer/model.safetensors\",\"b\":\"model.safetensors\"}}";
+    write_file(idx, local, strlen(local));
+    CHECK(h3_store_open_dir(&s, ref, fl) != 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", ref), unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", fl), unlink(p);
+    unlink(idx), rmdir(ref), rmdir(fl);
+    snprintf(p, sizeof p, "%s/FL2VA", root), rmdir(p);
+    snprintf(p, sizeof p, "%s/Ref2VA", root), rmdir(p);
+    rmdir(root);
 }
 
 int main(void)
@@ -169,5 +245,6 @@ int main(void)
     test_json();
     test_safetensors_buffers();
     test_store_files();
+    test_shared_shards();
     CTEST_END();
 }

@@ -1,6 +1,12 @@
 """The shipped h3-tiny checkpoint (python/h3ctl/models/h3-tiny/): official MiniMax-H3 layout, loads in diffusers /
 transformers through the fixtures' reader, released dtypes, architecture ties, size limit, tokenizer structure.
 
+h3-tiny's Ref2VA/ partition, when present, must be the shared-weight form (to fit the 60 MB package budget):
+model_index.json (FL2VA's with partition "ref2va", tasks ["ref2va"], reference_image_short_edge 128 in its h3ctl
+block) and transformer/ (FL2VA's config.json; model.safetensors with only the main blocks' attention tensors; an
+index sending every other tensor to "../../FL2VA/transformer/model.safetensors"), nothing else. The checker is held
+against fixture checkpoints in both directions (a good shared form passes, each breakage is named).
+
 Needs the test extras (torch, diffusers, transformers, tokenizers); the checkpoint itself is part of the package.
 """
 
@@ -44,7 +50,131 @@ def test_layout_and_size():
     total = sum(f.stat().st_size for f in MODEL.rglob("*") if f.is_file())
     assert total <= MAX_BYTES, f"h3-tiny is {total} bytes (limit {MAX_BYTES})"
     assert len(list((PART / "audio_vae").glob("*.safetensors"))) == 1
-    assert not (PART.parent / "Ref2VA").exists()
+    assert sorted(p.name for p in MODEL.iterdir() if p.is_dir()) in (["FL2VA", "tokenizer"],
+                                                                       ["FL2VA", "Ref2VA", "tokenizer"])
+    assert shared_ref2va_problems(MODEL, short_edge=128) == []
+
+
+def shared_ref2va_problems(model: Path, short_edge: int | None = None) -> list[str]:
+    """What keeps `model`/Ref2VA from being the shared-weight form (an empty list when it is, or when there is no
+    Ref2VA/)."""
+    from safetensors import safe_open
+
+    from tests.fixtures.official import REF2VA_OWN_RE, SHARED_SHARD_PREFIX
+
+    fl, ref = model / "FL2VA", model / "Ref2VA"
+    if not ref.exists():
+        return []
+    out = []
+    if sorted(p.name for p in ref.iterdir()) != ["model_index.json", "transformer"]:
+        out.append(f"Ref2VA/ holds {sorted(p.name for p in ref.iterdir())}, not only model_index.json, transformer")
+    tdir = ref / "transformer"
+    names = sorted(p.name for p in tdir.iterdir()) if tdir.is_dir() else []
+    if names != ["config.json", "model.safetensors", "model.safetensors.index.json"]:
+        return out + [f"Ref2VA/transformer holds {names}"]
+    mi, fl_mi = (json.loads((d / "model_index.json").read_text()) for d in (ref, fl))
+    h3 = mi.get("_minimax_h3", {})
+    if h3.get("partition") != "ref2va" or h3.get("tasks") != ["ref2va"]:
+        out.append("model_index.json: _minimax_h3 must say partition 'ref2va', tasks ['ref2va']")
+    want_h3ctl = {**fl_mi.get("h3ctl", {}), "reference_image_short_edge": short_edge or
+                  mi.get("h3ctl", {}).get("reference_image_short_edge")}
+    if mi.get("h3ctl") != want_h3ctl:
+        out.append(f"model_index.json: h3ctl block {mi.get('h3ctl')} is not FL2VA's plus reference_image_short_edge")
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("_minimax_h3", "h3ctl")}  # noqa: E731
+    if strip(mi) != strip(fl_mi) or {k: v for k, v in h3.items() if k not in ("partition", "tasks")} != \
+            {k: v for k, v in fl_mi["_minimax_h3"].items() if k not in ("partition", "tasks")}:
+        out.append("model_index.json differs from FL2VA's beyond partition, tasks and the h3ctl block")
+    if (tdir / "config.json").read_bytes() != (fl / "transformer" / "config.json").read_bytes():
+        out.append("Ref2VA/transformer/config.json is not FL2VA's")
+    with safe_open(str(tdir / "model.safetensors"), "pt") as f:
+        own = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+    with safe_open(str(fl / "transformer" / "model.safetensors"), "pt") as f:
+        base = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+    extra = sorted(k for k in own if not REF2VA_OWN_RE.match(k))
+    if extra:
+        out.append(f"Ref2VA/transformer/model.safetensors holds tensors the fine-tune does not change: {extra[:3]}")
+    if not own or any(base.get(k) != v for k, v in own.items()):
+        out.append("Ref2VA's own tensors must be FL2VA tensors of the same dtype and shape")
+    wm = json.loads((tdir / "model.safetensors.index.json").read_text()).get("weight_map", {})
+    want = {k: "model.safetensors" if k in own else SHARED_SHARD_PREFIX + "model.safetensors" for k in base}
+    if wm != want:
+        bad = sorted(k for k in set(wm) | set(want) if wm.get(k) != want.get(k))
+        out.append(f"Ref2VA/transformer/model.safetensors.index.json maps {bad[:3]} otherwise than the shared form")
+    return out
+
+
+def test_shared_ref2va_checker(tiny_models, tmp_path):
+    """The checker on fixtures: the shared form passes; each departure from it is named."""
+    import shutil
+
+    from tests.fixtures import load_component_tensors, write_official, write_shared_ref2va
+    from tests.fixtures.official import REF2VA_OWN_RE
+
+    good = tmp_path / "good"
+    write_official(tiny_models, good, dtype="official")
+    fl_mi = json.loads((good / "FL2VA" / "model_index.json").read_text())
+    fl_mi["h3ctl"] = {"default_width": 128}
+    (good / "FL2VA" / "model_index.json").write_text(json.dumps(fl_mi))
+    tensors = load_component_tensors(good / "FL2VA" / "transformer")
+    tensors = {k: (v * 1.5).to(v.dtype) if REF2VA_OWN_RE.match(k) else v for k, v in tensors.items()}
+    write_shared_ref2va(good, tensors, extra_index={"reference_image_short_edge": 128})
+    assert shared_ref2va_problems(good, short_edge=128) == []
+    assert shared_ref2va_problems(good, short_edge=64) != []
+
+    def broken(edit):
+        d = tmp_path / f"b{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(good, d)
+        edit(d)
+        return " | ".join(shared_ref2va_problems(d, short_edge=128))
+
+    assert "not only model_index.json" in broken(
+        lambda d: shutil.copytree(d / "FL2VA" / "audio_vae", d / "Ref2VA" / "audio_vae"))
+
+    def full_copy(d):
+        shutil.rmtree(d / "Ref2VA")
+        write_official(tiny_models, d, dtype="official", partition="Ref2VA", write_root_tokenizer=False)
+    assert "not only model_index.json" in broken(full_copy)
+
+    def own_mlp(d):
+        from safetensors.torch import load_file, save_file
+
+        f = d / "Ref2VA" / "transformer" / "model.safetensors"
+        sd = load_file(str(f))
+        sd["blocks.0.mlp.fc1.weight"] = tensors["blocks.0.mlp.fc1.weight"]
+        save_file(sd, str(f))
+    assert "does not change" in broken(own_mlp)
+
+    def wrong_task(d):
+        f = d / "Ref2VA" / "model_index.json"
+        mi = json.loads(f.read_text())
+        mi["_minimax_h3"]["tasks"] = ["t2va", "ref2va"]
+        f.write_text(json.dumps(mi))
+    assert "tasks ['ref2va']" in broken(wrong_task)
+
+    def drop_from_index(d):
+        f = d / "Ref2VA" / "transformer" / "model.safetensors.index.json"
+        idx = json.loads(f.read_text())
+        idx["weight_map"].pop("rope.inv_freq")
+        f.write_text(json.dumps(idx))
+    assert "rope.inv_freq" in broken(drop_from_index)
+
+
+def test_package_data_includes_every_h3_tiny_partition():
+    """The wheel takes python/h3ctl whole (pyproject: packages = ["python/h3ctl"], no excludes there) and hatch leaves
+    out only git-ignored paths: nothing under models/h3-tiny/ (Ref2VA/** included) may be ignored."""
+    import subprocess
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]
+    assert cfg["wheel"]["packages"] == ["python/h3ctl"]
+    assert not any(k in cfg["wheel"] for k in ("exclude", "only-include", "include", "sources"))
+    assert "python" in cfg["sdist"]["include"]
+    assert not any("models" in e for e in cfg["sdist"].get("exclude", []))
+    probes = [f"python/h3ctl/models/h3-tiny/{p}" for p in (
+        "Ref2VA/model_index.json", "Ref2VA/transformer/config.json", "Ref2VA/transformer/model.safetensors",
+        "Ref2VA/transformer/model.safetensors.index.json", "FL2VA/transformer/model.safetensors")]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *probes], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == "", r.stdout  # 1: none of them is ignored
 
 
 def test_dtypes_match_the_release():
@@ -60,9 +190,13 @@ def test_dtypes_match_the_release():
     assert "rope.inv_freq" in names and any(n.endswith("attn.qkv_proj.weight") for n in names)
     for t in load_component_tensors(PART / "text_encoder").values():
         assert t.dtype == torch.bfloat16
-    for comp in ("video_vae/source", "audio_vae"):
-        for t in load_component_tensors(PART / comp).values():
-            assert t.dtype == torch.float32
+    for t in load_component_tensors(PART / "video_vae/source").values():
+        assert t.dtype == torch.float32
+    # the audio encoder side may be BF16 (libh3 widens it at load; it makes room for Ref2VA/), the decoder is F32
+    from tests.audio_vae_oracle import ENCODER_PREFIXES
+
+    for name, t in load_component_tensors(PART / "audio_vae").items():
+        assert t.dtype == torch.float32 or (t.dtype == torch.bfloat16 and name.startswith(ENCODER_PREFIXES)), name
 
 
 def test_configs_tie_together():
@@ -142,6 +276,20 @@ def test_loads_in_diffusers_and_runs(loaded):
     assert torch.isfinite(v).all() and torch.isfinite(a).all() and v.abs().mean() > 0.01
     vv, av = loaded["video_vae"], loaded["audio_vae"]
     assert vv.spatial_compression_ratio == 16 and vv.temporal_compression_ratio == 4 and av.hop_length == 800
+    if (MODEL / "Ref2VA").exists():
+        # the shared-weight Ref2VA transformer: diffusers' converter builds it (the fixtures' reader resolving the
+        # index), it differs from FL2VA's in the attention weights only, and libh3 opens the partition
+        from tests.fixtures import read_official_transformer
+        from tests.h3cli import run
+
+        ref = read_official_transformer(MODEL / "Ref2VA" / "transformer").state_dict()
+        base = dit.state_dict()
+        changed = {k for k in base if not torch.equal(base[k], ref[k])}
+        assert changed and all(k.startswith("transformer_blocks.") and ".attn." in k for k in changed)
+        proc = run("info", "-d", MODEL, "--ref2va", "--json")
+        assert proc.returncode == 0, proc.stderr
+        comps = json.loads(proc.stdout)["components"]
+        assert all(comps[c].get("shared_from") == "FL2VA" for c in ("text_encoder", "video_vae", "audio_vae"))
 
 
 def test_runtime_package_does_not_import_training_code():

@@ -103,7 +103,14 @@ typedef struct h3_options {
 #define H3_PRECISION_FP8 1
 #define H3_PRECISION_INT8 2
 
-/* Use the Ref2VA partition instead of FL2VA when the directory holds both. */
+/*
+ * Use the Ref2VA partition instead of FL2VA when the directory holds both. Ref2VA/ may be the
+ * shared-weight form (h3-tiny's): only transformer/ of its own, whose model.safetensors holds the
+ * tensors the Ref2VA fine-tune changed and whose index maps the others to
+ * "../../FL2VA/transformer/<file>" (only the mapped tensors are taken from that file; no other
+ * name may leave the folder). Any of text_encoder/, tokenizer/, video_vae/, audio_vae/ that
+ * Ref2VA/ lacks is FL2VA's. Ref2VA/transformer must exist.
+ */
 #define H3_OPT_REF2VA 1u
 /*
  * Exact slow paths that every speed trick keeps (each has an environment override that h3_init

@@ -9,7 +9,7 @@ audio_vae) are FL2VA's.
   full Ref2VA copy (every component duplicated), and differs from one on FL2VA's transformer (the Ref2VA tensors are
   read); diffusers' converter builds the same transformer from both forms (its own index reader refuses shard names
   with a path separator, so the fixtures' reader resolves them); `h3ctl info --ref2va` says where each component
-  comes from.
+  comes from; the fallback is per folder (a folder Ref2VA/ has is its own), the processor settings included.
 * Refused, one line, exit 2, nothing written: shard names outside the one allowed form ("../x.safetensors",
   "../../Ref2VA/transformer/x", "/abs/x", "../../FL2VA/transformer/../../x"), the allowed form anywhere but a
   Ref2VA transformer opened as such, a missing shared shard, a tensor listed for the shared shard but absent there,
@@ -158,6 +158,28 @@ def test_fallback_is_per_folder(forms, tmp_path):
     comps = json.loads(proc.stdout)["components"]
     assert "shared_from" not in comps["audio_vae"] and comps["audio_vae"]["dir"].endswith("Ref2VA/audio_vae")
     assert all(comps[n]["shared_from"] == "FL2VA" for n in ("text_encoder", "tokenizer", "video_vae"))
+
+
+def test_processor_settings_are_fl2vas(forms, tmp_path):
+    """Ref2VA/ has no processor/ either: the image processor settings are FL2VA's (rows of a vision block)."""
+    import ctypes
+
+    from h3ctl import _lib
+    from h3ctl.context import Context
+    from tests.test_vision_tower import DEFAULT_PROC
+
+    def rows(root, ref2va):
+        with Context(root, threads=1, ref2va=ref2va) as ctx:
+            return _lib.check(_lib.lib().h3_text_image_rows(ctx.ptr, b"p", 1, (ctypes.c_int * 1)(256),
+                                                            (ctypes.c_int * 1)(256)))
+
+    root = tmp_path / "model"
+    shutil.copytree(forms[1], root)
+    (root / "FL2VA" / "processor").mkdir()
+    (root / "FL2VA" / "processor" / "preprocessor_config.json").write_text(json.dumps(
+        {**DEFAULT_PROC, "size": {"shortest_edge": 1024, "longest_edge": 64 * 64}}))
+    small, plain = rows(root, True), rows(forms[1], True)
+    assert small == rows(root, False) and small < plain
 
 
 # ---- refused ---------------------------------------------------------------------------------------------------

@@ -83,11 +83,11 @@ def _sound(seed, seconds=0.5, rate=32000):
     return (0.3 * np.sin(2 * np.pi * 330 * t)[None] + 0.05 * rng.standard_normal((2, t.size))).astype(np.float32)
 
 
-def _render(root):
+def _render(root, device="cpu"):
     from h3ctl import Engine
 
     refs = [_picture(31, 80, 120), {"audio": _sound(32), "sample_rate": 32000}]
-    with Engine(root, threads=2, ref2va=True) as eng:
+    with Engine(root, threads=2, ref2va=True, device=device) as eng:
         r = eng.render(PROMPT, width=W, height=H, frames=FRAMES, steps=STEPS, seed=SEED, references=refs)
     return r.frames, r.audio
 

@@ -114,7 +114,8 @@ class Engine:
 
     def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
                  device_index: int = 0, precision: str = "default", ref2va: bool = False, vram=None):
-        """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`.
+        """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`; a
+        component folder Ref2VA/ lacks is FL2VA's (h3-tiny's shared-weight Ref2VA keeps only its transformer).
         `device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
         "cuda"; `device_index`: the GPU ordinal. `precision`: the transformer blocks' weights, "default" (= "bf16",
         exact), "fp8" (CUDA) or "int8" (CPU); refused with the reason where the device cannot run it. `vram`: GiB

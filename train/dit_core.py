@@ -183,7 +183,8 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
     """diffusers' MiniMaxH3Transformer3DModel.forward, with one (video t, audio t) pair per batch item.
 
     video_rows [B, Nv, 96] (keyframe condition rows first, as the layout orders them), audio_rows [B, Na, 32],
-    text [B, L, text_dim], t_video/t_audio [B] (t = 1 - sigma); condition rows read max(t_video, 0.999).
+    text [B, L, text_dim], t_video/t_audio [B] (t = 1 - sigma); condition rows read max(t_video, 0.999), Ref2VA's
+    audio reference rows (``refs.RefLayout``: audio_rows holds them first) t = 1.
     Returns (video velocity [B, Nv, 96], audio velocity [B, Na, 32]).
     """
     B = video_rows.shape[0]
@@ -202,14 +203,15 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
 
     t_video, t_audio = t_video.float(), t_audio.float()
     t_cond = t_video.clamp_min(KEYFRAME_NOISE_AUG)
-    timesteps = torch.stack([t_video, t_audio, t_cond], dim=1).reshape(-1)           # [B*3], item-major
+    # slots: video (target video + text), audio, visual conditioning rows, audio reference rows (Ref2VA, t = 1)
+    timesteps = torch.stack([t_video, t_audio, t_cond, torch.ones_like(t_video)], dim=1).reshape(-1)  # [B*4]
     with torch.autocast(dev_type, enabled=False):
         temb = model.time_embedder(model.time_proj(timesteps).to(_param_dtype(model.time_embedder)))
     item = torch.arange(B, device=hidden.device)[:, None]
-    ts_index = item * 3 + layout.row_slot[None, :]                                   # [B, S]
+    ts_index = item * 4 + layout.row_slot[None, :]                                   # [B, S]
     adaln_index = (ts_index * MODALITIES + layout.token_tags[None, :]).reshape(-1)   # [B*S]
 
-    def pick(table):  # [B*3*3, H] -> [B, S, H]
+    def pick(table):  # [B*4*3, H] -> [B, S, H]
         return table.index_select(0, adaln_index).view(B, S, -1)
 
     for block in model.transformer_blocks:
@@ -220,7 +222,7 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
         hidden = hidden + pick(gate_mlp) * block.ff(norm)
 
     no = model.norm_out
-    shift, scale = no.linear(F.silu(temb).to(_param_dtype(no.linear))).chunk(2, dim=-1)   # [B*3, H]
+    shift, scale = no.linear(F.silu(temb).to(_param_dtype(no.linear))).chunk(2, dim=-1)   # [B*4, H]
     ts_flat = ts_index.reshape(-1)
     hidden = no.norm(hidden) * (1.0 + scale.index_select(0, ts_flat).view(B, S, -1)) + shift.index_select(
         0, ts_flat).view(B, S, -1)
@@ -233,7 +235,8 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
 
 def selftest(model=None, device="cpu", atol=2e-5) -> float:
     """Check batched_forward against diffusers' forward, item by item (different t per item), for a text-only layout
-    and for anchored ones (first, last, both; vision-block tags in the text). Returns the max error."""
+    for anchored ones (first, last, both; vision-block tags in the text) and for Ref2VA ones (an image reference,
+    with and without an audio reference). Returns the max error."""
     from train.models import build_transformer
 
     torch.manual_seed(0)
@@ -266,7 +269,26 @@ def selftest(model=None, device="cpu", atol=2e-5) -> float:
                                encoder_hidden_states=text[b:b + 1], timestep=u, timestep_indices=idx,
                                return_dict=False, **lay.kwargs())
                 err = max(err, float((ov - bv[b:b + 1]).abs().max()), float((oa - ba[b:b + 1]).abs().max()))
-    assert torch.equal(unpatchify(patchify(video)), video) and torch.equal(rows_to_audio(ar), audio)
+    # Ref2VA: an image reference (16 rows, max(t, 0.999)) and an audio reference (74 rows, t = 1) before the targets
+    from train.refs import RefLayout
+
+    for audio_ref in (False, True):
+        lay = RefLayout([1, 1, 0, 0, 0, 0, 1, 1, 1, 1], audio_ref, device)
+        vr = torch.cat([condition_rows(torch.randn(B, 1, 24, 1, LATENT_HW, LATENT_HW, device=device),
+                                       torch.randn(B, 1, 24, 1, LATENT_HW, LATENT_HW, device=device)),
+                        patchify(torch.randn(B, 24, LATENT_FRAMES, LATENT_HW, LATENT_HW, device=device))], dim=1)
+        ar = audio_to_rows(torch.randn(B, 2, 32, AUDIO_LATENTS * (2 if audio_ref else 1), device=device))
+        text = torch.randn(B, 10, model.config.text_dim, device=device)
+        with torch.no_grad():
+            bv, ba = batched_forward(model, vr, ar, text, tv, ta, lay)
+            for b in range(B):
+                u, idx = lay.row_timesteps(float(tv[b]), float(ta[b]))
+                ov, oa = model(hidden_states=vr[b:b + 1], audio_hidden_states=ar[b:b + 1],
+                               encoder_hidden_states=text[b:b + 1], timestep=u, timestep_indices=idx,
+                               return_dict=False, **lay.kwargs())
+                err = max(err, float((ov - bv[b:b + 1]).abs().max()), float((oa - ba[b:b + 1]).abs().max()))
+    assert torch.equal(unpatchify(patchify(video)), video) and torch.equal(
+        rows_to_audio(audio_to_rows(audio)), audio)
     # condition rows: diffusers' PrepareConditionLatents arithmetic on one keyframe
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents

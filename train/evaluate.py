@@ -100,6 +100,35 @@ def click_frames(audio: np.ndarray) -> list:
     return [p * hop / SR * FPS for p in out]
 
 
+def shape_of(mask: np.ndarray) -> str | None:
+    """The shape of a single-object foreground mask [F, H, W], by vote over frames: per frame, the shape whose
+    template of the same area, centred on the mask's centroid (a triangle's centroid lies r/3 below its box centre),
+    overlaps the mask best (IoU). None without a usable object. Robust to the rounded corners the video VAE
+    leaves (a bounding-box fill ratio calls those circles): 27/27 on clips, 18/27 on VAE round trips."""
+    votes = []
+    for m in mask:
+        ys, xs = np.nonzero(m)
+        if len(ys) < 20:
+            continue
+        cy, cx = ys.mean() + 0.5, xs.mean() + 0.5
+        H, W = m.shape
+        X = np.arange(W, dtype=np.float32)[None, :] + 0.5
+        Y = np.arange(H, dtype=np.float32)[:, None] + 0.5
+        best = None
+        for sh in world.SHAPES:
+            area = float(len(ys))
+            r = {"circle": np.sqrt(area / np.pi), "square": np.sqrt(area) / 2, "triangle": np.sqrt(area / 2)}[sh]
+            t = world._sdf(sh, X, Y, cx, cy - (r / 3 if sh == "triangle" else 0.0), r) < 0
+            iou = (t & m).sum() / max((t | m).sum(), 1)
+            if best is None or iou > best[0]:
+                best = (iou, sh)
+        votes.append(best[1])
+    if not votes:
+        return None
+    names, counts = np.unique(votes, return_counts=True)
+    return str(names[np.argmax(counts)])
+
+
 def check(spec: world.Spec, frames: np.ndarray, audio: np.ndarray) -> dict:
     """Checks for a single-object spec. Returns {name: bool} (only the checks that apply) plus measurements."""
     o = spec.objects[0]

@@ -78,6 +78,9 @@ def shared_ref2va_problems(model: Path, short_edge: int | None = None) -> list[s
         out.append("model_index.json: _minimax_h3 must say partition 'ref2va', tasks ['ref2va']")
     want_h3ctl = {**fl_mi.get("h3ctl", {}), "reference_image_short_edge": short_edge or
                   mi.get("h3ctl", {}).get("reference_image_short_edge")}
+    for k in ("reference_aspect_width", "reference_aspect_height"):  # the Ref2VA default canvas may be stated
+        if k in mi.get("h3ctl", {}):
+            want_h3ctl[k] = mi["h3ctl"][k]
     if mi.get("h3ctl") != want_h3ctl:
         out.append(f"model_index.json: h3ctl block {mi.get('h3ctl')} is not FL2VA's plus reference_image_short_edge")
     strip = lambda d: {k: v for k, v in d.items() if k not in ("_minimax_h3", "h3ctl")}  # noqa: E731

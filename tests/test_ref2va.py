@@ -122,11 +122,23 @@ def test_layout_refuses(refs, msg):
 
 @pytest.fixture(scope="module")
 def tiny_with_ref2va(tmp_path_factory):
-    """h3-tiny with a Ref2VA/ partition (links to its FL2VA/ weights: the checks only need its presence)."""
+    """h3-tiny with a Ref2VA/ partition that links to its FL2VA/ (FL2VA's model_index.json: the release's rules for
+    references, unlike h3-tiny's own Ref2VA/; the checks only need its presence)."""
     d = tmp_path_factory.mktemp("tiny_ref2va")
     for p in TINY.iterdir():
-        (d / p.name).symlink_to(p)
+        if p.name != "Ref2VA":
+            (d / p.name).symlink_to(p)
     (d / "Ref2VA").symlink_to(TINY / "FL2VA")
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_fl2va_only(tmp_path_factory):
+    """h3-tiny without its Ref2VA/ partition."""
+    d = tmp_path_factory.mktemp("tiny_fl2va")
+    for p in TINY.iterdir():
+        if p.name != "Ref2VA":
+            (d / p.name).symlink_to(p)
     return d
 
 
@@ -203,10 +215,10 @@ def test_video_reference_plan(tiny_with_ref2va):
             assert got == (cw, ch, t24, lat), (w, h, n, fps, render)
 
 
-def test_request_needs_the_ref2va_partition(tiny_with_ref2va):
+def test_request_needs_the_ref2va_partition(tiny_with_ref2va, tiny_fl2va_only):
     from h3ctl import Engine
 
-    with Engine(TINY, threads=1) as eng, pytest.raises(H3Error, match="no Ref2VA/ folder"):
+    with Engine(tiny_fl2va_only, threads=1) as eng, pytest.raises(H3Error, match="no Ref2VA/ folder"):
         eng.plan(eng.request("x", references=[_img(40, 60)]))
     with Engine(tiny_with_ref2va, threads=1) as eng, pytest.raises(H3Error, match="open the model with the Ref2VA"):
         eng.plan(eng.request("x", references=[_img(40, 60)]))
@@ -227,7 +239,42 @@ def test_plan_defaults_to_16_9_and_sizes_references(tiny_with_ref2va):
             assert eng.reference_size(w, h) == want, (w, h)
 
 
-def test_cli_without_ref2va_folder(tmp_path):
+def test_h3tiny_ref2va_renders_squares_at_its_reference_edge():
+    """h3-tiny's own Ref2VA/ (model_index.json h3ctl block): trained on 128 x 128 clips and 128-pixel references, it
+    says reference_image_short_edge 128 and reference_aspect 1:1, so a request without a size plans 128 x 128 and a
+    4:3 reference encodes at 160 x 128 (instead of the release's 16:9 canvas and 2048-scaled edge)."""
+    from h3ctl import Engine
+
+    with Engine(TINY, threads=1, ref2va=True) as eng:
+        info = eng.plan(eng.request("x", references=[_img(60, 80)]))
+        assert (info["width"], info["height"]) == (128, 128)
+        assert eng.reference_size(80, 60) == (160, 128)
+
+
+def test_reference_aspect_needs_both_keys(tmp_path):
+    """reference_aspect_width / _height replace 16:9 only together (one alone keeps 16:9)."""
+    import json
+
+    from h3ctl import Engine
+
+    for extra, want in (({"reference_aspect_width": 4, "reference_aspect_height": 3}, (160, 128)),
+                        ({"reference_aspect_width": 1}, (224, 128)), ({}, (224, 128))):
+        d = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        for p in TINY.iterdir():
+            if p.name != "Ref2VA":
+                (d / p.name).symlink_to(p)
+        (d / "Ref2VA").mkdir()
+        (d / "Ref2VA" / "transformer").symlink_to(TINY / "FL2VA" / "transformer")
+        mi = json.loads((TINY / "FL2VA" / "model_index.json").read_text())
+        mi["h3ctl"] = {**mi["h3ctl"], **extra}
+        (d / "Ref2VA" / "model_index.json").write_text(json.dumps(mi))
+        with Engine(d, threads=1, ref2va=True) as eng:
+            info = eng.plan(eng.request("x", references=[_img(40, 60)]))
+            assert (info["width"], info["height"]) == want, extra
+
+
+def test_cli_without_ref2va_folder(tmp_path, tiny_fl2va_only):
     import subprocess
     import sys
 
@@ -235,8 +282,8 @@ def test_cli_without_ref2va_folder(tmp_path):
 
     Image.fromarray(_img(40, 60)).save(tmp_path / "a.png")
     out = tmp_path / "o.mp4"
-    r = subprocess.run([sys.executable, "-m", "h3ctl", "render", "-p", "x", "--ref-image", str(tmp_path / "a.png"),
-                        "-o", str(out)], capture_output=True, text=True, cwd=ROOT / "python")
+    r = subprocess.run([sys.executable, "-m", "h3ctl", "render", "-d", str(tiny_fl2va_only), "-p", "x", "--ref-image",
+                        str(tmp_path / "a.png"), "-o", str(out)], capture_output=True, text=True, cwd=ROOT / "python")
     assert r.returncode == 2 and "Ref2VA/" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not out.exists()
 

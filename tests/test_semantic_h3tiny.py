@@ -152,11 +152,21 @@ def test_h3tiny_carries_references_into_the_render():
     train/refs.py. The prompt names only the motion and the background; the object's colour and shape are only in the
     reference picture and, for sounding objects, the pitch only in the reference clip. Bars: >= 85 % of the text-only
     suite's checks (colour, motion, pitch or silence, pan, clicks), and >= 90 % on colour and on pitch, which only the
-    references can supply (the FL2VA transformer in the Ref2VA role gets colour 2/27). The shape check is printed:
-    h3-tiny's renders keep shape less reliably (text prompts 18/27, VAE round trips 18/27)."""
+    references can supply (the FL2VA transformer in the Ref2VA role gets colour 2/27). Shape: h3-tiny keeps it less
+    reliably whatever asks for it (triangles come out round), so the bar is relative: the references must give the
+    right shape within 3 cases of what the prompt naming it gives (same specs, same seeds), and above chance (9/27)."""
+    from h3ctl import Engine
+    from tests import semantic_run as S
     from train import eval_ref2va
 
     res = eval_ref2va.run()
+    worded = 0
+    with Engine(threads=2) as eng:
+        for k, spec in enumerate(HELDOUT):
+            frames, _ = S.libh3_render(eng, spec.caption, 20, 42 + k)
+            mask = evaluate.fg_mask(frames, world.BACKGROUND_RGB[spec.background])
+            worded += evaluate.shape_of(mask) == spec.objects[0].shape
+    print(f"ref2va shape when the prompt names it: {worded}/27")
     for name in ("standard", "shape", "all"):
         v = res[name]
         print(f"ref2va {name}: {v['passed']}/{v['total']} = {100 * v['pass_rate']:.1f} % {v['per_check']}")
@@ -165,3 +175,5 @@ def test_h3tiny_carries_references_into_the_render():
     assert res["standard"]["pass_rate"] >= 0.85, per
     for check in ("colour", "pitch"):
         assert per[check][1] == 27 and per[check][0] >= 0.9 * 27, per
+    shape = res["shape"]["passed"]
+    assert shape > 9 and shape >= worded - 3, (shape, worded)

@@ -38,7 +38,7 @@ def references_of(case: refs.RefCase) -> list:
     return rr
 
 
-def run(model_dir=None, n: int = 27, threads: int = 2, steps: int = 20) -> dict:
+def run(model_dir=None, n: int = 27, threads: int = 2, steps: int = 20, width: int = 128, height: int = 128) -> dict:
     """Render the held-out cases (seed 42 + k) and check them: {"cases", "standard" (the text-only suite's checks:
     colour, motion, pitch, pan, clicks), "shape", "all"} with evaluate.summarize's counts."""
     from h3ctl import Engine
@@ -46,7 +46,7 @@ def run(model_dir=None, n: int = 27, threads: int = 2, steps: int = 20) -> dict:
     rows = []
     with Engine(model_dir=model_dir, threads=threads, ref2va=True) as eng:
         for k, case in enumerate(refs.heldout_ref_cases()[:n]):
-            out = eng.render(case.prompt, width=128, height=128, frames=22, steps=steps, seed=42 + k,
+            out = eng.render(case.prompt, width=width, height=height, frames=22, steps=steps, seed=42 + k,
                              references=references_of(case))
             rows.append({"prompt": case.prompt, "spec": case.spec.to_dict(), **check_case(case, out.frames,
                                                                                           out.audio)})
@@ -59,8 +59,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--n", type=int, default=27)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--size", default="128x128", help="canvas WxH (Ref2VA's own default for h3-tiny is 224x128)")
     a = ap.parse_args(argv)
-    res = run(a.model, a.n)
+    w, h = (int(x) for x in a.size.split("x"))
+    res = run(a.model, a.n, width=w, height=h)
     for r in res["cases"]:
         bad = [k for k, v in r["checks"].items() if not v]
         o = r["spec"]["objects"][0]

@@ -10,7 +10,7 @@ python/h3ctl/models/h3-tiny/Ref2VA`` writes
   ``../../FL2VA/transformer/model.safetensors`` (the shared-weight form libh3 opens; written by
   ``tests.fixtures.write_shared_ref2va``, which ``tests/test_h3tiny_checkpoint.py`` checks);
 * ``transformer/config.json`` (FL2VA's) and ``model_index.json`` (FL2VA's, partition "ref2va", task "ref2va", and
-  ``reference_image_short_edge`` 128: the size stage 9 trained on).
+  ``reference_image_short_edge`` 128 and ``reference_aspect_width``/``_height`` 1:1: what stage 9 trained on).
 
 ``--full DIR`` instead writes a self-contained Ref2VA partition (every component copied), for loaders that do not
 read shared shards.
@@ -31,6 +31,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from train.refs import REF_EDGE  # noqa: E402
+
+# What stage 9 trained on: 128-pixel references and square 128 x 128 clips (the Ref2VA default canvas follows).
+H3CTL_REF2VA = {"reference_image_short_edge": REF_EDGE, "reference_aspect_width": 1, "reference_aspect_height": 1}
 
 
 
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
         if out.parent.resolve() != fl2va.parent.resolve() or out.name != "Ref2VA":
             raise SystemExit("the shared form goes next to FL2VA: --out must be FL2VA's sibling Ref2VA/")
         shutil.rmtree(out, ignore_errors=True)
-        write_shared_ref2va(out.parent, merged, {"reference_image_short_edge": REF_EDGE})
+        write_shared_ref2va(out.parent, merged, H3CTL_REF2VA)
     else:
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
         (tmp / "transformer" / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         mi = json.loads((fl2va / "model_index.json").read_text())
         mi["_minimax_h3"].update(partition="ref2va", tasks=["ref2va"])
-        mi["h3ctl"]["reference_image_short_edge"] = REF_EDGE
+        mi["h3ctl"].update(H3CTL_REF2VA)
         (tmp / "model_index.json").write_text(json.dumps(mi, indent=2) + "\n")
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)

@@ -92,3 +92,14 @@ int h3_geom_ref_image_edge(h3_model *m, const struct h3_canvas_rule *cr)
     h3_err_clear();
     return v > (1 << 16) ? (1 << 16) : (int)v;
 }
+
+void h3_geom_ref_aspect(h3_model *m, int *aspect_w, int *aspect_h)
+{
+    /* 0 = not given (h3ctl_int takes positive values only). Both or neither: one alone, or an aspect past
+       64:1, keeps the release's 16:9 (the canvas rule clamps the extremes anyway). */
+    const int64_t w = h3ctl_int(m, "reference_aspect_width", 0), h = h3ctl_int(m, "reference_aspect_height", 0);
+    h3_err_clear();
+    const bool given = w > 0 && h > 0 && w <= 64 && h <= 64;
+    *aspect_w = given ? (int)w : 16;
+    *aspect_h = given ? (int)h : 9;
+}

@@ -49,5 +49,9 @@ H3_INTERNAL void h3_geom_canvas_rule(h3_model *m, const h3_geom_cfg *g, struct h
 /* The short edge Ref2VA image references are resized to: model_index.json's h3ctl
    "reference_image_short_edge", else 2048 scaled by the canvas rule's short edge / 768. */
 H3_INTERNAL int h3_geom_ref_image_edge(h3_model *m, const struct h3_canvas_rule *cr);
+/* The aspect of a Ref2VA render's default canvas (references never set it): diffusers' 16:9, unless
+   model_index.json's h3ctl block gives "reference_aspect_width" and "reference_aspect_height" (h3-tiny's
+   Ref2VA, trained on squares only, says 1:1). */
+H3_INTERNAL void h3_geom_ref_aspect(h3_model *m, int *aspect_w, int *aspect_h);
 
 #endif /* H3_GEOMETRY_H */

@@ -480,13 +480,16 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
     if ((rc = request_keyframes(q, kf))) return rc;
     bool derived = false;
     if (q->n_references && (q->width == 0 || q->height == 0)) {
-        /* References never set the canvas: diffusers' setup step resolves 16:9 by the model's rule. */
+        /* References never set the canvas: diffusers' setup step resolves 16:9 by the model's rule (a
+           model's h3ctl block may name another aspect: h3_geom_ref_aspect). */
         if (q->width || q->height) return h3_err(H3_E_INVALID, "give width and height together, or neither");
         h3_geom_cfg gc;
         h3_geom_cfg_of_model(m, &gc);
         h3_canvas_rule cr;
         h3_geom_canvas_rule(m, &gc, &cr);
-        if ((rc = h3_canvas_resolve(&cr, 16, 9, &q->width, &q->height))) return rc;
+        int aw, ah;
+        h3_geom_ref_aspect(m, &aw, &ah);
+        if ((rc = h3_canvas_resolve(&cr, aw, ah, &q->width, &q->height))) return rc;
         derived = true;
     }
     if (kf->n && (q->width == 0 || q->height == 0)) {

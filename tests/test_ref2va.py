@@ -301,20 +301,12 @@ TOL = 1e-3
 def ref2va_ckpt(tiny_models, tmp_path_factory):
     """The random-weight fixture in the official layout with a Ref2VA/ partition: the same components, another
     transformer (seed 1), and the reference short edge in its model_index.json "h3ctl" block."""
-    import json
-
-    from tests.fixtures import build_models, write_official
+    from tests.fixtures import build_models, write_ref2va_copy
 
     ref_transformer = build_models("tiny", seed=1)["transformer"]
-    d = tmp_path_factory.mktemp("h3_tiny_ref2va")
-    write_official(tiny_models, d, dtype="f32")
-    write_official({**tiny_models, "transformer": ref_transformer}, d, dtype="f32", partition="Ref2VA",
-                   write_root_tokenizer=False)
-    mi = d / "Ref2VA" / "model_index.json"
-    index = json.loads(mi.read_text())
-    index["h3ctl"] = {**index.get("h3ctl", {}), "reference_image_short_edge": REF_EDGE,
-                      "canvas_short_edge": CANVAS[0], "canvas_max_pixels": CANVAS[1]}
-    mi.write_text(json.dumps(index, indent=2))
+    d = write_ref2va_copy(tiny_models, tmp_path_factory.mktemp("h3_tiny_ref2va"), ref_transformer,
+                          {"reference_image_short_edge": REF_EDGE, "canvas_short_edge": CANVAS[0],
+                           "canvas_max_pixels": CANVAS[1]}, "f32")
     return d, ref_transformer
 
 

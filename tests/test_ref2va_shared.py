@@ -39,7 +39,7 @@ def forms(tiny_models, tmp_path_factory):
     copy, in the shared form, and with Ref2VA/ a copy of FL2VA/ (FL2VA's transformer)."""
     import torch
 
-    from tests.fixtures import load_component_tensors, write_official, write_shared_ref2va
+    from tests.fixtures import load_component_tensors, write_ref2va_copy, write_shared_ref2va
 
     ref = copy.deepcopy(tiny_models["transformer"])
     g = torch.Generator().manual_seed(77)
@@ -48,20 +48,14 @@ def forms(tiny_models, tmp_path_factory):
             if name.startswith("transformer_blocks.") and ".attn." in name:
                 p.add_(torch.randn(p.shape, generator=g) * 0.05 * (p.std() if p.numel() > 1 else 1.0))
 
-    full = tmp_path_factory.mktemp("ref2va_full")
-    write_official(tiny_models, full, dtype="official")
-    write_official({**tiny_models, "transformer": ref}, full, dtype="official", partition="Ref2VA",
-                   write_root_tokenizer=False)
+    full = write_ref2va_copy(tiny_models, tmp_path_factory.mktemp("ref2va_full"), ref, H3CTL, "official")
     mi = full / "Ref2VA" / "model_index.json"
-    index = json.loads(mi.read_text())
-    index["h3ctl"] = {**index.get("h3ctl", {}), **H3CTL}
-    mi.write_text(json.dumps(index, indent=2))
 
     shared = tmp_path_factory.mktemp("ref2va_shared")
     shutil.copytree(full / "FL2VA", shared / "FL2VA")
     shutil.copytree(full / "tokenizer", shared / "tokenizer")
     write_shared_ref2va(shared, load_component_tensors(full / "Ref2VA" / "transformer"), extra_index=H3CTL)
-    assert json.loads((shared / "Ref2VA" / "model_index.json").read_text()) == index
+    assert json.loads((shared / "Ref2VA" / "model_index.json").read_text()) == json.loads(mi.read_text())
     assert sorted(p.name for p in (shared / "Ref2VA").iterdir()) == ["model_index.json", "transformer"]
 
     fl_only = tmp_path_factory.mktemp("ref2va_fl")

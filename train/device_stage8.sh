@@ -20,13 +20,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 mkdir -p "$D" "$OUT"
 [ -f $M/video_vae/source/model.safetensors ] || { echo "the shipped model is not at $M"; exit 2; }
-if ! python3 -c "import diffusers" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "$WHL"/*.whl || { echo "installing $WHL failed"; exit 2; }
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
+. train/device_env.sh
 
 python3 -m train.train_video_decoder --partition $M --run "$D" --seconds "$TRAIN_S" --clips "$CLIPS" \
     --batch "$BATCH" --lr "$LR" "${DEV[@]}" "${XTRA[@]}" 2>&1 | grep --line-buffered -v -i warn > "$D/vdec.stdout"

@@ -10,13 +10,7 @@ TRAIN_S=${1:-400}; CLIPS=${2:-12000}; DSEED=${3:-1500}
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-train/runs}; D=$RUNS/ref2va; WHL=${WHL:-.whl}
 mkdir -p "$D" "$OUT"
-if ! python3 -c "import diffusers" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "$WHL"/*.whl || { echo "installing $WHL failed"; exit 2; }
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
+. train/device_env.sh
 python3 -m train.refs 2>&1 | grep -v -i warn
 python3 -m train.train_ref2va --run "$D" --out "$OUT" --minutes "$(python3 -c "print($TRAIN_S / 60)")" \
     --deadline $((T0 + ${END:-540})) --clips "$CLIPS" --data-seed "$DSEED" --batch "${BATCH:-256}" \

@@ -233,6 +233,19 @@ def batched_forward(model, video_rows: torch.Tensor, audio_rows: torch.Tensor, t
     return video_out, audio_out
 
 
+@torch.no_grad()
+def _forward_error(model, vr, ar, text, tv, ta, lay) -> float:
+    """max |batched_forward - diffusers' forward|, item by item with each item's own timesteps."""
+    bv, ba = batched_forward(model, vr, ar, text, tv, ta, lay)
+    err = 0.0
+    for b in range(vr.shape[0]):
+        u, idx = lay.row_timesteps(float(tv[b]), float(ta[b]))
+        ov, oa = model(hidden_states=vr[b:b + 1], audio_hidden_states=ar[b:b + 1], encoder_hidden_states=text[b:b + 1],
+                       timestep=u, timestep_indices=idx, return_dict=False, **lay.kwargs())
+        err = max(err, float((ov - bv[b:b + 1]).abs().max()), float((oa - ba[b:b + 1]).abs().max()))
+    return err
+
+
 def selftest(model=None, device="cpu", atol=2e-5) -> float:
     """Check batched_forward against diffusers' forward, item by item (different t per item), for a text-only layout
     for anchored ones (first, last, both; vision-block tags in the text) and for Ref2VA ones (an image reference,
@@ -261,14 +274,7 @@ def selftest(model=None, device="cpu", atol=2e-5) -> float:
         if anchors:
             kf = torch.randn(B, len(anchors), 24, 1, LATENT_HW, LATENT_HW, device=device)
             vr = torch.cat([condition_rows(kf, torch.randn_like(kf)), vr], dim=1)
-        with torch.no_grad():
-            bv, ba = batched_forward(model, vr, ar, text, tv, ta, lay)
-            for b in range(B):
-                u, idx = lay.row_timesteps(float(tv[b]), float(ta[b]))
-                ov, oa = model(hidden_states=vr[b:b + 1], audio_hidden_states=ar[b:b + 1],
-                               encoder_hidden_states=text[b:b + 1], timestep=u, timestep_indices=idx,
-                               return_dict=False, **lay.kwargs())
-                err = max(err, float((ov - bv[b:b + 1]).abs().max()), float((oa - ba[b:b + 1]).abs().max()))
+        err = max(err, _forward_error(model, vr, ar, text, tv, ta, lay))
     # Ref2VA: an image reference (16 rows, max(t, 0.999)) and an audio reference (74 rows, t = 1) before the targets
     from train.refs import RefLayout
 
@@ -279,14 +285,7 @@ def selftest(model=None, device="cpu", atol=2e-5) -> float:
                         patchify(torch.randn(B, 24, LATENT_FRAMES, LATENT_HW, LATENT_HW, device=device))], dim=1)
         ar = audio_to_rows(torch.randn(B, 2, 32, AUDIO_LATENTS * (2 if audio_ref else 1), device=device))
         text = torch.randn(B, 10, model.config.text_dim, device=device)
-        with torch.no_grad():
-            bv, ba = batched_forward(model, vr, ar, text, tv, ta, lay)
-            for b in range(B):
-                u, idx = lay.row_timesteps(float(tv[b]), float(ta[b]))
-                ov, oa = model(hidden_states=vr[b:b + 1], audio_hidden_states=ar[b:b + 1],
-                               encoder_hidden_states=text[b:b + 1], timestep=u, timestep_indices=idx,
-                               return_dict=False, **lay.kwargs())
-                err = max(err, float((ov - bv[b:b + 1]).abs().max()), float((oa - ba[b:b + 1]).abs().max()))
+        err = max(err, _forward_error(model, vr, ar, text, tv, ta, lay))
     assert torch.equal(unpatchify(patchify(video)), video) and torch.equal(
         rows_to_audio(audio_to_rows(audio)), audio)
     # condition rows: diffusers' PrepareConditionLatents arithmetic on one keyframe

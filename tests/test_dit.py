@@ -342,7 +342,9 @@ def test_bench_peaks_report_rates_and_reject_bad_arguments(tiny_ckpt):
 
     lib = _lib.lib()
     with Context(tiny_ckpt.parent, threads=1) as ctx:
-        fma = lib.h3_bench_fma_peak(ctx.ptr, 1)
+        # A busy machine only lowers a measured rate, so the best of a few FMA timings stands for the peak (one
+        # timing alone, slowed by a neighbour, read below an undisturbed GEMM).
+        fma = max(lib.h3_bench_fma_peak(ctx.ptr, 1) for _ in range(5))
         gemm = lib.h3_bench_gemm(ctx.ptr, 256, 256, 256, 2)
         assert 0 < gemm < 1.2 * fma, (gemm, fma)   # the margin covers clock drift between the two timings
         assert lib.h3_bench_fma_peak(ctx.ptr, 0) < 0 and "repeats 0" in _lib.last_error()

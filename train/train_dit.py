@@ -86,6 +86,18 @@ def sample_sigmas(b: int, device, gen, p_coupled: float, p_unshifted: float, p_h
     return s_v, s_a
 
 
+def velocity_errors(pv, pa, v_video, v_audio, x0_video, obj_weight: float = 0.0, obj_thresh: float = 0.25):
+    """Per-item MSE of the predicted velocities [B] (video, audio). With ``obj_weight``, video tokens that hold an
+    object (far from the clip's median token of ``x0_video``) weigh 1 + obj_weight: where the motion words pay off."""
+    if obj_weight > 0:
+        tok_dev = (x0_video - x0_video.median(dim=1, keepdim=True).values).pow(2).mean(-1)      # [B, Nv]
+        w = 1.0 + obj_weight * (tok_dev > obj_thresh).float()
+        err_v = ((pv.float() - v_video).pow(2).mean(-1) * w).sum(1) / w.sum(1)
+    else:
+        err_v = (pv.float() - v_video).pow(2).mean(dim=(1, 2))
+    return err_v, (pa.float() - v_audio).pow(2).mean(dim=(1, 2))
+
+
 ANCHOR_MODES = ("text", "first", "last", "both")  # index = mode id; world.anchor_names gives the anchors
 
 
@@ -399,14 +411,7 @@ def main(argv=None) -> int:
                 text = enc(ids, px, len(anchors)) if anchored else dit_core.encode_text(te, ids, COND_LAYER)
             pv, pa = dit_core.batched_forward(dit, xs_v, xs_a, text, 1 - s_v, 1 - s_a, lay)
         pv = pv[:, lay.num_cond_rows:]                             # the loss covers the target rows only
-        if args.obj_weight > 0:
-            # object tokens differ from the clip's background (its median token); weight them up
-            tok_dev = (x0_v - x0_v.median(dim=1, keepdim=True).values).pow(2).mean(-1)      # [B, Nv]
-            w = 1.0 + args.obj_weight * (tok_dev > args.obj_thresh).float()
-            err_v = ((pv.float() - (x0_v - e_v)).pow(2).mean(-1) * w).sum(1) / w.sum(1)
-        else:
-            err_v = (pv.float() - (x0_v - e_v)).pow(2).mean(dim=(1, 2))
-        err_a = (pa.float() - (x0_a - e_a)).pow(2).mean(dim=(1, 2))
+        err_v, err_a = velocity_errors(pv, pa, x0_v - e_v, x0_a - e_a, x0_v, args.obj_weight, args.obj_thresh)
         loss = err_v.mean() + err_a.mean()
         gn = optimizer_step(opt, loss, all_params, lr)
         budget.step += 1

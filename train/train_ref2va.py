@@ -38,7 +38,7 @@ from train import data, dit_core, refs, vision  # noqa: E402
 from train import tokenizer as tk  # noqa: E402
 from train.common import Budget, Logger, StepStats, device_of, fast_cuda, lr_at, optimizer_step, seed_all  # noqa
 from train.models import COND_LAYER  # noqa: E402
-from train.train_dit import load_official_init, sample_sigmas  # noqa: E402
+from train.train_dit import load_official_init, sample_sigmas, velocity_errors  # noqa: E402
 
 NAME = "ref2va"
 REF_AUDIO_PAD = 800  # the audio VAE's hop: encode zero-pads to whole latents
@@ -255,10 +255,7 @@ def main(argv=None) -> int:
                 text = enc(ids, vision.pixel_values(px[items]), 1)
             pv, pa = dit_core.batched_forward(dit, xs_v, xs_a, text, 1 - s_v, 1 - s_a, lay)
         pv, pa = pv[:, lay.num_cond_rows:], pa[:, lay.num_cond_audio_rows:]
-        tok_dev = (x0_v - x0_v.median(dim=1, keepdim=True).values).pow(2).mean(-1)
-        w = 1.0 + args.obj_weight * (tok_dev > args.obj_thresh).float()
-        err_v = ((pv.float() - (x0_v - e_v)).pow(2).mean(-1) * w).sum(1) / w.sum(1)
-        err_a = (pa.float() - (x0_a - e_a)).pow(2).mean(dim=(1, 2))
+        err_v, err_a = velocity_errors(pv, pa, x0_v - e_v, x0_a - e_a, x0_v, args.obj_weight, args.obj_thresh)
         loss = err_v.mean() + err_a.mean()
         gn = optimizer_step(opt, loss, params, lr)
         budget.step += 1

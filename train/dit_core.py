@@ -53,7 +53,7 @@ def _steps():
 
 
 KEYFRAME_NOISE_AUG = 0.999  # MiniMaxH3ModularPipeline.keyframe_noise_aug
-_SENTINELS = {0: 0.25, 1: 0.75, 2: 0.5}  # slot -> distinct value asked of build_row_timesteps
+_SENTINELS = {0: 0.25, 1: 0.75, 2: 0.5, 3: 0.125}  # slot -> distinct value asked of build_row_timesteps
 
 
 class Layout:
@@ -63,34 +63,41 @@ class Layout:
 
     def __init__(self, num_text: int, device, num_latent_frames=LATENT_FRAMES, latent_hw=LATENT_HW,
                  num_audio=AUDIO_LATENTS, anchors: tuple = (), text_tags=None):
-        layout_step, ts_step = _steps()
+        layout_step, _ = _steps()
         if text_tags is None:
             tags = torch.full((num_text,), TEXT_TAG, dtype=torch.long)
         else:
             tags = torch.as_tensor(text_tags, dtype=torch.long).cpu()
             assert tags.shape == (num_text,)
         anchors = tuple(anchors)
-        (pos, token_tags, video_idx, audio_idx, text_idx, n_cond_v, n_cond_a) = layout_step.build_packed_sequence(
+        packed = layout_step.build_packed_sequence(
             tags, num_latent_frames, latent_hw, latent_hw, num_audio, PATCH, AUDIO_CHANNELS, AUDIO_TAG, VIDEO_TAG,
             anchors)
-        assert n_cond_a == 0
-        # Which rows read which timestep: ask diffusers' planner with distinct sentinel values.
-        uniq, inv = ts_step.build_row_timesteps(video_idx, audio_idx, n_cond_v, 0, num_text, _SENTINELS[0],
-                                                _SENTINELS[1], _SENTINELS[2], 1.0)
+        assert packed[6] == 0
+        self.anchors = anchors
+        self._set(packed, num_text, device)
+        self.shape = (num_latent_frames, latent_hw, latent_hw, num_audio)
+
+    def _set(self, packed, num_text: int, device) -> None:
+        """Keep diffusers' packed layout (positions, tags, video / audio / text indices, leading conditioning video
+        and audio rows) and which timestep slot each row reads, asked of ``build_row_timesteps`` with sentinels:
+        0 video (target video + text rows), 1 audio, 2 visual conditioning rows, 3 audio reference rows."""
+        _, ts_step = _steps()
+        pos, token_tags, video_idx, audio_idx, text_idx, n_cond_v, n_cond_a = packed
+        uniq, inv = ts_step.build_row_timesteps(video_idx, audio_idx, n_cond_v, n_cond_a, num_text, _SENTINELS[0],
+                                                _SENTINELS[1], _SENTINELS[2], _SENTINELS[3])
         slot_of = {v: k for k, v in _SENTINELS.items()}
         lut = torch.tensor([slot_of[float(u)] for u in uniq.tolist()], dtype=torch.long)
         self.num_text = num_text
-        self.anchors = anchors
         self.num_cond_rows = int(n_cond_v)
+        self.num_cond_audio_rows = int(n_cond_a)
         self.seq_len = pos.shape[0]
         self.position_ids = pos.to(device)
         self.token_tags = token_tags.to(device)
         self.video_indices = video_idx.to(device)
         self.audio_indices = audio_idx.to(device)
         self.text_indices = text_idx.to(device)
-        # 0: video timestep (target video + text rows), 1: audio timestep, 2: conditioning rows
         self.row_slot = lut[inv].to(device)
-        self.shape = (num_latent_frames, latent_hw, latent_hw, num_audio)
 
     def kwargs(self) -> dict:
         return dict(token_tags=self.token_tags, position_ids=self.position_ids, video_indices=self.video_indices,
@@ -99,8 +106,8 @@ class Layout:
     def row_timesteps(self, t_video: float, t_audio: float):
         """The (timestep, timestep_indices) pair diffusers' SetTimesteps step builds for one step."""
         _, ts_step = _steps()
-        u, i = ts_step.build_row_timesteps(self.video_indices.cpu(), self.audio_indices.cpu(), self.num_cond_rows, 0,
-                                           self.num_text, float(t_video), float(t_audio),
+        u, i = ts_step.build_row_timesteps(self.video_indices.cpu(), self.audio_indices.cpu(), self.num_cond_rows,
+                                           self.num_cond_audio_rows, self.num_text, float(t_video), float(t_audio),
                                            max(float(t_video), KEYFRAME_NOISE_AUG), 1.0)
         return u.to(self.position_ids.device), i.to(self.position_ids.device)
 

@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from train import world  # noqa: E402
+from train import dit_core, world  # noqa: E402
 
 REF_EDGE = 128
 AUDIO_REF_PROMPT = "the sound of audio 1"
@@ -116,20 +116,15 @@ def heldout_ref_cases() -> list:
 # Layout
 # ---------------------------------------------------------------------------------------------------------------------
 
-_SENTINELS = {0: 0.25, 1: 0.75, 2: 0.5, 3: 0.125}  # video, audio, visual reference, audio reference
 
-
-class RefLayout:
+class RefLayout(dit_core.Layout):
     """The packed layout of one image reference (8x8 latents) and optionally one audio reference (T_a latents), at
-    the h3-tiny target shape, with the text tags of the presentation. Same attributes as ``dit_core.Layout`` plus
-    ``num_cond_audio_rows``; ``row_slot`` indexes (video, audio, visual ref, audio ref) timesteps."""
+    the h3-tiny target shape, with the text tags of the presentation: ``dit_core.Layout``'s attributes (its
+    ``row_slot`` 2 marks the image rows, 3 the audio reference rows; ``num_cond_audio_rows``)."""
 
     def __init__(self, text_tags, audio_ref: bool, device, num_latent_frames=7, latent_hw=8, num_audio=37):
-        from train import dit_core
-
         from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3Ref2VAPrepareLayoutStep
 
-        _, ts_step = dit_core._steps()
         tags = torch.as_tensor(list(text_tags), dtype=torch.long)
         refs = [SimpleNamespace(kind="image", has_audio=False)]
         audio_lat = []
@@ -137,43 +132,16 @@ class RefLayout:
             refs.append(SimpleNamespace(kind="audio", has_audio=True))
             audio_lat = [torch.zeros(num_audio * dit_core.AUDIO_CHANNELS, 32)]
         cond = [torch.zeros(1, 24, 1, latent_hw, latent_hw)]
-        pos, token_tags, vidx, aidx, tidx, ncv, nca = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
+        packed = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
             tags, refs, cond, audio_lat, num_latent_frames, latent_hw, latent_hw, num_audio, dit_core.PATCH,
             dit_core.AUDIO_CHANNELS, dit_core.AUDIO_TAG, dit_core.VIDEO_TAG)
-        uniq, inv = ts_step.build_row_timesteps(vidx, aidx, ncv, nca, tags.shape[0], _SENTINELS[0], _SENTINELS[1],
-                                                _SENTINELS[2], _SENTINELS[3])
-        slot_of = {v: k for k, v in _SENTINELS.items()}
-        lut = torch.tensor([slot_of[float(u)] for u in uniq.tolist()], dtype=torch.long)
-        self.num_text = int(tags.shape[0])
-        self.num_cond_rows = int(ncv)
-        self.num_cond_audio_rows = int(nca)
-        self.seq_len = pos.shape[0]
-        self.position_ids = pos.to(device)
-        self.token_tags = token_tags.to(device)
-        self.video_indices = vidx.to(device)
-        self.audio_indices = aidx.to(device)
-        self.text_indices = tidx.to(device)
-        self.row_slot = lut[inv].to(device)
-
-    def kwargs(self) -> dict:
-        return dict(token_tags=self.token_tags, position_ids=self.position_ids, video_indices=self.video_indices,
-                    audio_indices=self.audio_indices, text_indices=self.text_indices)
-
-    def row_timesteps(self, t_video: float, t_audio: float):
-        """diffusers' (timestep, timestep_indices) pair for one step."""
-        from train import dit_core
-
-        _, ts_step = dit_core._steps()
-        u, i = ts_step.build_row_timesteps(self.video_indices.cpu(), self.audio_indices.cpu(), self.num_cond_rows,
-                                           self.num_cond_audio_rows, self.num_text, float(t_video), float(t_audio),
-                                           max(float(t_video), dit_core.KEYFRAME_NOISE_AUG), 1.0)
-        return u.to(self.position_ids.device), i.to(self.position_ids.device)
+        self.anchors = ()
+        self._set(packed, int(tags.shape[0]), device)
+        self.shape = (num_latent_frames, latent_hw, latent_hw, num_audio)
 
 
 def audio_ref_rows(z: torch.Tensor) -> torch.Tensor:
     """Normalised audio reference latents [B, 2, 32, T] -> channel-major rows [B, 2T, 32] (never noised)."""
-    from train import dit_core
-
     return dit_core.audio_to_rows(z)
 
 

@@ -133,6 +133,17 @@ typedef struct h3_options {
 #define H3_OPT_NO_TEXT_PREFETCH 8u
 #define H3_OPT_DROP_PAGE_CACHE 16u
 #define H3_OPT_STAGES_CPU 32u
+/*
+ * fp8 attention (a speed switch, not an exact path; environment: H3_FP8_ATTENTION=1/0): the main
+ * transformer blocks' self-attention runs as cuDNN's fp8 SDPA on Hopper and newer (compute
+ * capability 9.0+, cuDNN 9.1+). Q, K and V are quantised to e4m3 with one f32 scale per tensor
+ * (max|x| / 448), the softmax probabilities enter the second product as e4m3 scaled by 448, and the
+ * output comes back through e4m3 with V's scale before it is widened to bf16 for the out
+ * projection. Independent of h3_options.precision (bf16 or fp8 weights). Deterministic like the
+ * other GPU paths. Refused at h3_init, with the reason, on a context that cannot run it (the CPU, an
+ * older GPU, no cuDNN). The refiner, the text encoder and the decoders keep their attention.
+ */
+#define H3_OPT_FP8_ATTENTION 64u
 
 /*
  * Devices. AUTO runs on CUDA when the CUDA backend was built (libh3_cuda next to libh3) and a

@@ -293,6 +293,9 @@ def main() -> int:
     ap.add_argument("--fp8", action="store_true",
                     help="also libh3 with fp8 block weights (h3_options.precision): ms per block, the velocity's "
                          "rel-L2 against the bf16 path, and torch's rowwise fp8 GEMMs as the fp8 floor")
+    ap.add_argument("--fp8-attention", action="store_true",
+                    help="also libh3 with fp8 attention (H3_OPT_FP8_ATTENTION: cuDNN's fp8 SDPA in the blocks), over "
+                         "bf16 weights and over fp8 weights: ms per block, attention ms, velocity rel-L2 vs bf16")
     ap.add_argument("--dry-run", action="store_true",
                     help=f"toy widths on the CPU (torch and libh3), shapes {DRY_SHAPES}: checks the script, no GPU")
     args = ap.parse_args()
@@ -347,7 +350,7 @@ def main() -> int:
             t0 = time.perf_counter()
             r = {"shape": g, "tokens": L, "flops_per_block": block_flops(cfg, L)}
             r["libh3"] = bench_libh3(ctx, tr, host, args.steps, args.blocks)
-            if args.fp8:  # one forward's velocity (output latents minus input) on the bf16 path, for the fp8 check
+            if args.fp8 or args.fp8_attention:  # one forward's velocity (output latents minus input) on the bf16 path, for the fp8 check
                 v, a, _ = tr.denoise(ctx, host[0], host[1], host[2], 2)
                 r["_ref"] = (v - host[1], a - host[2])
             r["diffusers"] = bench_diffusers(torch, model, kw, args.repeats, not args.no_compile)
@@ -360,20 +363,27 @@ def main() -> int:
             print(f"{g['spec']} ({L} tokens) measured in {r['wall_s']:.1f} s: libh3 {r['libh3']['block_ms']:.2f} "
                   f"ms/block, diffusers eager {r['diffusers']['eager_block_ms']:.2f}", flush=True)
 
-    if args.fp8 and not args.dry_run:
-        with Context(root, threads=args.threads, device="cuda", precision="fp8") as ctx8:
+    # Reduced-precision variants: (result key, label, weight precision, extra H3_OPT_* flags).
+    variants = [("libh3_fp8", "fp8 weights", "fp8", 0)] if args.fp8 else []
+    if args.fp8_attention:
+        variants += [("libh3_fp8attn", "fp8 attention", "default", _lib.H3_OPT_FP8_ATTENTION),
+                     ("libh3_fp8_fp8attn", "fp8 weights + attention", "fp8", _lib.H3_OPT_FP8_ATTENTION)]
+    for key, label, prec, flags in variants if not args.dry_run else []:
+        with Context(root, threads=args.threads, device="cuda", precision=prec, flags=flags) as ctx8:
             for r in rows:
                 g = r["shape"]
                 _, host = diffusers_inputs(torch, model, g, seed=1)
-                r["libh3_fp8"] = bench_libh3(ctx8, tr, host, args.steps, args.blocks)
+                r[key] = bench_libh3(ctx8, tr, host, args.steps, args.blocks)
                 v, a, _ = tr.denoise(ctx8, host[0], host[1], host[2], 2)
-                rv, ra = r.pop("_ref")
-                r["libh3_fp8"]["rel_l2_video"] = rel_l2(v - host[1], rv)
-                r["libh3_fp8"]["rel_l2_audio"] = rel_l2(a - host[2], ra)
-                r["vendor"].update(bench_vendor_fp8(torch, cfg, r["tokens"], args.repeats))
-                print(f"{g['spec']} fp8: libh3 {r['libh3_fp8']['block_ms']:.2f} ms/block, velocity rel-L2 vs bf16 "
-                      f"{r['libh3_fp8']['rel_l2_video']:.2e} (video) {r['libh3_fp8']['rel_l2_audio']:.2e} (audio)",
-                      flush=True)
+                rv, ra = r["_ref"]
+                r[key]["rel_l2_video"] = rel_l2(v - host[1], rv)
+                r[key]["rel_l2_audio"] = rel_l2(a - host[2], ra)
+                print(f"{g['spec']} {label}: libh3 {r[key]['block_ms']:.2f} ms/block (parts, ms per forward: "
+                      f"{ {k: round(v, 2) for k, v in r[key]['parts_ms'].items()} }), velocity rel-L2 vs bf16 "
+                      f"{r[key]['rel_l2_video']:.2e} (video) {r[key]['rel_l2_audio']:.2e} (audio)", flush=True)
+    if args.fp8 and not args.dry_run:
+        for r in rows:
+            r["vendor"].update(bench_vendor_fp8(torch, cfg, r["tokens"], args.repeats))
     for r in rows:
         r.pop("_ref", None)
 
@@ -389,8 +399,10 @@ def main() -> int:
             ("SDPA cuDNN", lambda r: r["vendor"]["sdpa_cudnn_ms"]),
             ("SDPA flash", lambda r: r["vendor"]["sdpa_flash_ms"]),
             ("floor GEMMs+SDPA", lambda r: r["vendor"]["floor_ms"])]
+    for key, label, _, _ in variants if not args.dry_run else []:
+        cols.append((f"libh3 {label}"[:21], lambda r, key=key: r.get(key, {}).get("block_ms")))
     if args.fp8 and not args.dry_run:
-        cols += [(f"libh3 {DEV} fp8 blocks", lambda r: r.get("libh3_fp8", {}).get("block_ms")),
+        cols += [
                  ("fp8 GEMMs (torch)", lambda r: r["vendor"].get("fp8_gemm_ms")),
                  ("fp8 floor GEMMs+SDPA", lambda r: (r["vendor"]["fp8_gemm_ms"] + min(
                      t for t in (r["vendor"]["sdpa_cudnn_ms"], r["vendor"]["sdpa_flash_ms"]) if t))

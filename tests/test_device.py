@@ -366,6 +366,21 @@ def test_cpu_install_stays_light():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_fp8_attention_where_it_cannot_run_is_refused_before_any_work(tmp_path):
+    """fp8 attention (H3_OPT_FP8_ATTENTION) is cuDNN's fp8 SDPA: a CPU context refuses it at h3_init with the reason,
+    whether it comes from the Engine, the environment (H3_FP8_ATTENTION=1) or the CLI, which writes nothing."""
+    with pytest.raises(H3Error, match="fp8 attention runs on the CUDA backend only"):
+        Engine(device="cpu", fp8_attention=True)
+    env = dict(os.environ, H3_FP8_ATTENTION="1", PYTHONPATH=str(ROOT / "python"))
+    code = "from h3ctl import Engine\ntry:\n    Engine(device='cpu')\nexcept Exception as e:\n    print(e)\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "fp8 attention runs on the CUDA backend only" in proc.stdout, (proc.stdout, proc.stderr)
+    out = tmp_path / "x.mp4"
+    assert_clean_error(run("render", "-p", PROMPT, "--device", "cpu", "--fp8-attention", "-o", out, "-q"),
+                       "fp8 attention runs on the CUDA backend only")
+    assert not list(tmp_path.iterdir())
+
+
 def test_precision_the_backend_cannot_run_is_refused_at_init():
     """fp8 weights need the CUDA backend (compute capability 8.9+): on a CPU context h3_init refuses them with the
     reason, before any work; an unknown precision is refused by the binding and by h3_init."""

@@ -48,7 +48,8 @@ static unsigned env_flags(unsigned flags)
                 {"H3_DIT_KEEP_ADALN", H3_OPT_KEEP_ADALN, false},
                 {"H3_TEXT_PREFETCH", H3_OPT_NO_TEXT_PREFETCH, true},
                 {"H3_DROP_PAGE_CACHE", H3_OPT_DROP_PAGE_CACHE, false},
-                {"H3_STAGES_CPU", H3_OPT_STAGES_CPU, false}};
+                {"H3_STAGES_CPU", H3_OPT_STAGES_CPU, false},
+                {"H3_FP8_ATTENTION", H3_OPT_FP8_ATTENTION, false}};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
         const char *v = getenv(vars[i].name);
         if (!v || !v[0]) continue;
@@ -91,6 +92,13 @@ static int check_precision(h3_ctx *ctx, int precision)
                           "precision fp8 needs a GPU of compute capability 8.9 or newer (fp8 tensor cores); "
                           "this one is %d.%d",
                           ctx->rt.gpu->compute_capability / 10, ctx->rt.gpu->compute_capability % 10);
+    }
+    if (ctx->flags & H3_OPT_FP8_ATTENTION) {
+        if (ctx->device != H3_DEVICE_CUDA)
+            return h3_err(H3_E_UNSUPPORTED, "fp8 attention runs on the CUDA backend only (this context runs on the "
+                                            "CPU)");
+        if (ctx->rt.gpu->attn_fp8_why[0])
+            return h3_err(H3_E_UNSUPPORTED, "fp8 attention: %s", ctx->rt.gpu->attn_fp8_why);
     }
     if (precision == H3_PRECISION_INT8 && ctx->device != H3_DEVICE_CPU)
         return h3_err(H3_E_UNSUPPORTED, "precision int8 runs on the CPU backend only (use fp8 on a GPU, or "

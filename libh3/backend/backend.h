@@ -410,6 +410,12 @@ struct h3_backend {
     /* H3_PRECISION_* of the weights `weight_load` makes from here on (the runtime sets it once,
        after checking the backend can run it; DEFAULT keeps the exact path). */
     int weight_precision;
+    /* H3_PRECISION_* of the next `attention` calls: DEFAULT (the exact path), or FP8 (cuDNN's fp8
+       SDPA over per-tensor e4m3 Q, K, V; bf16 operands and output). The DiT sets it around its main
+       blocks' self-attention only, when the context asked for it (H3_OPT_FP8_ATTENTION). */
+    int attn_precision;
+    /* Why this backend cannot run fp8 attention ("" when it can): set at creation. */
+    char attn_fp8_why[200];
 };
 
 /* Host services handed to a backend built as its own shared library (it cannot see libh3's

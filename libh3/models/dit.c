@@ -632,9 +632,12 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
         return rc;
     charge(d, H3_DIT_PART_QKV, &t);
     const h3_bt ob = act(d, d->ob, rows, A, A);
-    if ((rc = o->attention(be, &Q, &K, &V, c->heads, c->heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), false,
-                           &ob)))
-        return rc;
+    /* fp8 attention (H3_OPT_FP8_ATTENTION) in the main blocks only: they have an AdaLN table, the
+       refiner's blocks do not. */
+    be->attn_precision = tab && (d->flags & H3_OPT_FP8_ATTENTION) ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
+    rc = o->attention(be, &Q, &K, &V, c->heads, c->heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), false, &ob);
+    be->attn_precision = H3_PRECISION_DEFAULT;
+    if (rc) return rc;
     charge(d, H3_DIT_PART_ATTENTION, &t);
     if ((rc = o->linear(be, &ob, &b->out, NULL, &tmp))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);

@@ -56,6 +56,8 @@ H3_OPT_NO_TEXT_PREFETCH = 8
 H3_OPT_DROP_PAGE_CACHE = 16
 # On a GPU device, the text encoder and the decoders on the CPU (their exact f32 path; H3_STAGES_CPU=1).
 H3_OPT_STAGES_CPU = 32
+# The main blocks' self-attention as cuDNN's fp8 SDPA (Hopper+; a speed switch, not exact; H3_FP8_ATTENTION=1).
+H3_OPT_FP8_ATTENTION = 64
 
 # Where the transformer and the sampler run (h3_options.device).
 H3_DEVICE_AUTO = 0

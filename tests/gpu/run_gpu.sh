@@ -5,12 +5,15 @@
 #
 #   build   make lib cuda (the CUDA backend: python/h3ctl/libh3_cuda.so)
 #   ctest   the C op conformance test of the backends (build/tests/test_backend_ops)
-#   pytest  python3 -m pytest -q -s tests/gpu (CUDA vs diffusers bf16 and vs the CPU path, h3-tiny's semantic
+#   pytest  python3 -m pytest -q -s tests/gpu (GPU_TESTS=paths: only those) (CUDA vs diffusers bf16 and vs the
+#           CPU path, h3-tiny's semantic
 #           suite on CUDA, faults)
 #   bench   tests/bench_cuda_dit.py at the released widths (table + bench.json), then tests/bench_cuda_stages.py (the
 #           text encoder and both decoders next to transformers / diffusers; bench-stages.json; alone: bench-stages),
 #           then tests/bench_stream.py (weight streaming under a 4 GiB budget, bf16 and fp8, next to diffusers' group
 #           offloading; bench-stream.json; alone, with budgets 4 and 8 GiB: bench-stream)
+#   bench-fp8  (optional) tests/bench_cuda_dit.py --fp8 --fp8-attention at 7,135 and 37,838 tokens without
+#           torch.compile: bf16, fp8 weights, fp8 attention and both, ms per block and rel-L2 (bench-fp8.json)
 #   bench-render  (optional, not in the default list: ~4 min) tests/bench_render_released.py: whole renders at the
 #           released widths (4 blocks, 4 text layers, full decoders) at 864x480x56 and 1344x768x124, per phase next
 #           to diffusers, extrapolated to 50 blocks / 20 steps (table + bench-render.json)
@@ -93,15 +96,20 @@ for stage in "${STAGES[@]}"; do
         run ctest bash -c "make -j$JOBS build/tests/test_backend_ops ${MAKE_CUBLAS[*]} && build/tests/test_backend_ops"
         ;;
     pytest)
-        run pytest "$PY" -m pytest -q -s -rs -p no:cacheprovider tests/gpu
+        # shellcheck disable=SC2086  # GPU_TESTS may name several files
+        run pytest "$PY" -m pytest -q -s -rs -p no:cacheprovider ${GPU_TESTS:-tests/gpu}
         [ $? -eq 5 ] && note "pytest: every GPU test was skipped (exit 5): libh3 found no usable GPU, see below"
         # the measured numbers, where a reader of the summary looks first
         grep -oE '(parity|semantic|fault|stream|skip): .*' "$LOG/pytest.log" >>"$LOG/summary.txt"
         ;;
     bench)
-        run bench "$PY" tests/bench_cuda_dit.py --fp8 --out "$LOG/bench.json"
+        run bench "$PY" tests/bench_cuda_dit.py --fp8 --fp8-attention --out "$LOG/bench.json"
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
         run bench-stream "$PY" tests/bench_stream.py --blocks 4 --fp8 --budgets 4 --out "$LOG/bench-stream.json"
+        ;;
+    bench-fp8)
+        run bench-fp8 "$PY" tests/bench_cuda_dit.py --fp8 --fp8-attention --no-compile --repeats 3 \
+            --shapes 864x480x56:64,1344x768x124:128 --out "$LOG/bench-fp8.json"
         ;;
     bench-stream)
         run bench-stream "$PY" tests/bench_stream.py --fp8 --budgets 4,8 --out "$LOG/bench-stream.json"
@@ -115,7 +123,7 @@ for stage in "${STAGES[@]}"; do
         grep -E '^\| \*\*total|extrapolated to' "$LOG/bench-render.log" >>"$LOG/summary.txt"
         ;;
     *)
-        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-stages, bench-stream, bench-render)"
+        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-fp8, bench-stages, bench-stream, bench-render)"
         FAILED=1
         ;;
     esac

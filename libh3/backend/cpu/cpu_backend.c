@@ -202,6 +202,8 @@ static int cpu_attention(h3_backend *be, const h3_bt *Q, const h3_bt *K, const h
                          int D, float scale, bool causal, const h3_bt *O)
 {
     int rc;
+    if (be->attn_precision != H3_PRECISION_DEFAULT)
+        return h3_err(H3_E_UNSUPPORTED, "cpu backend: attention runs at the exact precision only");
     if ((rc = h3_cpu_need_f32("attention", Q)) || (rc = h3_cpu_need_f32("attention", K)) || (rc = h3_cpu_need_f32("attention", V)) ||
         (rc = h3_cpu_need_f32("attention", O)))
         return rc;
@@ -461,6 +463,7 @@ int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)
     if (!b) return -H3_E_NOMEM;
     b->base.ops = &cpu_ops;
     b->base.act_dtype = H3_DT_F32;
+    snprintf(b->base.attn_fp8_why, sizeof b->base.attn_fp8_why, "the CPU backend has no fp8 attention");
     b->pool = pool;
     snprintf(b->base.desc, sizeof b->base.desc, "cpu (%s kernels, %d threads)", h3_kernels_variant(),
              h3_pool_threads(pool));

@@ -529,6 +529,12 @@ int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int he
         cudaError_t e = cudaMemset2DAsync(O->data, (size_t)O->ld * oes, 0, (size_t)A * oes, (size_t)Lq, b->stream);
         return e == cudaSuccess ? 0 : fail_cuda(b, e, "attention: clearing the output");
     }
+    /* fp8 attention (the DiT's main blocks under H3_OPT_FP8_ATTENTION): cuDNN or an error, never a
+       silent bf16 fallback, so what was asked for is what ran. */
+    if (b->base.attn_precision == H3_PRECISION_FP8)
+        return attention_fp8(b, Q, K, V, heads, kv_heads, D, scale, causal, O);
+    if (b->base.attn_precision != H3_PRECISION_DEFAULT)
+        return fail(b, H3_E_UNSUPPORTED, "cuda: attention precision %d", b->base.attn_precision);
     if (b->attn_impl != ATTN_OWN) {
         char why[400];
         int crc = -H3_E_UNSUPPORTED;

@@ -782,6 +782,15 @@ static int create(Backend *b, int ord)
     const bool cudnn = b->attn_impl != ATTN_OWN && h3_cudnn_sdpa_available(why, sizeof why);
     if (b->attn_impl == ATTN_CUDNN && !cudnn)
         return fail(b, H3_E_UNSUPPORTED, "cuda: H3_CUDA_ATTENTION=cudnn, but %s", why);
+    /* fp8 attention is cuDNN's fp8 SDPA (Hopper and newer), whatever H3_CUDA_ATTENTION picks for bf16. */
+    char why8[300] = "";
+    if (prop.major < 9)
+        snprintf(b->base.attn_fp8_why, sizeof b->base.attn_fp8_why,
+                 "cuDNN's fp8 attention needs compute capability 9.0 or newer; this GPU is %d.%d", prop.major,
+                 prop.minor);
+    else if (!(cudnn || h3_cudnn_sdpa_available(why8, sizeof why8)))
+        snprintf(b->base.attn_fp8_why, sizeof b->base.attn_fp8_why, "it runs on cuDNN, and %.170s",
+                 why[0] ? why : why8);
     snprintf(b->base.desc, sizeof b->base.desc, "cuda (%.60s, sm_%d%d, %.1f GiB, %s attention)", prop.name, prop.major,
              prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), cudnn ? "cuDNN" : "own");
     b->base.ops = &cuda_ops;

@@ -28,7 +28,7 @@ struct DecState;  /* cuda_decoders.cu */
 struct WsPark;    /* cuda_wstream.cu */
 
 /* Scratch buffers the ops reuse across calls (stream order makes reuse safe). */
-enum { SCR_XBF16 = 0, SCR_YF32 = 1, SCR_PARTIAL = 2, SCR_XF8 = 3, SCR_XSCALE = 4, SCR_COUNT = 5 };
+enum { SCR_XBF16 = 0, SCR_YF32 = 1, SCR_PARTIAL = 2, SCR_XF8 = 3, SCR_XSCALE = 4, SCR_ATTN8 = 5, SCR_COUNT = 6 };
 
 /* Pinned staging for weight loads and noise: two slots so the host fills one while the copy
    engine drains the other. */
@@ -218,6 +218,11 @@ int conv1_clamp(Backend *b, const h3_bt *X, const float *w, float *y);
 int attention_round_operands(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads,
                              int D, float scale, bool causal, const h3_bt *O);
 void decoders_destroy(Backend *b);
+
+/* cuda_attn_fp8.cu: attention() under attn_precision FP8 (cuDNN's fp8 SDPA between e4m3 quantise
+   and widen passes). */
+int attention_fp8(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D,
+                  float scale, bool causal, const h3_bt *O);
 
 /* cuda_wstream.cu: streamed weights (backend.h's wstream_* ops). */
 int wstream_open(Backend *b, size_t bytes, int slots, void **host, void **out);

@@ -55,6 +55,17 @@ int h3_cudnn_sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, v
                   int heads, int kv_heads, int D, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo, float scale,
                   int causal, char *err, size_t cap);
 
+/* fp8 attention (Hopper and newer, cuDNN 9.1+; a separate graph per shape, cached like the
+   bf16 ones): Q, K, V, O are e4m3 in the same row layout (rows ld* elements apart, ld a multiple
+   of 16, D a multiple of 16 up to 256), no mask. `scales` is device memory holding six f32
+   scalars 16 floats apart (64-byte aligned): descale Q, descale K, descale V, descale S, scale S,
+   scale O, where Q = descale_q * Q8 and so on, S = the softmax probabilities (P8 = e4m3(P *
+   scale_s)), O8 = e4m3(O * scale_o). cuDNN writes max|S| and max|O| (before scaling) to amax[0]
+   and amax[4] (device, 16-byte aligned). Returns as h3_cudnn_sdpa. */
+int h3_cudnn_sdpa_fp8(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, const float *scales,
+                      float *amax, int64_t L_q, int64_t L_k, int heads, int kv_heads, int D, int64_t ldq, int64_t ldk,
+                      int64_t ldv, int64_t ldo, float scale, char *err, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

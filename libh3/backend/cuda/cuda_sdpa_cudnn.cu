@@ -95,6 +95,14 @@ extern "C" int h3_cudnn_sdpa(cudaStream_t, const void *, const void *, const voi
     return -H3_E_UNSUPPORTED;
 }
 
+extern "C" int h3_cudnn_sdpa_fp8(cudaStream_t, const void *, const void *, const void *, void *, const float *, float *,
+                                 int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, int64_t, float, char *err,
+                                 size_t cap)
+{
+    say(err, cap, "cudnn: built without cuDNN");
+    return -H3_E_UNSUPPORTED;
+}
+
 #else /* H3_WITH_CUDNN */
 
 #ifndef NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
@@ -126,10 +134,13 @@ namespace {
 namespace fe = cudnn_frontend;
 
 constexpr int64_t UID_Q = 1, UID_K = 2, UID_V = 3, UID_O = 4;
+/* fp8 graphs' scalars (the order of h3_cudnn_sdpa_fp8's `scales`), then its amax outputs. */
+constexpr int64_t UID_SCALE0 = 10, UID_AMAX_S = 20, UID_AMAX_O = 21;
+constexpr int N_SCALES = 6;
 constexpr size_t CACHE_MAX = 64;
 
-/* (device, L_q, L_k, heads, kv_heads, D, ldq, ldk, ldv, ldo, scale bits, causal) */
-typedef std::array<int64_t, 12> Key;
+/* (device, L_q, L_k, heads, kv_heads, D, ldq, ldk, ldv, ldo, scale bits, causal, fp8) */
+typedef std::array<int64_t, 13> Key;
 
 struct Entry {
     std::shared_ptr<fe::graph::Graph> graph; /* null when building failed */
@@ -335,10 +346,11 @@ bool step_ok(Entry &en, const char *step, fe::error_t r)
 /* Build the graph of one shape: validate, lower, query heuristics (mode A), drop non-deterministic
    engine configurations, check support, build the first plan that builds. */
 void build(Entry &en, const Device &d, int64_t Lq, int64_t Lk, int64_t heads, int64_t kvh, int64_t D, int64_t ldq,
-           int64_t ldk, int64_t ldv, int64_t ldo, float scale, bool causal)
+           int64_t ldk, int64_t ldv, int64_t ldo, float scale, bool causal, bool fp8)
 {
+    const fe::DataType_t io = fp8 ? fe::DataType_t::FP8_E4M3 : fe::DataType_t::BFLOAT16;
     auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+    g->set_io_data_type(io)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     g->set_sm_version(d.sm);
@@ -350,7 +362,7 @@ void build(Entry &en, const Device &d, int64_t Lq, int64_t Lk, int64_t heads, in
         return fe::graph::Tensor_attributes()
             .set_name(name)
             .set_uid(uid)
-            .set_data_type(fe::DataType_t::BFLOAT16)
+            .set_data_type(io)
             .set_dim({1, h, L, D})
             .set_stride({L * ld, D, ld, 1});
     };
@@ -366,12 +378,31 @@ void build(Entry &en, const Device &d, int64_t Lq, int64_t Lk, int64_t heads, in
                                             : fe::DiagonalAlignment_t::BOTTOM_RIGHT)
             .set_diagonal_band_right_bound(0);
     }
-    auto outs = g->sdpa(q, k, v, opt);
-    outs[0]->set_output(true)
-        .set_uid(UID_O)
-        .set_data_type(fe::DataType_t::BFLOAT16)
-        .set_dim({1, heads, Lq, D})
-        .set_stride({Lq * ldo, D, ldo, 1});
+    std::shared_ptr<fe::graph::Tensor_attributes> o;
+    if (fp8) {
+        /* Per-tensor scalars (f32 [1,1,1,1] in device memory): descale Q, K, V and S (the softmax
+           probabilities' e4m3 copy), scale S, scale O; the amax outputs are required by the node. */
+        std::shared_ptr<fe::graph::Tensor_attributes> sc[N_SCALES];
+        static const char *const names[N_SCALES] = {"descale_q", "descale_k", "descale_v",
+                                                    "descale_s", "scale_s",   "scale_o"};
+        for (int i = 0; i < N_SCALES; i++)
+            sc[i] = g->tensor(fe::graph::Tensor_attributes()
+                                  .set_name(names[i])
+                                  .set_uid(UID_SCALE0 + i)
+                                  .set_data_type(fe::DataType_t::FLOAT)
+                                  .set_dim({1, 1, 1, 1})
+                                  .set_stride({1, 1, 1, 1}));
+        auto outs = g->sdpa_fp8(q, k, v, sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], opt);
+        o = outs[0];
+        const int64_t amax_uid[2] = {UID_AMAX_S, UID_AMAX_O};
+        for (int i = 0; i < 2; i++)
+            if (outs[2 + i])
+                outs[2 + i]->set_output(true).set_uid(amax_uid[i]).set_data_type(fe::DataType_t::FLOAT).set_dim(
+                    {1, 1, 1, 1}).set_stride({1, 1, 1, 1});
+    } else {
+        o = g->sdpa(q, k, v, opt)[0];
+    }
+    o->set_output(true).set_uid(UID_O).set_data_type(io).set_dim({1, heads, Lq, D}).set_stride({Lq * ldo, D, ldo, 1});
 
     int64_t ws = 0;
     if (!step_ok(en, "validate", g->validate()) ||
@@ -448,10 +479,13 @@ int workspace(Device &d, cudaStream_t s, size_t bytes, void **out, std::string *
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-int sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, int64_t Lq, int64_t Lk, int heads,
-         int kv_heads, int D, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo, float scale, int causal, char *err,
-         size_t cap)
+int sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, const float *scales, float *amax,
+         int64_t Lq, int64_t Lk, int heads, int kv_heads, int D, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo,
+         float scale, int causal, char *err, size_t cap)
 {
+    const bool fp8 = scales != nullptr;
+    /* Elements per 16 bytes: bf16 rows need multiples of 8, e4m3 rows of 16. */
+    const int64_t vec = fp8 ? 16 : 8;
     /* Arguments first: what cuDNN cannot take is refused before anything is loaded. */
     if (Lq < 0 || Lk < 0 || heads <= 0 || kv_heads <= 0 || D <= 0 || heads % kv_heads) {
         say(err, cap, "cudnn: sdpa: L_q %lld, L_k %lld, %d heads, %d kv heads, head dim %d", (long long)Lq,
@@ -473,11 +507,15 @@ int sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, i
         say(err, cap, "cudnn: sdpa: no keys");
         return -H3_E_UNSUPPORTED;
     }
-    if (D % 8 || D > 256) {
-        say(err, cap, "cudnn: sdpa: head dim %d (cuDNN takes multiples of 8 up to 256)", D);
+    if (D % vec || D > 256) {
+        say(err, cap, "cudnn: sdpa: head dim %d (cuDNN takes multiples of %d up to 256)", D, (int)vec);
         return -H3_E_UNSUPPORTED;
     }
-    if (ldq % 8 || ldk % 8 || ldv % 8 || ldo % 8 || !aligned16(Q) || !aligned16(K) || !aligned16(V) ||
+    if (fp8 && (!amax || ((uintptr_t)scales & 63) || ((uintptr_t)amax & 15))) {
+        say(err, cap, "cudnn: sdpa fp8: the scales (64-byte aligned) or the amax outputs are missing or misaligned");
+        return -H3_E_INVALID;
+    }
+    if (ldq % vec || ldk % vec || ldv % vec || ldo % vec || !aligned16(Q) || !aligned16(K) || !aligned16(V) ||
         !aligned16(O)) {
         say(err, cap, "cudnn: sdpa: rows or pointers not 16-byte aligned");
         return -H3_E_UNSUPPORTED;
@@ -513,19 +551,19 @@ int sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, i
     (void)cudaGetDevice(&dev);
     uint32_t sbits;
     memcpy(&sbits, &scale, sizeof sbits);
-    const Key key = {dev, Lq, Lk, heads, kv_heads, D, ldq, ldk, ldv, ldo, (int64_t)sbits, causal ? 1 : 0};
+    const Key key = {dev, Lq, Lk, heads, kv_heads, D, ldq, ldk, ldv, ldo, (int64_t)sbits, causal ? 1 : 0, fp8 ? 1 : 0};
 
     auto it = st.cache.find(key);
     if (it == st.cache.end()) {
         evict(st);
         it = st.cache.emplace(key, Entry()).first;
-        build(it->second, *d, Lq, Lk, heads, kv_heads, D, ldq, ldk, ldv, ldo, scale, causal != 0);
+        build(it->second, *d, Lq, Lk, heads, kv_heads, D, ldq, ldk, ldv, ldo, scale, causal != 0, fp8);
     }
     Entry &en = it->second;
     en.used = ++st.clock;
     if (!en.graph) {
-        say(err, cap, "cudnn: sdpa %lld x %lld, %d heads (%d kv) of %d%s: %s", (long long)Lq, (long long)Lk, heads,
-            kv_heads, D, causal ? ", causal" : "", en.fail.c_str());
+        say(err, cap, "cudnn: sdpa%s %lld x %lld, %d heads (%d kv) of %d%s: %s", fp8 ? " fp8" : "", (long long)Lq,
+            (long long)Lk, heads, kv_heads, D, causal ? ", causal" : "", en.fail.c_str());
         return -H3_E_UNSUPPORTED;
     }
 
@@ -544,6 +582,12 @@ int sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, i
                                                 {UID_K, const_cast<void *>(K)},
                                                 {UID_V, const_cast<void *>(V)},
                                                 {UID_O, O}};
+    if (fp8) {
+        /* One scalar every 16 floats (64 bytes apart): each its own aligned tensor. */
+        for (int i = 0; i < N_SCALES; i++) pack[UID_SCALE0 + i] = const_cast<float *>(scales + 16 * i);
+        pack[UID_AMAX_S] = amax;
+        pack[UID_AMAX_O] = amax + 4;
+    }
     fe::error_t r = en.graph->execute(d->handle, pack, ws);
     if (r.is_bad()) {
         say(err, cap, "cudnn: sdpa %lld x %lld, %d heads of %d: execute: %s", (long long)Lq, (long long)Lk, heads, D,
@@ -599,11 +643,31 @@ extern "C" int h3_cudnn_sdpa(cudaStream_t s, const void *Q, const void *K, const
     /* The frontend reports most failures as values but may throw (a missing symbol, a bad_alloc):
        nothing may cross the C boundary. */
     try {
-        return sdpa(s, Q, K, V, O, L_q, L_k, heads, kv_heads, D, ldq, ldk, ldv, ldo, scale, causal, err, cap);
+        return sdpa(s, Q, K, V, O, nullptr, nullptr, L_q, L_k, heads, kv_heads, D, ldq, ldk, ldv, ldo, scale, causal,
+                    err, cap);
     } catch (const std::exception &e) {
         say(err, cap, "cudnn: sdpa: %s", e.what());
     } catch (...) {
         say(err, cap, "cudnn: sdpa: unknown exception");
+    }
+    return -H3_E_UNSUPPORTED;
+}
+
+extern "C" int h3_cudnn_sdpa_fp8(cudaStream_t s, const void *Q, const void *K, const void *V, void *O,
+                                 const float *scales, float *amax, int64_t L_q, int64_t L_k, int heads, int kv_heads,
+                                 int D, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo, float scale, char *err,
+                                 size_t cap)
+{
+    if (!scales) {
+        say(err, cap, "cudnn: sdpa fp8: no scales");
+        return -H3_E_INVALID;
+    }
+    try {
+        return sdpa(s, Q, K, V, O, scales, amax, L_q, L_k, heads, kv_heads, D, ldq, ldk, ldv, ldo, scale, 0, err, cap);
+    } catch (const std::exception &e) {
+        say(err, cap, "cudnn: sdpa fp8: %s", e.what());
+    } catch (...) {
+        say(err, cap, "cudnn: sdpa fp8: unknown exception");
     }
     return -H3_E_UNSUPPORTED;
 }

@@ -33,6 +33,8 @@
 
 #define TOL_F32 1e-5
 #define TOL_BF16 4e-3
+/* fp8 attention: e4m3 Q, K, V, probabilities and output (3-bit mantissas), per-tensor scales. */
+#define TOL_FP8_ATTN 8e-2
 
 typedef struct {
     const char *name;
@@ -272,7 +274,10 @@ static void t_linear(bk *b, int64_t M, int64_t N, int64_t K, h3_dtype wdt, h3_dt
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
-static void t_attention(bk *b, int64_t Lq, int64_t Lk, int H, int KVH, int D, bool causal, int64_t pad, h3_dtype odt)
+/* fp8: the backend's fp8 attention (attn_precision = H3_PRECISION_FP8, cuDNN's fp8 SDPA on a GPU
+   that has it), checked against the same double reference at TOL_FP8_ATTN. */
+static void t_attention(bk *b, int64_t Lq, int64_t Lk, int H, int KVH, int D, bool causal, int64_t pad, h3_dtype odt,
+                        bool fp8)
 {
     const h3_dtype adt = b->gpu ? H3_DT_BF16 : H3_DT_F32;
     const int64_t A = (int64_t)H * D, AK = (int64_t)KVH * D;
@@ -303,14 +308,15 @@ static void t_attention(bk *b, int64_t Lq, int64_t Lk, int H, int KVH, int D, bo
             }
         }
     }
+    b->be->attn_precision = fp8 ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
     int rc = b->be->ops->attention(b->be, &Q.t, &K.t, &V.t, H, KVH, D, scale, causal, &O.t);
     CHECK_MSG(rc == 0, "%s: attention: %s", b->name, h3_last_error());
     bool pad_ok;
     float *o = mread(b, &O, &pad_ok);
     char what[192];
-    snprintf(what, sizeof what, "Lq %lld Lk %lld heads %d/%d D %d%s%s O %s", (long long)Lq, (long long)Lk, H, KVH, D,
-             causal ? " causal" : "", pad ? " strided" : "", dn(odt));
-    report(b, "attention", what, rel_l2(o, ref, Lq * A), b->gpu ? TOL_BF16 : TOL_F32);
+    snprintf(what, sizeof what, "Lq %lld Lk %lld heads %d/%d D %d%s%s O %s%s", (long long)Lq, (long long)Lk, H, KVH, D,
+             causal ? " causal" : "", pad ? " strided" : "", dn(odt), fp8 ? " fp8" : "");
+    report(b, "attention", what, rel_l2(o, ref, Lq * A), fp8 ? TOL_FP8_ATTN : b->gpu ? TOL_BF16 : TOL_F32);
     CHECK_MSG(pad_ok, "%s attention %s: wrote past the row", b->name, what);
     if (b->gpu) {
         dpoison(b, O.t.data, (size_t)(Lq * O.t.ld) * esz(odt));
@@ -320,6 +326,7 @@ static void t_attention(bk *b, int64_t Lq, int64_t Lk, int H, int KVH, int D, bo
                   b->name, what);
         free(o2);
     }
+    b->be->attn_precision = H3_PRECISION_DEFAULT;
     free(o);
     free(ref);
     free(s);
@@ -327,6 +334,43 @@ static void t_attention(bk *b, int64_t Lq, int64_t Lk, int H, int KVH, int D, bo
     mfree(b, &K);
     mfree(b, &V);
     mfree(b, &O);
+}
+
+/* fp8 attention is refused, with a message and O untouched, where the backend lacks it and for
+   what it does not take (a causal mask, f32 output); the next exact call still works. */
+static void t_attention_fp8_refusals(bk *b)
+{
+    const h3_dtype adt = b->gpu ? H3_DT_BF16 : H3_DT_F32;
+    mat Q = mk(b, adt, 32, 128, 128, 1.0f, true);
+    mat O = mk(b, H3_DT_F32, 32, 128, 128, 1.0f, false);
+    mat O2 = mk(b, adt, 32, 128, 128, 1.0f, false);
+    float *before = mread(b, &O, NULL);
+    b->be->attn_precision = H3_PRECISION_FP8;
+    h3_err_clear();
+    int rc;
+    if (b->be->attn_fp8_why[0]) {
+        rc = b->be->ops->attention(b->be, &Q.t, &Q.t, &Q.t, 2, 2, 64, 0.125f, false, &O.t);
+        CHECK_MSG(rc < 0 && h3_last_error()[0], "%s: fp8 attention ran where the backend says: %s", b->name,
+                  b->be->attn_fp8_why);
+    } else {
+        rc = b->be->ops->attention(b->be, &Q.t, &Q.t, &Q.t, 2, 2, 64, 0.125f, true, &O2.t);
+        CHECK_MSG(rc < 0 && strstr(h3_last_error(), "causal"), "%s: causal fp8 attention: rc %d, '%s'", b->name, rc,
+                  h3_last_error());
+        rc = b->be->ops->attention(b->be, &Q.t, &Q.t, &Q.t, 2, 2, 64, 0.125f, false, &O.t);
+        CHECK_MSG(rc < 0 && strstr(h3_last_error(), "bf16"), "%s: fp8 attention into f32: rc %d, '%s'", b->name, rc,
+                  h3_last_error());
+    }
+    float *after = mread(b, &O, NULL);
+    CHECK_MSG(memcmp(before, after, sizeof(float) * 32 * 128) == 0, "%s: a refused fp8 attention wrote its output",
+              b->name);
+    b->be->attn_precision = H3_PRECISION_DEFAULT;
+    rc = b->be->ops->attention(b->be, &Q.t, &Q.t, &Q.t, 2, 2, 64, 0.125f, false, &O2.t);
+    CHECK_MSG(rc == 0, "%s: exact attention after a refused fp8 one: %s", b->name, h3_last_error());
+    free(before);
+    free(after);
+    mfree(b, &Q);
+    mfree(b, &O);
+    mfree(b, &O2);
 }
 
 /* ---- norm_mod ------------------------------------------------------------------------------- */
@@ -1309,20 +1353,27 @@ static void run_all(bk *b)
     }
 
     /* attention: L 1, 17, 300; head dims 14, 18, 64, 80, 128 (and 256); GQA; causal; Lq != Lk. */
-    t_attention(b, 1, 1, 2, 1, 14, false, 0, act);
-    t_attention(b, 17, 17, 4, 2, 64, true, 0, act);
-    t_attention(b, 300, 300, 2, 2, 128, false, 0, act);
-    t_attention(b, 17, 300, 4, 1, 18, false, 0, act);
-    t_attention(b, 300, 17, 2, 2, 64, true, 0, act); /* queries before the first key see nothing */
-    t_attention(b, 129, 257, 3, 1, 128, true, 0, act);
-    t_attention(b, 65, 200, 2, 2, 80, false, 8, act);
-    t_attention(b, 33, 70, 2, 1, 128, false, 3, act); /* odd row stride: the unaligned path */
+    t_attention(b, 1, 1, 2, 1, 14, false, 0, act, false);
+    t_attention(b, 17, 17, 4, 2, 64, true, 0, act, false);
+    t_attention(b, 300, 300, 2, 2, 128, false, 0, act, false);
+    t_attention(b, 17, 300, 4, 1, 18, false, 0, act, false);
+    t_attention(b, 300, 17, 2, 2, 64, true, 0, act, false); /* queries before the first key see nothing */
+    t_attention(b, 129, 257, 3, 1, 128, true, 0, act, false);
+    t_attention(b, 65, 200, 2, 2, 80, false, 8, act, false);
+    t_attention(b, 33, 70, 2, 1, 128, false, 3, act, false); /* odd row stride: the unaligned path */
     if (b->gpu) {
-        t_attention(b, 300, 300, 2, 1, 64, false, 0, H3_DT_BF16);
-        t_attention(b, 100, 100, 2, 1, 256, true, 0, H3_DT_BF16);
-        t_attention(b, 130, 190, 2, 2, 128, false, 0, H3_DT_F32);
-        t_attention(b, 47, 47, 1, 1, 14, true, 1, H3_DT_F32);
+        t_attention(b, 300, 300, 2, 1, 64, false, 0, H3_DT_BF16, false);
+        t_attention(b, 100, 100, 2, 1, 256, true, 0, H3_DT_BF16, false);
+        t_attention(b, 130, 190, 2, 2, 128, false, 0, H3_DT_F32, false);
+        t_attention(b, 47, 47, 1, 1, 14, true, 1, H3_DT_F32, false);
     }
+    /* fp8 attention where the backend has it (Hopper + cuDNN); elsewhere it must refuse. */
+    if (!b->be->attn_fp8_why[0]) {
+        t_attention(b, 300, 300, 2, 2, 128, false, 0, H3_DT_BF16, true);
+        t_attention(b, 1000, 1000, 4, 4, 64, false, 0, H3_DT_BF16, true);
+        t_attention(b, 77, 77, 56, 56, 128, false, 0, H3_DT_BF16, true);
+    }
+    t_attention_fp8_refusals(b);
 
     /* norm_mod: rows 1, 7, 333; widths 5, 64, 130, and long rows (1500, 6200). */
     t_norm(b, 1, 1, 5, false, false, true, H3_DT_F32, act, 3);

@@ -79,7 +79,7 @@ static int open_device(h3_ctx *ctx, int device, int index)
     return 0;
 }
 
-/* Refuse a weight precision the context's backend cannot run, before any work. */
+/* Refuse a weight precision, or fp8 attention, that the context's backend cannot run, before any work. */
 static int check_precision(h3_ctx *ctx, int precision)
 {
     ctx->rt.precision = precision;

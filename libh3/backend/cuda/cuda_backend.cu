@@ -398,6 +398,43 @@ static int be_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t
     return 0;
 }
 
+/* A pre-quantised fp8 weight: the stored e4m3 bytes and scales uploaded as they are, into buffers
+   allocated as fp8_weight_from_bf16 allocates them, so the handle (and what weight_save copies for
+   streaming) is the one quantising at load would have made from the same bits. */
+static int be_weight_load_fp8(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
+                              h3_bw *out)
+{
+    Backend *b = B(be);
+    memset(out, 0, sizeof *out);
+    if (rows <= 0 || cols <= 0 || !q || !scale)
+        return fail(b, H3_E_INVALID, "cuda: fp8 weight of %lld x %lld", (long long)rows, (long long)cols);
+    if (!fp8_weight_ok(b, rows, cols))
+        return fail(b, H3_E_UNSUPPORTED, "cuda: an fp8 weight of %lld x %lld on this GPU (compute capability 8.9 "
+                    "and a width that is a multiple of 16 are needed)", (long long)rows, (long long)cols);
+    int rc = use_device(b);
+    if (rc) return rc;
+    void *d = dev_alloc(b, (size_t)(rows * cols), "fp8 weights");
+    if (!d) return -H3_E_NOMEM;
+    float *s = (float *)dev_alloc(b, sizeof(float) * (size_t)rows, "fp8 weight scales");
+    if (!s) {
+        cudaFree(d);
+        return -H3_E_NOMEM;
+    }
+    rc = stage_upload(b, d, (size_t)(rows * cols), 1, fill_copy, (void *)q, NULL);
+    if (!rc) rc = stage_upload(b, s, sizeof(float) * (size_t)rows, 4, fill_copy, (void *)scale, NULL);
+    if (rc) {
+        cudaFree(d);
+        cudaFree(s);
+        return rc;
+    }
+    out->data = d;
+    out->dtype = H3_DT_F8_E4M3;
+    out->rows = rows;
+    out->cols = cols;
+    out->priv = s;
+    return 0;
+}
+
 static void be_weight_free(h3_backend *be, h3_bw *w)
 {
     if (!w) return;
@@ -700,7 +737,7 @@ static const h3_backend_ops cuda_ops = {
     be_host_alloc,   be_host_free,    be_weight_bytes, be_weight_save,  be_weight_view,
     be_ring_open,    be_ring_close,   be_ring_fill,    be_ring_wait,    be_ring_done,
     be_wstream_open, be_wstream_load, be_wstream_wait_host, be_wstream_done, be_wstream_close,
-    be_mem_peak,
+    be_mem_peak,     be_weight_load_fp8,
 };
 
 /* Why the runtime found no usable device, as one line. */

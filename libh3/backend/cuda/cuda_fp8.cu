@@ -93,8 +93,7 @@ int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t c
 
 bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols)
 {
-    /* cuBLASLt's fp8 kernels want K and the leading dimensions in multiples of 16 bytes. */
-    return b->cc_major * 10 + b->cc_minor >= 89 && rows > 0 && cols > 0 && cols % 16 == 0;
+    return b->cc_major * 10 + b->cc_minor >= 89 && h3_fp8_weight_shape_ok(rows, cols);
 }
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */

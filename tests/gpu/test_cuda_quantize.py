@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.gpu.cuda_support import require_libh3_cuda
+from tests.gpu.cuda_support import denoise_both, require_libh3_cuda
 
 CUDA = require_libh3_cuda()  # skips this module where libh3 has no usable CUDA backend (CI)
 
@@ -27,7 +27,7 @@ from h3ctl import transformer as tr  # noqa: E402
 from h3ctl.context import Context  # noqa: E402
 from h3ctl.engine import default_model_dir  # noqa: E402
 from h3ctl.quantize import quantize  # noqa: E402
-from tests.gpu.test_cuda_stream import GIB, PROMPT, _inputs, device_sizes  # noqa: E402
+from tests.gpu.test_cuda_stream import GIB, PROMPT, device_sizes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,7 @@ def test_transformer_from_the_file_is_byte_identical(files, streamed):
     with Context(root, device="cuda", precision="fp8", vram=vram) as at_load, \
             Context(root, device="cuda", precision="fp8", vram=vram, quantized=files["fl2va"]) as from_file:
         for T, h, w, n_text in ((2, 8, 8, 7), (7, 16, 12, 33)):
-            pe, lat, aud = _inputs(at_load, T, h, w, n_text, 5)
-            v0, a0, _ = tr.denoise(at_load, pe, lat, aud, 4)
-            v1, a1, _ = tr.denoise(from_file, pe, lat, aud, 4)
+            lat, (v0, a0), (v1, a1) = denoise_both(at_load, from_file, T, h, w, n_text, 5, 4)
             s = tr.profile(from_file)["stream"]
             print(f"quantized file: h3-tiny T={T} {h}x{w} streamed={streamed}: {s}")
             if streamed:
@@ -87,7 +85,5 @@ def test_a_file_of_another_checkpoint_is_refused_on_cuda(files, tmp_path):
     # Ref2VA's own file is taken, and its transformer matches quantising at load
     with Context(root, ref2va=True, device="cuda", precision="fp8") as a, \
             Context(root, ref2va=True, device="cuda", precision="fp8", quantized=files["ref2va"]) as b:
-        pe, lat, aud = _inputs(a, 2, 8, 8, 7, 9)
-        v0, a0, _ = tr.denoise(a, pe, lat, aud, 3)
-        v1, a1, _ = tr.denoise(b, pe, lat, aud, 3)
+        _, (v0, a0), (v1, a1) = denoise_both(a, b, 2, 8, 8, 7, 9, 3)
         assert np.array_equal(v0, v1) and np.array_equal(a0, a1)

@@ -260,3 +260,27 @@ def test_cpu_context_with_a_quantized_file_is_refused_with_the_reason(tiny_file,
         Context(EMBEDDED_MODEL, device="cpu", quantized=tiny_file)
     render_refused(EMBEDDED_MODEL, tiny_file, tmp_path, "needs precision fp8", precision="int8")
     render_refused(EMBEDDED_MODEL, tmp_path / "none.safetensors", tmp_path, "none.safetensors", "cannot open")
+
+
+def test_cancel_and_bad_arguments_leave_nothing(tmp_path):
+    seen = []
+
+    def stop_at_three(done, total):
+        seen.append((done, total))
+        return done >= 3
+
+    with pytest.raises(H3Error, match="cancel"):
+        quantize(EMBEDDED_MODEL, tmp_path / "c.safetensors", progress=stop_at_three)
+    assert seen == [(0, 24), (1, 24), (2, 24), (3, 24)] and list(tmp_path.iterdir()) == []
+
+    def boom(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        quantize(EMBEDDED_MODEL, tmp_path / "k.safetensors", progress=boom)
+    with pytest.raises(H3Error, match="threads"):
+        quantize(EMBEDDED_MODEL, tmp_path / "t.safetensors", threads=-1)
+    rc = _lib.lib().h3_quantize(os.fsencode(EMBEDDED_MODEL), 0, _lib.PRECISIONS["int8"], 1,
+                                os.fsencode(tmp_path / "i.safetensors"), 0, _lib.H3ProgressFn(), None)
+    assert rc < 0 and "only fp8" in _lib.last_error()
+    assert list(tmp_path.iterdir()) == []

@@ -106,7 +106,8 @@ typedef struct h3_options {
  * scale per output channel, f32 activations (the CPU backend only). A precision the chosen backend
  * cannot run fails h3_init with the reason, before any work.
  * Both reduced precisions apply to the main transformer blocks' four GEMM weights (qkv, out, fc1, fc2),
- * quantised as they load; every other weight, and the text encoder (its layers streamed as stored),
+ * quantised as they load (fp8: or read, the same bytes, from a file h3_quantize wrote: see
+ * h3_options.quantized_path); every other weight, and the text encoder (its layers streamed as stored),
  * keep the exact path. INT8 on the CPU: s = max|w| / 127 per output channel, q = w / s rounded to
  * nearest even; the GEMM gives the bits of the f32 GEMM over the weights (float)q * s.
  */

@@ -4,6 +4,7 @@
 #include "ctest.h"
 #include "backend/cpu/cpu_fp8.h"
 #include "models/dit_fp8file.h"
+#include "models/dit_internal.h"
 
 #include <dirent.h>
 #include <stdlib.h>
@@ -99,6 +100,66 @@ static int quantize_tiny(const char *path, int overwrite)
     return h3_quantize(TINY, 0, H3_PRECISION_FP8, 2, path, overwrite, NULL, NULL);
 }
 
+/* A backend that takes pre-quantised weights as views (the CPU's table plus weight_load_fp8): how the
+   transformer hands the file's weights to a backend can be watched without a GPU. */
+static int g_fp8_loads;
+static int view_fp8(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols, h3_bw *out)
+{
+    (void)be;
+    (void)scale;
+    g_fp8_loads++;
+    *out = (h3_bw){q, H3_DT_F8_E4M3, rows, cols, NULL};
+    return 0;
+}
+
+static void test_transformer_open(h3_model *m, h3_fp8file *f)
+{
+    h3_pool *pool = h3_pool_create(1);
+    h3_backend *cpu = NULL;
+    CHECK(h3_backend_cpu_create(pool, &cpu) == 0);
+    if (!cpu) return;
+    h3_dit_open_opts o = {0};
+    o.precision = H3_PRECISION_FP8;
+    o.fp8file = f;
+    h3_dit *d = NULL;
+    /* The CPU has no fp8 GEMM: the weight is named in the refusal. */
+    CHECK(h3_dit_open_ex(m, pool, cpu, 0, &o, &d) == -H3_E_UNSUPPORTED && !d);
+    CHECK(strstr(h3_last_error(), "blocks.0.attn.qkv_proj.weight") &&
+          strstr(h3_last_error(), "cannot use pre-quantised fp8 weights"));
+    /* LoRA files would change the weights the file holds. */
+    const char *lora = "none.safetensors";
+    o.lora_paths = &lora;
+    o.n_lora = 1;
+    CHECK(h3_dit_open_ex(m, pool, cpu, 0, &o, &d) == -H3_E_UNSUPPORTED && strstr(h3_last_error(), "LoRA"));
+    o.lora_paths = NULL;
+    o.n_lora = 0;
+    /* Every main-block GEMM weight comes from the file, the file's own bytes; nothing else does. */
+    h3_backend_ops ops = *cpu->ops;
+    ops.weight_load_fp8 = view_fp8;
+    const h3_backend_ops *keep = cpu->ops;
+    cpu->ops = &ops;
+    g_fp8_loads = 0;
+    CHECK_MSG(h3_dit_open_ex(m, pool, cpu, 0, &o, &d) == 0, "%s", h3_last_error());
+    if (d) {
+        CHECK(g_fp8_loads == 4 * d->c.layers && d->c.layers > 0);
+        for (int i = 0; i < d->c.layers; i++)
+            for (int k = 0; k < H3_DIT_GEMMS; k++) {
+                char name[112];
+                snprintf(name, sizeof name, "blocks.%d.%s.weight", i, h3_dit_gemm_part(k));
+                const h3_bw *w = dit_gemm(&d->blk[i], k);
+                const uint8_t *q = NULL;
+                const float *s = NULL;
+                CHECK(h3_fp8file_get(f, name, w->rows, w->cols, &q, &s) == 0 && w->data == q);
+                CHECK(w->dtype == H3_DT_F8_E4M3);
+            }
+        CHECK(d->ref[0].qkv.dtype == H3_DT_BF16); /* the refiner keeps the exact path */
+        h3_dit_close(d);
+    }
+    cpu->ops = keep;
+    h3_backend_destroy(cpu);
+    h3_pool_destroy(pool);
+}
+
 static void test_tiny_file(void)
 {
     if (!h3_is_dir(TINY)) {
@@ -131,6 +192,7 @@ static void test_tiny_file(void)
     h3_pool_destroy(pool);
     free(q2);
     free(s2);
+    test_transformer_open(&m, f);
     h3_fp8file_close(f);
     /* one changed byte of the identity in the header, or a cut file: refused with the reason */
     char *buf;

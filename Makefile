@@ -92,6 +92,7 @@ build/tests-asan/%: tests/c/%.c $(ASAN_OBJ) tests/c/ctest.h
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_decoders.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_int8.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_audio_enc.inc
+build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_fp8.inc
 
 test-c: $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done

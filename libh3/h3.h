@@ -85,6 +85,17 @@ typedef struct h3_options {
      * with LoRA or int8. The text encoder streams its layers on its own (it holds two at a time).
      */
     int64_t vram_bytes;
+    /*
+     * Pre-quantised fp8 weights (a file h3_quantize / `h3ctl quantize` wrote from this model), or
+     * NULL. With precision H3_PRECISION_FP8 the main blocks' GEMM weights are read from it instead
+     * of being quantised at load; the render is byte-identical (resident or streamed under
+     * vram_bytes). h3_init opens and checks it before any work and fails with the reason: a file
+     * made from another checkpoint (its recorded identity differs from the model's), another format
+     * or precision, a missing tensor or a wrong shape or dtype, a truncated file, precision other
+     * than fp8, and (as for fp8 itself) a device that cannot run fp8. LoRA files cannot be merged
+     * into it (the transformer's open says so). The path is copied: the string may go after h3_init.
+     */
+    const char *quantized_path;
 } h3_options;
 
 /*
@@ -95,7 +106,8 @@ typedef struct h3_options {
  * scale per output channel, f32 activations (the CPU backend only). A precision the chosen backend
  * cannot run fails h3_init with the reason, before any work.
  * Both reduced precisions apply to the main transformer blocks' four GEMM weights (qkv, out, fc1, fc2),
- * quantised as they load; every other weight, and the text encoder (its layers streamed as stored),
+ * quantised as they load (fp8: or read, the same bytes, from a file h3_quantize wrote: see
+ * h3_options.quantized_path); every other weight, and the text encoder (its layers streamed as stored),
  * keep the exact path. INT8 on the CPU: s = max|w| / 127 per output channel, q = w / s rounded to
  * nearest even; the GEMM gives the bits of the f32 GEMM over the weights (float)q * s.
  */
@@ -210,6 +222,34 @@ H3_API int h3_threads(const h3_ctx *ctx);
  */
 typedef int (*h3_progress_fn)(void *user, const char *phase, int done, int total);
 H3_API void h3_set_progress(h3_ctx *ctx, h3_progress_fn fn, void *user);
+
+/*
+ * Write the fp8 weights of a model's transformer to one safetensors file, once, on the CPU (no GPU
+ * needed), for h3_options.quantized_path. The transformer is FL2VA's, or Ref2VA's with
+ * H3_OPT_REF2VA in flags (other H3_OPT_* bits are ignored). precision must be H3_PRECISION_FP8.
+ * threads: 0 = all cores. The file holds, for every weight the fp8 path quantises (the main
+ * blocks' qkv, out, fc1, fc2 whose width is a multiple of 16), "<name>" F8_E4M3 [rows, cols] and
+ * "<name>.scale" F32 [rows], the bits a GPU makes when it quantises at load: per output row,
+ * s = max|w| / 448 over the weight as the GPU holds it (bf16), 1 for an all-zero or non-finite
+ * amax, q = h3_fp8_e4m3_from_f32(w / s). __metadata__ gives "h3ctl.format" =
+ * "fp8-e4m3-per-output-channel/1", "h3ctl.precision" = "fp8", "h3ctl.partition" and
+ * "h3ctl.identity": SHA-256 over the transformer's config.json, every shard's safetensors header
+ * and three 4 KiB windows (start, middle, end) of each quantised weight's stored bytes, which a
+ * context recomputes (milliseconds) and compares. The file is written next to out_path and moved
+ * into place when complete: on failure nothing is left; an existing out_path is refused unless
+ * overwrite != 0. Progress phase "quantize", one unit per weight (returning non-zero cancels).
+ * Returns 0 or a negative H3_E_* code with h3_last_error set.
+ */
+H3_API int h3_quantize(const char *model_dir, uint32_t flags, int precision, int threads, const char *out_path,
+                       int overwrite, h3_progress_fn progress, void *user);
+
+/*
+ * n floats to e4m3 bytes exactly as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3):
+ * round to nearest even, magnitudes past 464 and infinities saturate to +-448 (0x7E / 0xFE), NaN
+ * becomes 0x7F whatever its sign, +-0 and magnitudes up to 2^-10 become 0x00 / 0x80. The
+ * conversion h3_quantize uses; exported for tests and tools.
+ */
+H3_API int h3_fp8_e4m3_from_f32(const float *x, int64_t n, uint8_t *out);
 
 /*
  * Description of the opened model as a JSON object: partition, components present, their

@@ -74,9 +74,9 @@ def test_options_struct_is_the_c_struct():
     h3_init would read device fields past what Python wrote."""
     opts = _lib.H3Options()
     _lib.lib().h3_options_default(ctypes.byref(opts))
-    assert opts.struct_size == ctypes.sizeof(_lib.H3Options) == 32
-    assert (opts.threads, opts.flags, opts.device, opts.device_index, opts.precision, opts.vram_bytes) == (
-        0, 0, _lib.H3_DEVICE_AUTO, 0, 0, 0)
+    assert opts.struct_size == ctypes.sizeof(_lib.H3Options) == 40
+    assert (opts.threads, opts.flags, opts.device, opts.device_index, opts.precision, opts.vram_bytes,
+            opts.quantized_path) == (0, 0, _lib.H3_DEVICE_AUTO, 0, 0, 0, None)
     assert _lib.DEVICES == {"auto": 0, "cpu": 1, "cuda": 2}
     assert _lib.PRECISIONS == {"default": 0, "bf16": 0, "fp8": 1, "int8": 2}
 

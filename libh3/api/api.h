@@ -20,4 +20,7 @@ struct h3_ctx {
     char device_desc[192];
 };
 
+/* Online CPUs (at most 256): the default thread count. */
+H3_INTERNAL int h3_online_cpus(void);
+
 #endif /* H3_API_INTERNAL_H */

@@ -3,6 +3,7 @@
 #include "api/api.h"
 #include "backend/cpu/ops.h"
 #include "models/dit.h"
+#include "models/dit_fp8file.h"
 #include "models/text_encoder.h"
 
 #include <stdio.h>
@@ -106,7 +107,7 @@ static int check_precision(h3_ctx *ctx, int precision)
     return 0;
 }
 
-static int online_cpus(void)
+int h3_online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
@@ -117,7 +118,8 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     h3_options o;
     h3_options_default(&o);
     if (options) {
-        /* Callers built against the first h3_options (no device fields) keep working. */
+        /* Callers built against the first h3_options (no device fields) keep working, and so do those
+           built before quantized_path (their struct_size ends before it: it stays NULL). */
         if (options->struct_size < offsetof(h3_options, flags) + sizeof o.flags ||
             options->struct_size > sizeof o) {
             h3_err(H3_E_INVALID, "h3_options.struct_size %u is not a size this library knows",
@@ -151,7 +153,7 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     }
     h3_ctx *ctx = h3_calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
-    ctx->threads = o.threads ? o.threads : online_cpus();
+    ctx->threads = o.threads ? o.threads : h3_online_cpus();
     ctx->flags = env_flags(o.flags);
     ctx->device_index = o.device_index;
     if (h3_model_open(&ctx->model, model_dir, ctx->flags) != 0) {
@@ -162,7 +164,15 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     ctx->rt.threads = ctx->threads;
     ctx->rt.flags = ctx->flags;
     ctx->rt.vram_bytes = o.vram_bytes;
-    if (open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0) {
+    /* The quantised weights file is checked against the model before the device opens: its reasons
+       (another checkpoint, an incomplete file) hold whatever the device. */
+    int rc = 0;
+    if (o.quantized_path)
+        rc = o.precision != H3_PRECISION_FP8
+                 ? h3_err(H3_E_INVALID, "%s: a quantized weights file needs precision fp8 (it holds fp8 weights)",
+                          o.quantized_path)
+                 : h3_fp8file_open(&ctx->model, o.quantized_path, &ctx->rt.fp8file);
+    if (rc || open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0) {
         h3_rt_free(&ctx->rt);
         h3_model_close(&ctx->model);
         free(ctx);

@@ -399,7 +399,23 @@ typedef struct h3_backend_ops {
        allocations, so the figure includes the CUDA context, library workspaces and any other
        process on the GPU. NULL on the CPU (the profile reads the process's peak RSS there). */
     int (*mem_peak)(h3_backend *be, bool reset, uint64_t *peak);
+
+    /* A pre-quantised fp8 weight (models/dit_fp8file.h): q [rows * cols] e4m3 bytes and scale
+       [rows] f32, host memory, as weight_load under H3_PRECISION_FP8 makes them from the weight they
+       were quantised from (one scale per output channel); the handle is that weight's, to the byte
+       (weight_bytes / weight_save / weight_view and the GEMMs cannot tell them apart). The host
+       data may go once the call returns. NULL where fp8 GEMMs do not exist (the CPU). */
+    int (*weight_load_fp8)(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
+                           h3_bw *out);
 } h3_backend_ops;
+
+/* The weight shapes the fp8 path quantises (the others stay bf16): cuBLASLt's fp8 kernels want K,
+   hence the row stride, in multiples of 16 bytes. The CUDA backend also needs compute capability
+   8.9, which h3_init checks for the whole context. */
+static inline bool h3_fp8_weight_shape_ok(int64_t rows, int64_t cols)
+{
+    return rows > 0 && cols > 0 && cols % 16 == 0;
+}
 
 
 struct h3_backend {

@@ -56,6 +56,19 @@ H3_INTERNAL void h3_buf_printf(h3_buf *b, const char *fmt, ...) H3_PRINTF(2, 3);
 H3_INTERNAL void h3_buf_json_str(h3_buf *b, const char *s); /* quoted, escaped */
 H3_INTERNAL void h3_buf_free(h3_buf *b);
 
+/* ---- SHA-256 (sha256.c) ----------------------------------------------------------------- */
+
+typedef struct h3_sha256 {
+    uint32_t h[8];
+    uint64_t bytes;
+    uint8_t buf[64];
+    size_t fill;
+} h3_sha256;
+H3_INTERNAL void h3_sha256_init(h3_sha256 *s);
+H3_INTERNAL void h3_sha256_update(h3_sha256 *s, const void *data, size_t n);
+/* Finish and write the digest as 64 lowercase hex digits and a NUL. */
+H3_INTERNAL void h3_sha256_hex(h3_sha256 *s, char out[65]);
+
 /* ---- JSON ------------------------------------------------------------------------------ */
 
 typedef enum { H3J_NULL, H3J_FALSE, H3J_TRUE, H3J_NUM, H3J_STR, H3J_ARR, H3J_OBJ } h3j_type;
@@ -196,6 +209,38 @@ H3_INTERNAL const void *h3_store_get_float(h3_store *s, const char *name, int nd
 H3_INTERNAL void h3_store_release(h3_store *s);
 /* Tell the kernel a tensor's pages are no longer needed (e.g. adaln_proj after precompute). */
 H3_INTERNAL void h3_store_release_tensor(h3_store *s, const char *name);
+
+/* A file's 8-byte length prefix checked against its size and its JSON header read (NUL-terminated,
+   *header_len bytes without the prefix; free() it). Errors name the file. */
+H3_INTERNAL int h3_st_read_header(const char *path, char **header, uint64_t *header_len, uint64_t *file_size);
+
+/*
+ * Writing one safetensors file (safetensors_write.c), atomically: the data goes to a temporary file
+ * beside `path`, which replaces `path` only at h3_st_writer_commit (after an fsync), so a failure
+ * or a crash leaves nothing behind and never a half-written `path`. Without `overwrite` an existing
+ * `path` is refused at open and again at commit (link(2), which never replaces). The tensors'
+ * bytes follow the header in the order of `entries`, each h3_st_writer_write call appending.
+ */
+typedef struct h3_st_entry {
+    const char *name;
+    h3_dtype dtype;
+    int ndim;
+    int64_t shape[H3_MAX_DIMS];
+} h3_st_entry;
+typedef struct h3_st_writer {
+    char *path, *tmp;
+    int fd;
+    bool overwrite;
+    uint64_t data_bytes, written;
+} h3_st_writer;
+/* meta: n_meta key / value pairs (strings) for __metadata__. */
+H3_INTERNAL int h3_st_writer_open(h3_st_writer *w, const char *path, bool overwrite, const h3_st_entry *entries,
+                                  size_t n, const char *const (*meta)[2], size_t n_meta);
+H3_INTERNAL int h3_st_writer_write(h3_st_writer *w, const void *data, size_t bytes);
+/* Checks that every declared byte was written, then makes the file appear at its path. */
+H3_INTERNAL int h3_st_writer_commit(h3_st_writer *w);
+/* Remove the temporary file (after a failure; safe after commit and on a zeroed writer). */
+H3_INTERNAL void h3_st_writer_abort(h3_st_writer *w);
 
 /* ---- model directory ------------------------------------------------------------------- */
 

@@ -391,8 +391,9 @@ int h3_store_check_buffer(const uint8_t *buf, size_t len, const char *label)
     return parse_header(NULL, 0, (const char *)buf + 8, (size_t)hlen, len - 8 - hlen, label, NULL, NULL);
 }
 
-static int add_file(h3_store *s, const char *path, keep_fn keep, void *keep_ud)
+int h3_st_read_header(const char *path, char **header, uint64_t *header_len, uint64_t *file_size)
 {
+    *header = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return h3_err(H3_E_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -436,15 +437,27 @@ static int add_file(h3_store *s, const char *path, keep_fn keep, void *keep_ud)
         }
         got += (size_t)r;
     }
+    close(fd);
+    hdr[hlen] = 0;
     if (hdr[0] != '{') {
         free(hdr);
-        close(fd);
         return h3_err(H3_E_FORMAT, "%s: header does not start with '{'", path);
     }
+    *header = hdr;
+    *header_len = hlen;
+    *file_size = fsize;
+    return 0;
+}
+
+static int add_file(h3_store *s, const char *path, keep_fn keep, void *keep_ud)
+{
+    char *hdr;
+    uint64_t hlen, fsize;
+    int rc = h3_st_read_header(path, &hdr, &hlen, &fsize);
+    if (rc) return rc;
     h3_st_file *files = h3_realloc(s->files, (size_t)(s->nfiles + 1) * sizeof *files);
     if (!files) {
         free(hdr);
-        close(fd);
         return -H3_E_NOMEM;
     }
     s->files = files;
@@ -453,8 +466,7 @@ static int add_file(h3_store *s, const char *path, keep_fn keep, void *keep_ud)
     f->path = h3_strdup(path);
     f->size = fsize;
     f->data_off = 8 + hlen;
-    f->fd = -1;
-    close(fd); /* reopened on first data access, so `info` on many shards holds no descriptors */
+    f->fd = -1; /* opened on first data access, so `info` on many shards holds no descriptors */
     if (!f->path) {
         free(hdr);
         return -H3_E_NOMEM;

@@ -19,6 +19,7 @@
  * backend one block at a time for the precompute and dropped right after.
  */
 #include "models/dit_internal.h"
+#include "models/dit_fp8file.h"
 
 #include <stdatomic.h>
 
@@ -171,24 +172,58 @@ static int get_bvec(h3_dit *d, float **out, int64_t n, const char *fmt, ...)
     return *out ? 0 : -H3_E_NOMEM;
 }
 
+const char *h3_dit_gemm_part(int k)
+{
+    static const char *const parts[H3_DIT_GEMMS] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
+    return k >= 0 && k < H3_DIT_GEMMS ? parts[k] : "?";
+}
+
+void h3_dit_gemm_shape(const h3_dit_cfg *c, int k, int64_t *rows, int64_t *cols)
+{
+    const int64_t H = c->hidden, A = (int64_t)c->heads * c->head_dim, F = c->ffn;
+    const int64_t r[H3_DIT_GEMMS] = {3 * A, H, 2 * F, H}, cl[H3_DIT_GEMMS] = {H, A, H, F};
+    *rows = k >= 0 && k < H3_DIT_GEMMS ? r[k] : 0;
+    *cols = k >= 0 && k < H3_DIT_GEMMS ? cl[k] : 0;
+}
+
+/* A main-block GEMM weight from the pre-quantised fp8 file (its stored e4m3 values and scales,
+   the device form weight_load would have made under fp8). */
+static int get_w_fp8(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *name)
+{
+    const uint8_t *q;
+    const float *s;
+    int rc = h3_fp8file_get(d->fp8file, name, rows, cols, &q, &s);
+    if (!rc)
+        rc = d->be->ops->weight_load_fp8
+                 ? d->be->ops->weight_load_fp8(d->be, q, s, rows, cols, w)
+                 : h3_err(H3_E_UNSUPPORTED, "the %s backend cannot use pre-quantised fp8 weights", d->be->ops->name);
+    if (rc) h3_err_prefix("%s", name);
+    if (!rc) h3_fp8file_release(d->fp8file, name);
+    return rc;
+}
+
 /* A block's four GEMM weights (the bulk of its bytes). */
 int dit_load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i)
 {
-    const h3_dit_cfg *c = &d->c;
-    int rc;
     /* Reduced precision applies to the main stack only (the refiner runs once per prompt). */
+    const bool main_stack = strcmp(pfx, "blocks") == 0;
     const int keep = d->be->weight_precision;
-    if (strcmp(pfx, "blocks") == 0) d->be->weight_precision = d->precision;
-    if ((rc = get_w(d, &b->qkv, 3LL * d->A, c->hidden, "%s.%d.attn.qkv_proj.weight", pfx, i)) ||
-        (rc = get_w(d, &b->out, c->hidden, d->A, "%s.%d.attn.out_proj.weight", pfx, i)) ||
-        (rc = get_w(d, &b->fc1, 2LL * c->ffn, c->hidden, "%s.%d.mlp.fc1.weight", pfx, i)) ||
-        (rc = get_w(d, &b->fc2, c->hidden, c->ffn, "%s.%d.mlp.fc2.weight", pfx, i))) {
-        d->be->weight_precision = keep;
-        return rc;
+    if (main_stack) d->be->weight_precision = d->precision;
+    int rc = 0;
+    for (int k = 0; k < H3_DIT_GEMMS && !rc; k++) {
+        int64_t rows, cols;
+        h3_dit_gemm_shape(&d->c, k, &rows, &cols);
+        char name[160];
+        snprintf(name, sizeof name, "%s.%d.%s.weight", pfx, i, h3_dit_gemm_part(k));
+        /* The file holds exactly the weights weight_load would quantise; the others load as then. */
+        if (main_stack && d->fp8file && h3_fp8_weight_shape_ok(rows, cols))
+            rc = get_w_fp8(d, dit_gemm(b, k), rows, cols, name);
+        else
+            rc = get_w(d, dit_gemm(b, k), rows, cols, "%s", name);
     }
     d->be->weight_precision = keep;
-    b->loaded = true;
-    return 0;
+    if (!rc) b->loaded = true;
+    return rc;
 }
 
 static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modulated, bool weights)
@@ -219,14 +254,10 @@ void dit_wfree(h3_dit *d, h3_bw *w)
 void dit_unload_block_weights(h3_dit *d, int i)
 {
     dit_block *b = &d->blk[i];
-    static const char *const parts[] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
-    dit_wfree(d, &b->qkv);
-    dit_wfree(d, &b->out);
-    dit_wfree(d, &b->fc1);
-    dit_wfree(d, &b->fc2);
-    for (size_t k = 0; k < sizeof parts / sizeof *parts; k++) {
+    for (int k = 0; k < H3_DIT_GEMMS; k++) {
+        dit_wfree(d, dit_gemm(b, k));
         char name[112];
-        snprintf(name, sizeof name, "blocks.%d.%s.weight", i, parts[k]);
+        snprintf(name, sizeof name, "blocks.%d.%s.weight", i, h3_dit_gemm_part(k));
         owned_release(d, name);
     }
     b->loaded = false;
@@ -299,6 +330,10 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     d->n_run = c->layers;
     d->lazy_blocks = opts && opts->lazy_blocks;
     d->precision = opts ? opts->precision : H3_PRECISION_DEFAULT;
+    d->fp8file = opts && d->precision == H3_PRECISION_FP8 ? opts->fp8file : NULL;
+    if (!rc && d->fp8file && opts->n_lora > 0)
+        rc = h3_err(H3_E_UNSUPPORTED, "LoRA files cannot be merged into pre-quantised fp8 weights (the file holds "
+                    "the weights without them): render without the quantized file to quantise at load");
     if (!rc && opts && opts->n_lora > 0)
         rc = h3_lora_open(m, opts->lora_paths, opts->lora_scales, opts->n_lora, &d->lora);
     const int64_t H = c->hidden;

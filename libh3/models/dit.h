@@ -127,6 +127,13 @@ H3_INTERNAL void h3_dit_unpack_audio(int C, int Ta, const float *rows, float *la
 
 /* ---- the model ------------------------------------------------------------------------- */
 
+/* The four GEMM weights of a block, k = 0..3: "<prefix>.<i>.<part>.weight" with part qkv_proj,
+   out_proj, fc1, fc2 (attn. / mlp.), and their shapes under a config (main blocks and refiner
+   alike). The reduced precisions apply to these of the main blocks. */
+#define H3_DIT_GEMMS 4
+H3_INTERNAL const char *h3_dit_gemm_part(int k);
+H3_INTERNAL void h3_dit_gemm_shape(const h3_dit_cfg *c, int k, int64_t *rows, int64_t *cols);
+
 /*
  * Open the transformer on a backend: weights shape-checked against config.json and made
  * backend-resident (views of the mapping on the CPU, bf16 device copies on a GPU), small vectors
@@ -153,6 +160,10 @@ typedef struct h3_dit_open_opts {
        GPU's free memory is short of them plus DIT_AUTO_MARGIN; the CPU then keeps them all (the
        page cache does the rest). */
     int64_t vram_bytes;
+    /* Pre-quantised fp8 weights (h3_options.quantized_path, opened and checked at h3_init): with
+       precision fp8 the main blocks' GEMM weights come from it instead of being quantised at load.
+       Not with LoRA files (they change the weights the file was made from). */
+    struct h3_fp8file *fp8file;
 } h3_dit_open_opts;
 H3_INTERNAL int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags,
                                const h3_dit_open_opts *opts, h3_dit **out);

@@ -31,6 +31,13 @@ typedef struct {
     float *ada_b;                   /* host f32 */
 } dit_block;
 
+/* GEMM weight k (h3_dit_gemm_part's order) of a block. */
+static inline h3_bw *dit_gemm(dit_block *b, int k)
+{
+    h3_bw *w[H3_DIT_GEMMS] = {&b->qkv, &b->out, &b->fc1, &b->fc2};
+    return w[k];
+}
+
 /* A LoRA-merged weight: an owned host copy that lives as long as the handle made from it (the CPU
    backend's weights are views of host memory). */
 typedef struct {
@@ -60,6 +67,7 @@ struct h3_dit {
     int n_owned;
     bool lazy_blocks;  /* blocks' GEMM weights load when a schedule runs them (layer dropping) */
     int precision;     /* H3_PRECISION_* of the main blocks' GEMM weights (h3_dit_open_opts) */
+    struct h3_fp8file *fp8file; /* their pre-quantised fp8 form (precision fp8 only; not owned) */
     int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
     size_t esz;   /* bytes per activation element on the backend */
     bool time_parts; /* per-part timings need a synchronous backend (the CPU) */

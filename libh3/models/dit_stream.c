@@ -38,8 +38,6 @@
 #define DIT_SLOTS 2
 #define CPU_ALIGN 64u
 
-static const char *const k_part[4] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
-
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
 static bool on_gpu(const h3_dit *d)
@@ -47,20 +45,6 @@ static bool on_gpu(const h3_dit *d)
     const h3_backend_ops *o = d->be->ops;
     return o->host_alloc && o->host_free && o->weight_bytes && o->weight_save && o->weight_view && o->ring_open &&
            o->ring_close && o->ring_fill && o->ring_wait && o->ring_done;
-}
-
-static void part_shape(const h3_dit *d, int k, int64_t *rows, int64_t *cols)
-{
-    const int64_t H = d->c.hidden, A = d->A, F = d->c.ffn;
-    const int64_t r[4] = {3 * A, H, 2 * F, H}, c[4] = {H, A, H, F};
-    *rows = r[k];
-    *cols = c[k];
-}
-
-static h3_bw *part(dit_block *b, int k)
-{
-    h3_bw *w[4] = {&b->qkv, &b->out, &b->fc1, &b->fc2};
-    return w[k];
 }
 
 /* Bytes a loaded weight holds: its device form on a GPU, its elements (and an int8 copy's
@@ -76,9 +60,9 @@ static uint64_t held(const h3_dit *d, const h3_bw *w)
 static int cpu_tensor(h3_dit *d, int i, int k, const h3_tensor **out)
 {
     char name[112];
-    snprintf(name, sizeof name, "blocks.%d.%s.weight", i, k_part[k]);
+    snprintf(name, sizeof name, "blocks.%d.%s.weight", i, h3_dit_gemm_part(k));
     int64_t rows, cols;
-    part_shape(d, k, &rows, &cols);
+    h3_dit_gemm_shape(&d->c, k, &rows, &cols);
     const h3_tensor *t = h3_store_find(d->st, name);
     if (!t) return h3_err(H3_E_SCHEMA, "transformer: tensor '%s' is missing", name);
     if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
@@ -106,10 +90,10 @@ static int gpu_stage(h3_dit *d, int i)
     if (!b->qkv.data && (rc = dit_load_block_weights(d, b, "blocks", i))) return rc;
     for (int k = 0; k < 4; k++) {
         const size_t want = (k < 3 ? d->blk_off[k + 1] : d->blk_bytes) - d->blk_off[k];
-        if (be->ops->weight_bytes(be, part(b, k)) != want) {
+        if (be->ops->weight_bytes(be, dit_gemm(b, k)) != want) {
             dit_unload_block_weights(d, i);
             return h3_err(H3_E_SCHEMA, "transformer: block %d's %s differs in form from block 0's: it cannot stream "
-                          "through the same slots", i, k_part[k]);
+                          "through the same slots", i, h3_dit_gemm_part(k));
         }
     }
     void *host = be->ops->host_alloc(be, d->blk_bytes);
@@ -118,8 +102,8 @@ static int gpu_stage(h3_dit *d, int i)
         return -H3_E_NOMEM;
     }
     for (int k = 0; k < 4 && !rc; k++) {
-        rc = be->ops->weight_save(be, part(b, k), (char *)host + d->blk_off[k]);
-        b->like[k] = *part(b, k);
+        rc = be->ops->weight_save(be, dit_gemm(b, k), (char *)host + d->blk_off[k]);
+        b->like[k] = *dit_gemm(b, k);
     }
     dit_unload_block_weights(d, i);
     if (rc) {
@@ -166,7 +150,7 @@ static int cpu_open_streamer(h3_dit *d)
             const size_t extent = (k < 3 ? d->blk_off[k + 1] : d->blk_bytes) - d->blk_off[k];
             if (t->end - t->begin > extent) {
                 rc = h3_err(H3_E_SCHEMA, "transformer: block %d's %s is stored wider than block 0's: it cannot "
-                            "stream through the same slots", i, k_part[k]);
+                            "stream through the same slots", i, h3_dit_gemm_part(k));
                 break;
             }
             all[(size_t)i * 4 + k] = (h3_stream_read){t, d->blk_off[k]};
@@ -193,7 +177,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
     uint64_t fixed = held(d, &d->cond) + held(d, &d->vout) + held(d, &d->aout) + held(d, &d->vproj) +
                      held(d, &d->aproj);
     for (int i = 0; i < d->c.refiner_layers; i++)
-        for (int k = 0; k < 4; k++) fixed += held(d, part(&d->ref[i], k));
+        for (int k = 0; k < 4; k++) fixed += held(d, dit_gemm(&d->ref[i], k));
     /* One block in a slot: a GPU's device form (learnt from block 0, loaded now), or the stored
        tensors on the CPU. */
     size_t B = 0;
@@ -202,14 +186,14 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
         if (!d->blk[0].loaded && (rc = dit_load_block_weights(d, &d->blk[0], "blocks", 0))) return rc;
         for (int k = 0; k < 4; k++) {
             d->blk_off[k] = B;
-            B += be->ops->weight_bytes(be, part(&d->blk[0], k));
+            B += be->ops->weight_bytes(be, dit_gemm(&d->blk[0], k));
         }
     } else if (vram == 0) {
         /* Auto on the CPU: the mappings stay (the page cache backs them). Only the report is made
            here, without checks: the blocks' own loads check their tensors and name the problem. */
         for (int k = 0; k < 4; k++) {
             char name[112];
-            snprintf(name, sizeof name, "blocks.0.%s.weight", k_part[k]);
+            snprintf(name, sizeof name, "blocks.0.%s.weight", h3_dit_gemm_part(k));
             const h3_tensor *t = h3_store_find(d->st, name);
             B += t ? (size_t)((t->end - t->begin + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN) : 0;
         }
@@ -299,7 +283,7 @@ int dit_stream_acquire(h3_dit *d, int j, int b, dit_block *view)
     }
     for (int k = 0; k < 4; k++) {
         const h3_bw *like = &d->blk[b].like[k];
-        h3_bw *w = part(view, k);
+        h3_bw *w = dit_gemm(view, k);
         if (d->streamer) {
             /* The CPU's weight_load of stored bytes at the default precision is a view: nothing to free. */
             rc = be->ops->weight_load(be, base + d->blk_off[k], like->dtype, like->rows, like->cols, w);

@@ -4,6 +4,7 @@
 #include "backend/cpu/ops.h"
 #include "core/tokenizer.h"
 #include "models/dit.h"
+#include "models/dit_fp8file.h"
 #include "models/audio_vae.h"
 #include "models/text_encoder.h"
 #include "models/video_vae.h"
@@ -68,6 +69,17 @@ int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out)
     return h3_rt_cpu_backend(rt, out);
 }
 
+/* The context's own settings of a transformer open, over the caller's (LoRA, lazy blocks). */
+static h3_dit_open_opts dit_opts(const h3_runtime *rt, const h3_dit_open_opts *given)
+{
+    h3_dit_open_opts o = {0};
+    if (given) o = *given;
+    o.precision = rt->precision;
+    o.vram_bytes = rt->vram_bytes;
+    o.fp8file = rt->fp8file;
+    return o;
+}
+
 int h3_rt_dit(h3_runtime *rt, h3_dit **out)
 {
     if (!rt->dit) {
@@ -75,9 +87,7 @@ int h3_rt_dit(h3_runtime *rt, h3_dit **out)
         h3_pool *pool = h3_rt_pool(rt);
         if (!pool) return -H3_E_NOMEM;
         int rc = h3_rt_dit_backend(rt, &be);
-        h3_dit_open_opts o = {0};
-        o.precision = rt->precision;
-        o.vram_bytes = rt->vram_bytes;
+        const h3_dit_open_opts o = dit_opts(rt, NULL);
         if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
         if (rc) return rc;
     }
@@ -120,10 +130,7 @@ int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
     h3_backend *be;
     h3_pool *pool = h3_rt_pool(rt);
     int rc = pool ? h3_rt_dit_backend(rt, &be) : -H3_E_NOMEM;
-    h3_dit_open_opts o = {0};
-    if (opts) o = *opts;
-    o.precision = rt->precision;
-    o.vram_bytes = rt->vram_bytes;
+    const h3_dit_open_opts o = dit_opts(rt, opts);
     if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
     /* The decoders' kept weights give way to the transformer: free them and try once more. */
     if (rc == -H3_E_NOMEM && h3_rt_release_decoders(rt))
@@ -166,6 +173,8 @@ void h3_rt_free(h3_runtime *rt)
     h3_dit_close(rt->dit); /* before the model and the backends: it holds views and copies of both */
     free(rt->dit_key);
     rt->dit_key = NULL;
+    h3_fp8file_close(rt->fp8file); /* after the transformer, which read its weights from it */
+    rt->fp8file = NULL;
     h3_backend_destroy(rt->gpu);
     h3_backend_destroy(rt->cpu);
     h3_pool_destroy(rt->pool);

@@ -13,6 +13,7 @@
 
 struct h3_pool;
 struct h3_dit;
+struct h3_fp8file;
 struct h3_render;
 struct h3_text_cache;
 struct h3_tokenizer;
@@ -23,6 +24,7 @@ typedef struct h3_runtime {
     unsigned flags;            /* H3_OPT_* (environment overrides already applied) */
     int precision;             /* H3_PRECISION_* of the transformer's block weights (h3_options) */
     int64_t vram_bytes;        /* h3_options.vram_bytes: the transformer's weight budget (0: auto) */
+    struct h3_fp8file *fp8file; /* h3_options.quantized_path, opened and checked at h3_init (owned) */
     h3_progress_fn progress;   /* h3_set_progress */
     void *progress_user;
     struct h3_pool *pool;      /* host workers, created on first use */

@@ -32,7 +32,9 @@ c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 class H3Options(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32), ("device", c_int32),
-                ("device_index", c_int32), ("precision", c_int32), ("vram_bytes", c_int64)]
+                ("device_index", c_int32), ("precision", c_int32), ("vram_bytes", c_int64),
+                # pre-quantised fp8 weights (`h3ctl quantize`), read instead of quantising at load
+                ("quantized_path", c_char_p)]
 
 
 # int (*)(void *user, const char *phase, int done, int total): non-zero cancels.
@@ -133,6 +135,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_free": (None, [c_void_p]),
     "h3_threads": (c_int, [c_void_p]),
     "h3_set_progress": (None, [c_void_p, H3ProgressFn, c_void_p]),
+    # model_dir, flags, precision, threads, out_path, overwrite, progress, user
+    "h3_quantize": (c_int, [c_char_p, c_uint32, c_int, c_int, c_char_p, c_int, H3ProgressFn, c_void_p]),
+    "h3_fp8_e4m3_from_f32": (c_int, [c_float_p, c_int64, c_uint8_p]),
     "h3_model_info_json": (c_char_p, [c_void_p]),
     "h3_memory_estimate_json": (c_char_p, [c_void_p, c_int, c_int, c_int, c_int]),
     "h3_model_check": (c_int, [c_void_p, c_int]),

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_arguments(pp)
     pp.add_argument("--list", action="store_true", help="list stages and their tensors")
 
+    pq = sub.add_parser("quantize", help="write a model's fp8 transformer weights to a file, for render --precision "
+                        "fp8 --quantized FILE (no GPU needed)")
+    from .quantize import add_arguments as add_quantize_arguments
+
+    add_quantize_arguments(pq)
+
     pc = sub.add_parser("check", help="validate safetensors files, or a model directory (all components, headers only)")
     pc.add_argument("paths", nargs="+", help="files (.safetensors) or model directories")
 
@@ -131,6 +137,10 @@ def main(argv=None) -> int:
             return info.main(args)
         if args.command == "parity":
             return _cmd_parity(args)
+        if args.command == "quantize":
+            from . import quantize
+
+            return quantize.main(args)
         if args.command == "check":
             return _cmd_check(args)
         if args.command == "presets":

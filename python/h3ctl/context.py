@@ -17,10 +17,12 @@ class Context:
     `device_index` is the GPU ordinal. `flags` adds H3_OPT_* bits (the exact slow paths). `precision` is how the
     transformer's block weights are held: "default" (= "bf16": the exact path), "fp8" (CUDA, compute capability
     8.9+) or "int8" (the CPU); H3Error when the device cannot run it. `vram`: GiB the transformer's GEMM weights may
-    hold (h3_options.vram_bytes; None or 0: auto); blocks beyond it stream, with byte-identical results."""
+    hold (h3_options.vram_bytes; None or 0: auto); blocks beyond it stream, with byte-identical results.
+    `quantized`: a file `h3ctl quantize` wrote from this model (h3_options.quantized_path; needs precision "fp8"),
+    read instead of quantising at load; checked against the model here, H3Error with the reason otherwise."""
 
     def __init__(self, model_dir: str | os.PathLike, threads: int = 0, ref2va: bool = False, device: str = "auto",
-                 device_index: int = 0, flags: int = 0, precision: str = "default", vram=None):
+                 device_index: int = 0, flags: int = 0, precision: str = "default", vram=None, quantized=None):
         self._ptr = None
         code = _lib.device_code(device)
         prec = _lib.precision_code(precision)
@@ -40,6 +42,7 @@ class Context:
         opts.device_index = index
         opts.precision = prec
         opts.vram_bytes = vram_bytes
+        opts.quantized_path = os.fsencode(os.fspath(quantized)) if quantized is not None else None
         self._ptr = lib.h3_init(os.fsencode(os.fspath(model_dir)), ctypes.byref(opts))
         if not self._ptr:
             raise H3Error(_lib.last_error() or f"{model_dir}: cannot open")

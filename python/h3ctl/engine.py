@@ -114,7 +114,7 @@ class Engine:
 
     def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
                  device_index: int = 0, precision: str = "default", ref2va: bool = False, vram=None,
-                 fp8_attention: bool = False):
+                 fp8_attention: bool = False, quantized: str | os.PathLike | None = None):
         """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`; a
         component folder Ref2VA/ lacks is FL2VA's (h3-tiny's shared-weight Ref2VA keeps only its transformer).
         `device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
@@ -122,7 +122,10 @@ class Engine:
         exact), "fp8" (CUDA) or "int8" (CPU); refused with the reason where the device cannot run it. `vram`: GiB
         the transformer's GEMM weights may hold (None or 0: auto, resident when they fit); the blocks that do not fit
         stream from host memory through two slots, with byte-identical results. `fp8_attention`: the main blocks'
-        self-attention as cuDNN's fp8 SDPA (CUDA on Hopper or newer; faster, not exact; any `precision`)."""
+        self-attention as cuDNN's fp8 SDPA (CUDA on Hopper or newer; faster, not exact; any `precision`).
+        `quantized`: with precision "fp8", the file `h3ctl quantize` wrote from this model (h3ctl.quantize), read
+        instead of quantising at load (the same bytes); refused with the reason when it was made from another
+        checkpoint or is incomplete."""
         # Threading state first: close() and the guards must work even if opening fails below.
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread holding the lock in a public method
@@ -133,7 +136,7 @@ class Engine:
         if model_dir is None and not self.model_dir.exists():
             raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")
         self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index,
-                            precision=precision, ref2va=ref2va, vram=vram,
+                            precision=precision, ref2va=ref2va, vram=vram, quantized=quantized,
                             flags=_lib.H3_OPT_FP8_ATTENTION if fp8_attention else 0)
         self.defaults = model_defaults(self.model_dir)
         self._progress: ProgressFn | None = None

@@ -73,6 +73,10 @@ def add_arguments(p) -> None:
     p.add_argument("--fp8-attention", action="store_true",
                    help="the transformer blocks' self-attention in fp8 (cuDNN's fp8 attention, CUDA on Hopper or "
                         "newer): faster at long clips, not exact; combines with any --precision")
+    p.add_argument("--quantized", metavar="FILE",
+                   help="with --precision fp8: the fp8 weights `h3ctl quantize` wrote from this model (with --ref2va "
+                        "for renders with references), read instead of quantising at load; the output is the same "
+                        "bytes. Refused with the reason when the file was made from another checkpoint")
     add_vram_argument(p)
     p.add_argument("--profile", action="store_true",
                    help="print each phase's wall time, peak RSS and (on a GPU) peak device memory to stderr")
@@ -200,7 +204,8 @@ def main(args) -> int:
 
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
                     precision=getattr(args, "precision", "default"), ref2va=bool(refs),
-                    vram=getattr(args, "vram", None), fp8_attention=getattr(args, "fp8_attention", False))
+                    vram=getattr(args, "vram", None), fp8_attention=getattr(args, "fp8_attention", False),
+                    quantized=getattr(args, "quantized", None))
     # read now: the engine is closed before the profile is printed
     # where h3_stages_device says the text encoder and the decoders run (the device unless H3_STAGES_CPU=1)
     stages = getattr(engine, "stages_device", None) or engine.device

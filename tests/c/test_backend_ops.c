@@ -16,6 +16,7 @@
  */
 #include "ctest.h"
 #include "backend/backend.h"
+#include "backend/cpu/cpu_fp8.h"
 #include "backend/cpu/ops.h"
 #include "core/schedule.h"
 
@@ -1196,6 +1197,7 @@ static void bench(bk *b)
 #include "backend_ops_int8.inc"
 #include "backend_ops_audio_enc.inc"
 #include "backend_ops_wstream.inc"
+#include "backend_ops_fp8.inc"
 
 /* ---- the suite ------------------------------------------------------------------------------ */
 
@@ -1510,6 +1512,7 @@ int main(void)
         run_int8(&b);
         run_audio_enc_ops(&b);
         run_wstream(&b);
+        t_fp8_file(&b, pool); /* skipped: no fp8 GEMMs on the CPU */
         h3_backend_destroy(cpu);
     }
 
@@ -1533,6 +1536,7 @@ int main(void)
         CHECK(gpu->act_dtype == H3_DT_BF16 && strcmp(gpu->ops->name, "cuda") == 0);
         run_all(&b);
         run_wstream(&b);
+        t_fp8_file(&b, pool);
         const char *bn = getenv("H3_BENCH");
         if (bn && bn[0] && strcmp(bn, "0") != 0) bench(&b);
         h3_backend_destroy(gpu);

@@ -42,6 +42,26 @@ def torch_device():
     return torch.device("cuda", 0)
 
 
+def denoise_both(ca, cb, T: int, h: int, w: int, n_text: int, seed: int, steps: int):
+    """The same random transformer inputs (text states, video and audio latents of T x h x w) denoised for `steps`
+    grid points on two contexts of one model: (initial video latents, (video, audio) of ca, (video, audio) of cb)."""
+    from h3ctl import transformer as tr
+
+    cfg = tr._config(ca)
+    rng = np.random.default_rng(seed)
+    pe = rng.standard_normal((n_text, cfg["text_dim"])).astype(np.float32)
+    lat = rng.standard_normal((cfg["latents_dim"], T, h, w)).astype(np.float32)
+    aud = rng.standard_normal((2, cfg["audio_latents_dim"], 4 * T)).astype(np.float32)
+    return lat, tr.denoise(ca, pe, lat, aud, steps)[:2], tr.denoise(cb, pe, lat, aud, steps)[:2]
+
+
+def psnr(a, b) -> float:
+    """PSNR in dB of 8-bit frames a against b (99 for identical frames: a finite number that averages)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    mse = float(np.mean((a - b) ** 2))
+    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
 def rel_l2(a, b) -> float:
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.gpu.cuda_support import rel_l2, require_libh3_cuda
+from tests.gpu.cuda_support import psnr, rel_l2, require_libh3_cuda
 
 require_libh3_cuda()  # skips this module where libh3 has no usable CUDA backend (CI)
 
@@ -24,12 +24,6 @@ from train import evaluate, world  # noqa: E402
 
 HELDOUT = world.heldout_specs()
 FP8_ATT = _lib.H3_OPT_FP8_ATTENTION
-
-
-def psnr(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    mse = float(np.mean((a - b) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def test_fp8_attention_velocity_close_to_bf16_and_deterministic():

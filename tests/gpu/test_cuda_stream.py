@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from tests.gpu.cuda_support import require_libh3_cuda
+from tests.gpu.cuda_support import denoise_both, require_libh3_cuda
 
 require_libh3_cuda()  # skips this module where libh3 has no usable CUDA backend (CI)
 
@@ -68,14 +68,6 @@ def device_sizes(root, fp8: bool):
     return block, other, layers
 
 
-def _inputs(ctx, T, h, w, n_text, seed):
-    cfg = tr._config(ctx)
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((n_text, cfg["text_dim"])).astype(np.float32),
-            rng.standard_normal((cfg["latents_dim"], T, h, w)).astype(np.float32),
-            rng.standard_normal((2, cfg["audio_latents_dim"], 4 * T)).astype(np.float32))
-
-
 @pytest.mark.parametrize("precision", ["default", "fp8"])
 def test_h3tiny_streamed_transformer_is_byte_identical(precision):
     root = default_model_dir()
@@ -84,9 +76,7 @@ def test_h3tiny_streamed_transformer_is_byte_identical(precision):
     with Context(root, device="cuda", precision=precision) as cr, \
             Context(root, device="cuda", precision=precision, vram=budget / GIB) as cs:
         for T, h, w, n_text in ((2, 8, 8, 7), (7, 16, 12, 33)):
-            pe, lat, aud = _inputs(cr, T, h, w, n_text, 3)
-            v0, a0, _ = tr.denoise(cr, pe, lat, aud, 4)
-            v1, a1, _ = tr.denoise(cs, pe, lat, aud, 4)
+            lat, (v0, a0), (v1, a1) = denoise_both(cr, cs, T, h, w, n_text, 3, 4)
             s = tr.profile(cs)["stream"]
             print(f"stream: h3-tiny {precision} T={T} {h}x{w}: {s}")
             assert s["streamed_blocks"] == layers - 1 and s["weight_bytes_held"] <= budget, s

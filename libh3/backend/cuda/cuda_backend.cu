@@ -383,19 +383,32 @@ static int be_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t
     out->priv = NULL;
     /* fp8 (h3_options.precision): the bf16 copy quantised per output channel, then let go. */
     if (b->base.weight_precision == H3_PRECISION_FP8 && fp8_weight_ok(b, rows, cols)) {
-        void *q;
-        float *s;
-        rc = fp8_weight_from_bf16(b, d, rows, cols, &q, &s);
+        rc = fp8_weight_from_bf16(b, d, rows, cols, out);
         be_release(be, d);
-        if (rc) {
-            memset(out, 0, sizeof *out);
-            return rc;
-        }
-        out->data = q;
-        out->dtype = H3_DT_F8_E4M3;
-        out->priv = s;
+        return rc;
     }
     return 0;
+}
+
+/* A pre-quantised fp8 weight: the stored e4m3 bytes and scales uploaded as they are, into the form
+   quantising at load makes (fp8_weight_alloc). */
+static int be_weight_load_fp8(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
+                              h3_bw *out)
+{
+    Backend *b = B(be);
+    memset(out, 0, sizeof *out);
+    if (rows <= 0 || cols <= 0 || !q || !scale)
+        return fail(b, H3_E_INVALID, "cuda: fp8 weight of %lld x %lld", (long long)rows, (long long)cols);
+    if (!fp8_weight_ok(b, rows, cols))
+        return fail(b, H3_E_UNSUPPORTED, "cuda: an fp8 weight of %lld x %lld on this GPU (compute capability 8.9 "
+                    "and a width that is a multiple of 16 are needed)", (long long)rows, (long long)cols);
+    int rc = use_device(b);
+    if (!rc) rc = fp8_weight_alloc(b, rows, cols, out);
+    if (rc) return rc;
+    rc = stage_upload(b, (void *)out->data, (size_t)(rows * cols), 1, fill_copy, (void *)q, NULL);
+    if (!rc) rc = stage_upload(b, out->priv, sizeof(float) * (size_t)rows, 4, fill_copy, (void *)scale, NULL);
+    if (rc) fp8_weight_release(out);
+    return rc;
 }
 
 static void be_weight_free(h3_backend *be, h3_bw *w)
@@ -700,7 +713,7 @@ static const h3_backend_ops cuda_ops = {
     be_host_alloc,   be_host_free,    be_weight_bytes, be_weight_save,  be_weight_view,
     be_ring_open,    be_ring_close,   be_ring_fill,    be_ring_wait,    be_ring_done,
     be_wstream_open, be_wstream_load, be_wstream_wait_host, be_wstream_done, be_wstream_close,
-    be_mem_peak,
+    be_mem_peak,     be_weight_load_fp8,
 };
 
 /* Why the runtime found no usable device, as one line. */

@@ -172,7 +172,13 @@ bool lt_pick_algo(Backend *b, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la
                   cublasLtMatmulAlgo_t *algo);
 /* cuda_fp8.cu: fp8 weights (per-output-channel scales) and their GEMM. */
 bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols);
-int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, void **q, float **scale);
+/* The device buffers of an fp8 weight [rows, cols] (e4m3 values, f32 scales in priv) and its handle; the
+   one allocation both ways of making one share, so quantised at load and read from a file they are the same
+   form (what weight_save copies for streaming). fp8_weight_release frees them and zeroes the handle. */
+int fp8_weight_alloc(Backend *b, int64_t rows, int64_t cols, h3_bw *out);
+void fp8_weight_release(h3_bw *w);
+/* The weight quantised from its bf16 device copy. */
+int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, h3_bw *out);
 int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
 void fp8_destroy(Backend *b);
 /* cuda_attention.cu */

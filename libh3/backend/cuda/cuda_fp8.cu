@@ -69,10 +69,9 @@ static int quantize_rows(Backend *b, const void *x, int x_bf16, int64_t ldx, int
     return check_launch(b, "fp8_rows_kernel");
 }
 
-int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, void **q, float **scale)
+int fp8_weight_alloc(Backend *b, int64_t rows, int64_t cols, h3_bw *out)
 {
-    *q = NULL;
-    *scale = NULL;
+    memset(out, 0, sizeof *out);
     void *d = dev_alloc(b, (size_t)(rows * cols), "fp8 weights");
     if (!d) return -H3_E_NOMEM;
     float *s = (float *)dev_alloc(b, sizeof(float) * (size_t)rows, "fp8 weight scales");
@@ -80,21 +79,33 @@ int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t c
         cudaFree(d);
         return -H3_E_NOMEM;
     }
-    int rc = quantize_rows(b, w_bf16, 1, cols, rows, cols, d, cols, s);
-    if (rc) {
-        cudaFree(d);
-        cudaFree(s);
-        return rc;
-    }
-    *q = d;
-    *scale = s;
+    out->data = d;
+    out->dtype = H3_DT_F8_E4M3;
+    out->rows = rows;
+    out->cols = cols;
+    out->priv = s;
     return 0;
+}
+
+void fp8_weight_release(h3_bw *w)
+{
+    /* cudaFree waits for work queued on the device that still reads them. */
+    if (w->data) cudaFree((void *)w->data);
+    if (w->priv) cudaFree(w->priv);
+    memset(w, 0, sizeof *w);
+}
+
+int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, h3_bw *out)
+{
+    int rc = fp8_weight_alloc(b, rows, cols, out);
+    if (!rc) rc = quantize_rows(b, w_bf16, 1, cols, rows, cols, (void *)out->data, cols, (float *)out->priv);
+    if (rc) fp8_weight_release(out);
+    return rc;
 }
 
 bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols)
 {
-    /* cuBLASLt's fp8 kernels want K and the leading dimensions in multiples of 16 bytes. */
-    return b->cc_major * 10 + b->cc_minor >= 89 && rows > 0 && cols > 0 && cols % 16 == 0;
+    return b->cc_major * 10 + b->cc_minor >= 89 && h3_fp8_weight_shape_ok(rows, cols);
 }
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */

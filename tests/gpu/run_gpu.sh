@@ -19,7 +19,8 @@
 #           to diffusers, extrapolated to 50 blocks / 20 steps (table + bench-render.json)
 #
 # Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
-# wheels in ./.whl when that folder exists. A failing stage does not stop the later ones (except the build, which
+# wheels in ./.whl when that folder exists (tests/gpu/make_carry.sh packs diffusers and the cudnn-frontend headers for
+# a machine without network, and says how to unpack them). A failing stage does not stop the later ones (except the build, which
 # they all need); the exit status is non-zero when any stage failed, and summary.txt lists them.
 set -o pipefail
 export PYTHONUNBUFFERED=1

@@ -176,7 +176,8 @@ H3_API void h3_options_default(h3_options *o);
  * (valid until the next call of this function):
  * {"cpu": {"available": true, "kernels": "avx2", "features": "x86-64 avx2 fma f16c"},
  *  "cuda": {"built": true|false, "available": true|false, "device": "cuda (NVIDIA H200, sm_90,
- *  139.8 GiB)", "compute_capability": "9.0", "memory_bytes": N, "free_bytes": N, "reason": "why
+ *  139.8 GiB)", "compute_capability": "9.0", "memory_bytes": N, "free_bytes": N, "fp8_attention": true|false,
+ *  "fp8_attention_reason": "why not" (only when false), "reason": "why
  *  not available" (only when not available)}}. Initialises the CUDA driver when the backend is
  * built; not thread-safe (call it once, from one thread).
  */

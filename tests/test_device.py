@@ -81,6 +81,19 @@ def test_options_struct_is_the_c_struct():
     assert _lib.PRECISIONS == {"default": 0, "bf16": 0, "fp8": 1, "int8": 2}
 
 
+def test_info_backend_lines_say_whether_fp8_attention_can_run():
+    """h3ctl info's cuda line carries h3_backends_json's fp8_attention answer (its reason when it is false)."""
+    from h3ctl.info import backend_lines
+
+    base = {"available": True, "built": True, "device": "cuda (GPU)", "compute_capability": "9.0",
+            "memory_bytes": 2**30}
+    yes = backend_lines({"cpu": {"available": True}, "cuda": dict(base, fp8_attention=True)})[1]
+    assert yes == "cuda: available: cuda (GPU), compute capability 9.0, 1.00 GiB; fp8 attention: yes", yes
+    no = backend_lines({"cuda": dict(base, fp8_attention=False, fp8_attention_reason="it runs on cuDNN, and x")})[1]
+    assert no.endswith("; fp8 attention: no (it runs on cuDNN, and x)"), no
+    assert "fp8 attention" not in backend_lines({"cuda": base})[1]
+
+
 def test_backends_json(backends):
     assert backends["cpu"]["available"] is True and backends["cpu"]["kernels"]
     cuda = backends["cuda"]
@@ -90,6 +103,8 @@ def test_backends_json(backends):
         assert not cuda["built"] and not cuda["available"], cuda
     if cuda["available"]:
         assert cuda["built"] and cuda["device"] and cuda["memory_bytes"] > 0
+        assert isinstance(cuda["fp8_attention"], bool)
+        assert cuda["fp8_attention"] or cuda["fp8_attention_reason"].strip()
     else:
         assert isinstance(cuda["reason"], str) and cuda["reason"].strip() and "\n" not in cuda["reason"]
     # the same answer on a second call

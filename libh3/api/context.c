@@ -260,6 +260,12 @@ H3_API const char *h3_backends_json(void)
         h3_buf_printf(&b, ", \"compute_capability\": \"%d.%d\", \"memory_bytes\": %llu, \"free_bytes\": %llu",
                       be->compute_capability / 10, be->compute_capability % 10, (unsigned long long)tot,
                       (unsigned long long)fr);
+        /* fp8 attention (H3_OPT_FP8_ATTENTION): what h3_init would say when asked for it. */
+        h3_buf_printf(&b, ", \"fp8_attention\": %s", be->attn_fp8_why[0] ? "false" : "true");
+        if (be->attn_fp8_why[0]) {
+            h3_buf_printf(&b, ", \"fp8_attention_reason\": ");
+            h3_buf_json_str(&b, be->attn_fp8_why);
+        }
         h3_backend_destroy(be);
     } else {
         h3_buf_printf(&b, ", \"available\": false, \"reason\": ");

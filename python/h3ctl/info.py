@@ -48,7 +48,11 @@ def backend_lines(backends: dict) -> list[str]:
     if cuda.get("available"):
         mem = f", {human_bytes(cuda['memory_bytes'])}" if cuda.get("memory_bytes") else ""
         cc = f", compute capability {cuda['compute_capability']}" if cuda.get("compute_capability") else ""
-        lines.append(f"cuda: available: {cuda.get('device', 'a GPU')}{cc}{mem}")
+        fa = ""
+        if "fp8_attention" in cuda:  # what --fp8-attention would get
+            fa = ("; fp8 attention: yes" if cuda["fp8_attention"] else
+                  f"; fp8 attention: no ({cuda.get('fp8_attention_reason') or 'no reason given'})")
+        lines.append(f"cuda: available: {cuda.get('device', 'a GPU')}{cc}{mem}{fa}")
     else:
         built = "built" if cuda.get("built") else "not built"
         lines.append(f"cuda: not available ({built}): {cuda.get('reason') or 'no reason given'}")

@@ -55,6 +55,39 @@ def denoise_both(ca, cb, T: int, h: int, w: int, n_text: int, seed: int, steps: 
     return lat, tr.denoise(ca, pe, lat, aud, steps)[:2], tr.denoise(cb, pe, lat, aud, steps)[:2]
 
 
+def velocity_vs(c_ref, c, T: int, h: int, w: int, n_text: int, seed: int):
+    """One forward (2 grid points) of the same random inputs on two contexts of one model: the rel-L2 of c's video and
+    audio velocity (output minus input) against c_ref's, and c's outputs (for a determinism check)."""
+    from h3ctl import transformer as tr
+
+    cfg = tr._config(c_ref)
+    rng = np.random.default_rng(seed)
+    pe = rng.standard_normal((n_text, cfg["text_dim"])).astype(np.float32)
+    lat = rng.standard_normal((cfg["latents_dim"], T, h, w)).astype(np.float32)
+    aud = rng.standard_normal((2, cfg["audio_latents_dim"], 4 * T)).astype(np.float32)
+    v0, a0, _ = tr.denoise(c_ref, pe, lat, aud, 2)
+    v1, a1, _ = tr.denoise(c, pe, lat, aud, 2)
+    again = tr.denoise(c, pe, lat, aud, 2)
+    same = np.array_equal(v1, again[0]) and np.array_equal(a1, again[1])
+    return rel_l2(v1 - lat, v0 - lat), rel_l2(a1 - aud, a0 - aud), same
+
+
+def heldout_quality(name: str, renders, reference):
+    """h3-tiny's semantic suite over its held-out renders (train.world's specs, in order) and how far their frames and
+    audio are from `reference` (the bf16 renders of the same noise), printed for the README; returns (summary,
+    per-prompt frame PSNR)."""
+    from train import evaluate, world
+
+    specs = world.heldout_specs()
+    s = evaluate.summarize([evaluate.check(spec, f, a) for spec, (f, a) in zip(specs, renders)])
+    ps = [psnr(x[0], y[0]) for x, y in zip(renders, reference)]
+    au = [rel_l2(x[1], y[1]) for x, y in zip(renders, reference)]
+    print(f"semantic: cuda {name} {s['passed']}/{s['total']} = {100 * s['pass_rate']:.1f} % {s['per_check']}")
+    print(f"{name}: h3-tiny frames vs bf16 over {len(specs)} prompts: PSNR min {min(ps):.1f} dB, mean "
+          f"{np.mean(ps):.1f} dB; audio rel-L2 max {max(au):.2e}")
+    return s, ps
+
+
 def psnr(a, b) -> float:
     """PSNR in dB of 8-bit frames a against b (99 for identical frames: a finite number that averages)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

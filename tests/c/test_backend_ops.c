@@ -1114,46 +1114,53 @@ static void bench(bk *b)
         a.K = h3_bt_make(bench_bf16(b, L * A, 2.0f), H3_DT_BF16, L, A, A);
         a.V = h3_bt_make(bench_bf16(b, L * A, 1.0f), H3_DT_BF16, L, A, A);
         a.O = h3_bt_make(dnew(b, (size_t)(L * A) * 2), H3_DT_BF16, L, A, A);
-        const double t = best_time(b, run_attn, &a, 5);
-        const double fl = 4.0 * (double)L * (double)L * heads * D;
-        printf("%-5s %-13s L %-6lld %d heads x %d            %8.3f ms  %6.1f TFLOP/s\n", b->name, "attention",
-               (long long)L, heads, D, t * 1e3, t > 0 ? fl / t * 1e-12 : 0.0);
-        CHECK_MSG(t > 0, "%s: attention benchmark failed: %s", b->name, h3_last_error());
-        /* Sampled rows of two heads against a double reference. */
-        if (t > 0) {
-            uint16_t *q = malloc((size_t)(L * A) * 2), *k = malloc((size_t)(L * A) * 2), *v = malloc((size_t)(L * A) * 2),
-                     *o = malloc((size_t)(L * A) * 2);
-            dget(b, q, a.Q.data, (size_t)(L * A) * 2);
-            dget(b, k, a.K.data, (size_t)(L * A) * 2);
-            dget(b, v, a.V.data, (size_t)(L * A) * 2);
-            dget(b, o, a.O.data, (size_t)(L * A) * 2);
-            const int samples = 24, hs[2] = {0, heads - 1};
-            double num = 0, den = 0, *sc = malloc(sizeof(double) * (size_t)L);
-            for (int si = 0; si < samples; si++)
-                for (int hi = 0; hi < 2; hi++) {
-                    const int64_t i = (si * 7919 + 13) % L;
-                    const int h = hs[hi];
-                    double mx = -1e300, sum = 0;
-                    for (int64_t j = 0; j < L; j++) {
-                        double d = 0;
-                        for (int c = 0; c < D; c++)
-                            d += (double)h3_bf16_to_f32(q[i * A + h * D + c]) * h3_bf16_to_f32(k[j * A + h * D + c]);
-                        sc[j] = d * a.scale;
-                        if (sc[j] > mx) mx = sc[j];
+        /* bf16, then fp8 attention where the backend has it (its time includes the quantise and
+           widen passes around cuDNN's fp8 SDPA). */
+        for (int fp8 = 0; fp8 < (b->be->attn_fp8_why[0] ? 1 : 2); fp8++) {
+            b->be->attn_precision = fp8 ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
+            const double t = best_time(b, run_attn, &a, 5);
+            b->be->attn_precision = H3_PRECISION_DEFAULT;
+            const double fl = 4.0 * (double)L * (double)L * heads * D;
+            printf("%-5s %-13s L %-6lld %d heads x %d            %8.3f ms  %6.1f TFLOP/s\n", b->name,
+                   fp8 ? "attention fp8" : "attention", (long long)L, heads, D, t * 1e3, t > 0 ? fl / t * 1e-12 : 0.0);
+            CHECK_MSG(t > 0, "%s: attention%s benchmark failed: %s", b->name, fp8 ? " fp8" : "", h3_last_error());
+            /* Sampled rows of two heads against a double reference. */
+            if (t > 0) {
+                uint16_t *q = malloc((size_t)(L * A) * 2), *k = malloc((size_t)(L * A) * 2), *v = malloc((size_t)(L * A) * 2),
+                         *o = malloc((size_t)(L * A) * 2);
+                dget(b, q, a.Q.data, (size_t)(L * A) * 2);
+                dget(b, k, a.K.data, (size_t)(L * A) * 2);
+                dget(b, v, a.V.data, (size_t)(L * A) * 2);
+                dget(b, o, a.O.data, (size_t)(L * A) * 2);
+                const int samples = 24, hs[2] = {0, heads - 1};
+                double num = 0, den = 0, *sc = malloc(sizeof(double) * (size_t)L);
+                for (int si = 0; si < samples; si++)
+                    for (int hi = 0; hi < 2; hi++) {
+                        const int64_t i = (si * 7919 + 13) % L;
+                        const int h = hs[hi];
+                        double mx = -1e300, sum = 0;
+                        for (int64_t j = 0; j < L; j++) {
+                            double d = 0;
+                            for (int c = 0; c < D; c++)
+                                d += (double)h3_bf16_to_f32(q[i * A + h * D + c]) * h3_bf16_to_f32(k[j * A + h * D + c]);
+                            sc[j] = d * a.scale;
+                            if (sc[j] > mx) mx = sc[j];
+                        }
+                        for (int64_t j = 0; j < L; j++) sum += (sc[j] = exp(sc[j] - mx));
+                        for (int c = 0; c < D; c++) {
+                            double r = 0;
+                            for (int64_t j = 0; j < L; j++) r += sc[j] * h3_bf16_to_f32(v[j * A + h * D + c]);
+                            r /= sum;
+                            const double g = h3_bf16_to_f32(o[i * A + h * D + c]);
+                            num += (g - r) * (g - r);
+                            den += r * r;
+                        }
                     }
-                    for (int64_t j = 0; j < L; j++) sum += (sc[j] = exp(sc[j] - mx));
-                    for (int c = 0; c < D; c++) {
-                        double r = 0;
-                        for (int64_t j = 0; j < L; j++) r += sc[j] * h3_bf16_to_f32(v[j * A + h * D + c]);
-                        r /= sum;
-                        const double g = h3_bf16_to_f32(o[i * A + h * D + c]);
-                        num += (g - r) * (g - r);
-                        den += r * r;
-                    }
-                }
-            const double e = sqrt(num / (den > 0 ? den : 1));
-            report(b, "attention", "sampled rows of heads 0 and 55 at this L", e, TOL_BF16);
-            free(q), free(k), free(v), free(o), free(sc);
+                const double e = sqrt(num / (den > 0 ? den : 1));
+                report(b, fp8 ? "attention fp8" : "attention", "sampled rows of heads 0 and 55 at this L", e,
+                       fp8 ? TOL_FP8_ATTN : TOL_BF16);
+                free(q), free(k), free(v), free(o), free(sc);
+            }
         }
         b->be->ops->release(b->be, a.Q.data);
         b->be->ops->release(b->be, a.K.data);

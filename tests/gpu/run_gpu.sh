@@ -12,7 +12,8 @@
 #           text encoder and both decoders next to transformers / diffusers; bench-stages.json; alone: bench-stages),
 #           then tests/bench_stream.py (weight streaming under a 4 GiB budget, bf16 and fp8, next to diffusers' group
 #           offloading; bench-stream.json; alone, with budgets 4 and 8 GiB: bench-stream)
-#   bench-fp8  (optional) tests/bench_cuda_dit.py --fp8 --fp8-attention at 7,135 and 37,838 tokens without
+#   bench-fp8  (optional) attention alone at 1,874 / 7,135 / 37,838 tokens, bf16 and fp8 (H3_BENCH=1
+#           test_backend_ops), then tests/bench_cuda_dit.py --fp8 --fp8-attention at 7,135 and 37,838 tokens without
 #           torch.compile: bf16, fp8 weights, fp8 attention and both, ms per block and rel-L2 (bench-fp8.json)
 #   bench-render  (optional, not in the default list: ~4 min) tests/bench_render_released.py: whole renders at the
 #           released widths (4 blocks, 4 text layers, full decoders) at 864x480x56 and 1344x768x124, per phase next
@@ -109,6 +110,10 @@ for stage in "${STAGES[@]}"; do
         run bench-stream "$PY" tests/bench_stream.py --blocks 4 --fp8 --budgets 4 --out "$LOG/bench-stream.json"
         ;;
     bench-fp8)
+        # attention alone at the released shape, bf16 and fp8 (H3_BENCH: the conformance test's timings, with sampled
+        # rows checked against a double reference), then whole blocks
+        run bench-attention bash -c "set -o pipefail; make -j$JOBS build/tests/test_backend_ops ${MAKE_CUBLAS[*]} && \
+            H3_BENCH=1 build/tests/test_backend_ops | grep -E '^== |attention|checks,'"
         run bench-fp8 "$PY" tests/bench_cuda_dit.py --fp8 --fp8-attention --no-compile --repeats 3 \
             --shapes 864x480x56:64,1344x768x124:128 --out "$LOG/bench-fp8.json"
         ;;

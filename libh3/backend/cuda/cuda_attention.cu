@@ -491,8 +491,6 @@ static int launch_generic(Backend *b, const AttnArgs &a, int heads, bool causal,
     return launch_any<256, 64, 32, false, ASYNC, true>(b, a, heads, causal, obf16);
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D, float scale,
               bool causal, const h3_bt *O)
 {

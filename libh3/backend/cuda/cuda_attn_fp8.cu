@@ -28,8 +28,6 @@
 
 namespace h3cuda {
 
-#define E4M3_MAX 448.0f
-
 namespace {
 
 /* The scalars block (64-byte slots, see h3_cudnn_sdpa_fp8): [0..6) cuDNN's scales at 16-float
@@ -39,11 +37,8 @@ constexpr int AMAX_OUT = SC_FLOATS;    /* cuDNN's amax_s, amax_o (at +0 and +4) 
 constexpr int AMAX_IN = SC_FLOATS + 8; /* max|Q|, max|K|, max|V| as uint bits */
 constexpr int SCALARS = SC_FLOATS + 16;
 
-__device__ __forceinline__ float scale_of(unsigned amax_bits)
-{
-    const float a = __uint_as_float(amax_bits);
-    return a > 0.0f && isfinite(a) ? __fdiv_rn(a, E4M3_MAX) : 1.0f;
-}
+/* e4m3_scale of a maximum held as its bit pattern (the atomicMax of amax3_kernel). */
+__device__ __forceinline__ float scale_of(unsigned amax_bits) { return e4m3_scale(__uint_as_float(amax_bits)); }
 
 /* The output's scale: V's with the headroom of the file comment. */
 __device__ __forceinline__ float out_scale(const float *sc)
@@ -77,16 +72,8 @@ __global__ void __launch_bounds__(256) amax3_kernel(const __nv_bfloat16 *q, cons
         }
     }
     __shared__ float sh[8];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) t = fmaxf(t, sh[i]);
-        atomicMax(&amax[blockIdx.y], __float_as_uint(t));
-    }
+    const float t = block_max256(m, sh);
+    if (threadIdx.x == 0) atomicMax(&amax[blockIdx.y], __float_as_uint(t));
 }
 
 /* One row of one tensor per block (blockIdx.y: Q, K, V): x8 = e4m3(x / s), 8 values per thread
@@ -147,8 +134,6 @@ __global__ void __launch_bounds__(256) widen_kernel(const uint8_t *o8, int64_t c
         dst[i] = u;
     }
 }
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 } /* namespace */
 

@@ -120,6 +120,33 @@ int ring_host_wait(Backend *b, h3_bring *r, int s);
 
 /* ---- element access shared by the row kernels ---------------------------------------------- */
 
+/* ---- e4m3 (the fp8 weights of cuda_fp8.cu and the fp8 attention of cuda_attn_fp8.cu) ------- */
+
+#define E4M3_MAX 448.0f /* e4m3's largest finite value */
+
+/* The scale that maps [-amax, amax] onto e4m3: amax / 448 correctly rounded, or 1 when amax is 0 or
+   not finite (x / 1 then saturates). The host copy of the rule is backend/cpu/cpu_fp8.c's. */
+static __device__ __forceinline__ float e4m3_scale(float amax)
+{
+    return amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
+}
+
+/* The largest v over a block of 256 threads, in every thread (sh: 8 floats of shared memory). Max
+   gives the same value in any order, and fmaxf skips NaN. */
+static __device__ __forceinline__ float block_max256(float v, float *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) t = fmaxf(t, sh[i]);
+    return t;
+}
+
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 static __device__ __forceinline__ float ld_elem(const void *p, int bf16, int64_t i)
 {
     return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]) : static_cast<const float *>(p)[i];

@@ -26,22 +26,7 @@
 
 namespace h3cuda {
 
-#define FP8_MAX 448.0f
-
 /* ---- quantisation kernels ------------------------------------------------------------------ */
-
-/* Largest |x| of one row over a block of 256 threads (max: any order gives the same value). */
-static __device__ __forceinline__ float block_amax(float v, float *sh)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) t = fmaxf(t, sh[i]);
-    return t;
-}
 
 /* One row per block: scale[r] = amax / 448 (1 for an all-zero row), q = e4m3(x / scale). x f32 or
    bf16 with row stride ldx; q with row stride ldq. NaN propagates through fmaxf as the other
@@ -53,8 +38,7 @@ __global__ void __launch_bounds__(256) fp8_rows_kernel(const void *x, int x_bf16
     const int64_t r = blockIdx.x;
     float m = 0.0f;
     for (int64_t i = threadIdx.x; i < cols; i += 256) m = fmaxf(m, fabsf(ld_elem(x, x_bf16, r * ldx + i)));
-    const float amax = block_amax(m, sh);
-    const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, FP8_MAX) : 1.0f;
+    const float s = e4m3_scale(block_max256(m, sh));
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t i = threadIdx.x; i < cols; i += 256)
         q[r * ldq + i] = __nv_cvt_float_to_fp8(__fdiv_rn(ld_elem(x, x_bf16, r * ldx + i), s), __NV_SATFINITE, __NV_E4M3);

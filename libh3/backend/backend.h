@@ -351,7 +351,8 @@ typedef struct h3_backend_ops {
     void *(*host_alloc)(h3_backend *be, size_t bytes);
     void (*host_free)(h3_backend *be, void *p); /* NULL is ignored */
     /* Bytes of a loaded weight's device form (its values, and an fp8 weight's scales), each part
-       rounded up to 256 bytes: what weight_save writes and weight_view reads. */
+       rounded up to 256 bytes (the padding saved as zeros): what weight_save writes and
+       weight_view reads. */
     size_t (*weight_bytes)(h3_backend *be, const h3_bw *w);
     /* Copy a loaded weight's device form to host memory dst (weight_bytes of it); returns when
        the copy is done. */

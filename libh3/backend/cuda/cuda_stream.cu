@@ -89,7 +89,15 @@ int weight_save(Backend *b, const h3_bw *w, void *dst)
         e = cudaMemcpyAsync((char *)dst + values_bytes(w), w->priv, sizeof(float) * (size_t)w->rows,
                             cudaMemcpyDeviceToHost, b->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(b->stream);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "copying a weight to host memory for streaming");
+    if (e != cudaSuccess) return fail_cuda(b, e, "copying a weight to host memory for streaming");
+    /* The padding up to each part's 256-byte boundary is zeros, so the saved form is fully defined
+       (two saves of the same weight are the same bytes, and nothing of the heap leaks into it). */
+    memset((char *)dst + vb, 0, values_bytes(w) - vb);
+    if (w->priv) {
+        const size_t sb = sizeof(float) * (size_t)w->rows;
+        memset((char *)dst + values_bytes(w) + sb, 0, round256(sb) - sb);
+    }
+    return 0;
 }
 
 int weight_view(Backend *b, const h3_bw *like, const void *dev, h3_bw *out)

@@ -16,8 +16,8 @@ is at the released size. The video VAE's encoder is a small one (a text-to-video
 
 libh3: Engine.render(profile=True) on the CUDA backend (what `h3ctl render --profile` prints), two renders per
 shape in one context with different prompts: the first ("cold": decoder weights uploaded, GEMM plans chosen), the
-second ("warm": the decoders' weights kept on the GPU, the text encoder streams its layers again). Phases: text
-(tokenizer + text encoder, streamed), load transformer (open + upload of the blocks, refined text, AdaLN tables),
+second ("warm": the decoders' weights and the text encoder's layers kept on the GPU by the first). Phases: text
+(tokenizer + text encoder: streamed in the cold render, from the kept layers in the warm one), load transformer (open + upload of the blocks, refined text, AdaLN tables),
 denoise (`--steps` grid points: steps - 1 forwards), audio decode, video decode, then writing the MP4 (the bundled
 ffmpeg) timed apart.
 
@@ -27,7 +27,10 @@ gives it (median of `--repeats`; one block also under torch.compile unless --no-
 decode (256 / 64 px) and the audio VAE's decode of the same latent shapes. Times by CUDA events after a warm-up.
 
 Extrapolation to the release (50 blocks, 50 text layers, 20 steps = 19 forwards):
-* text: the measured phase / layers x 50 (the streamed layers dominate; tokenizer and embedding rows are noise).
+* text: the measured phase / layers x 50 (tokenizer and embedding rows are noise). The warm render's layers are the
+  kept ones: the release's 50 (~46 GiB) are kept by default only where the GPU's free memory less them still holds
+  the transformer plus 16 GiB (an H200 does; an 80 GB card does not, and streams them: the cold column).
+`--fp8`: the same renders in a second context with fp8 weights and fp8 attention, extrapolated the same way.
 * denoise, ours: forwards x (fixed + 50 x block), fixed = forward_ms_mean - stack_ms_mean and block =
   stack_ms_mean / blocks from libh3's transformer profile, + the phase's time outside the forwards.
   diffusers: 19 x (forward - blocks x block + 50 x block), block = one block's eager time (compiled: its compiled
@@ -179,11 +182,11 @@ def park(torch, models: dict, device: str) -> None:
 # ---- libh3 --------------------------------------------------------------------------------------------------------
 
 
-def bench_libh3(root: Path, shapes: list[dict], args) -> dict:
+def bench_libh3(root: Path, shapes: list[dict], args, **engine_kw) -> dict:
     from h3ctl import Engine, media
 
     out, runs_by_shape = {}, []
-    with Engine(root, threads=args.threads, device="cpu" if args.dry_run else "cuda") as eng:
+    with Engine(root, threads=args.threads, device="cpu" if args.dry_run else "cuda", **engine_kw) as eng:
         out["device"] = eng.device_description
         for g in shapes:
             runs = []
@@ -209,7 +212,8 @@ def bench_libh3(root: Path, shapes: list[dict], args) -> dict:
                                  "forwards", "forward_ms_mean", "forward_ms_min", "stack_ms_mean", "stack_ms_min",
                                  "refine_ms", "prepare_ms", "transformer_ms", "layers_run")},
                              "frames": list(r.frames.shape), "audio_samples": int(r.audio.shape[1])})
-                print(f"libh3 {g['spec']} render {i + 1}: {wall:.2f} s: " + ", ".join(
+                print(f"libh3{' ' + str(engine_kw) if engine_kw else ''} {g['spec']} render {i + 1}: {wall:.2f} s: "
+                      + ", ".join(
                     f"{p} {row['wall_s']:.2f} s" for p, row in phases.items())
                       + (f"; write {write_s:.2f} s" if write_s is not None else ""), flush=True)
             out[g["spec"]] = runs
@@ -320,11 +324,12 @@ def table(res: dict, args) -> str:
     for spec, ex in res["extrapolated"].items():
         ours, dif = ex["libh3"], ex["diffusers"]
         comp = dif.get("total_compiled_s")
+        cold = ex["libh3_cold"]
         lines += [f"\n{spec}: extrapolated to {FULL_BLOCKS} blocks, {args.full_text_layers} text layers, "
                   f"{FULL_STEPS} steps ({FULL_STEPS - 1} forwards); libh3 = the warm render",
                   f"| phase | libh3 | diffusers bf16 | note |", "|" + " --- |" * 4,
-                  f"| text encoder | {ours['text_s']:.2f} s | {dif['text_s']:.2f} s | libh3 streams the layers; "
-                  f"diffusers resident |",
+                  f"| text encoder | {ours['text_s']:.2f} s | {dif['text_s']:.2f} s | libh3: the layers the cold render "
+                  f"kept on the GPU (streamed in the cold render: {cold['text_s']:.2f} s); diffusers resident |",
                   f"| denoise | {ours['denoise_s']:.2f} s | {dif['denoise_s']:.2f} s"
                   + (f" ({dif['denoise_compiled_s']:.2f} s compiled)" if "denoise_compiled_s" in dif else "")
                   + f" | {ours['block_ms']:.2f} vs {dif['block_ms']:.2f} ms per block |",
@@ -338,6 +343,11 @@ def table(res: dict, args) -> str:
                   + " | - | not in the total" + ("" if ours["write_s"] is not None else "; no ffmpeg on this machine")
                   + " |",
                   f"| peak device memory | {ours['peak_device_gib']:.1f} GiB | - | {args.blocks}-block checkpoint |"]
+        fp8 = ex.get("libh3_fp8")
+        if fp8:
+            lines += [f"| **total, libh3 fp8 weights + fp8 attention** | **{fp8['total_s']:.2f} s** | - | text "
+                      f"{fp8['text_s']:.2f} s, denoise {fp8['denoise_s']:.2f} s ({fp8['block_ms']:.2f} ms per block), "
+                      f"video {fp8['video_decode_s']:.2f} s, audio {fp8['audio_decode_s']:.2f} s |"]
     return "\n".join(lines)
 
 
@@ -352,6 +362,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per diffusers measurement (median)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile of a diffusers block")
     ap.add_argument("--threads", type=int, default=8, help="libh3 CPU threads")
+    ap.add_argument("--fp8", action="store_true", help="also render with libh3's fp8 weights and fp8 attention (a "
+                    "second context; reported next to bf16)")
     ap.add_argument("--ckpt", help="folder for the checkpoint (default: a temporary folder, removed at the end)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--dry-run", action="store_true", help=f"toy widths on the CPU, shapes {DRY_SHAPES}: checks the "
@@ -403,6 +415,8 @@ def main() -> int:
         # libh3 renders with the torch models off the GPU, so its device peaks are its own (plus torch's context)
         park(torch, models, "cpu")
         res["libh3"] = bench_libh3(root, shapes, args)
+        if args.fp8:
+            res["libh3_fp8"] = bench_libh3(root, shapes, args, precision="fp8", fp8_attention=True)
         park(torch, models, DEV)
         n_text = {g["spec"]: res["libh3"][g["spec"]][-1]["prompt_tokens"] for g in shapes}
         res["diffusers"] = bench_diffusers(torch, models, shapes, n_text, args)
@@ -431,6 +445,12 @@ def report(res: dict, shapes: list, args) -> int:
                                        "libh3_cold": extrapolate_libh3(res["libh3"][g["spec"]][0], args),
                                        "diffusers": extrapolate_diffusers(res["diffusers"][g["spec"]], args)}
                            for g in shapes}
+    if res.get("libh3_fp8"):
+        fp8 = {"libh3": res["libh3_fp8"]}
+        fp8_text = warm_text_s(fp8, shapes)
+        for g in shapes:
+            res["extrapolated"][g["spec"]]["libh3_fp8"] = extrapolate_libh3(res["libh3_fp8"][g["spec"]][-1], args,
+                                                                            fp8_text)
     print(f"\n{res['machine']['gpu']}; libh3 {res['libh3']['device']}; torch {res['machine']['torch']}, diffusers "
           f"{res['machine']['diffusers']}; checkpoint with {args.blocks} blocks, {args.text_layers} text layers, "
           f"full decoders; run took {res['total_s']:.0f} s")

@@ -236,6 +236,33 @@ def test_bit_identical_threads_and_prefetch(ckpts, monkeypatch):
     assert len(outs) == 16 and all(o == outs[0] for o in outs[1:])
 
 
+def test_kept_layers_compute_the_streamed_bits_and_read_only_embeddings(models, ckpts, monkeypatch):
+    # A GPU with room keeps the layers the first streamed encode computed on (h3_text_keep) and later
+    # encodes read only their prompt's embedding rows. H3_TEXT_STREAM=1 runs the GPU's protocol on the
+    # CPU and H3_TEXT_KEEP=1 keeps there too (a host copy): the bits and the reads are checked here.
+    name = "wide"
+    model, layer = models[name]
+    hidden = model.config.text_config.hidden_size
+    root = ckpts[name]
+    a, b = random_ids(77, 11), random_ids(333, 12)
+    monkeypatch.setenv("H3_TEXT_STREAM", "1")
+    monkeypatch.setenv("H3_TEXT_KEEP", "0")
+    with Context(root, threads=2) as ctx:
+        want_a = text.encode(ctx, a).tobytes()
+        want_b = text.encode(ctx, b).tobytes()
+        assert text.cache_stats(ctx)["last_bytes_read"] == expected_bytes(root, layer, len(b), hidden)
+    monkeypatch.setenv("H3_TEXT_KEEP", "1")
+    with Context(root, threads=2) as ctx:
+        got_a = text.encode(ctx, a).tobytes()  # streamed, and kept
+        assert text.cache_stats(ctx)["last_bytes_read"] == expected_bytes(root, layer, len(a), hidden)
+        got_b = text.encode(ctx, b).tobytes()  # from the kept layers
+        assert text.cache_stats(ctx)["last_bytes_read"] == expected_bytes(root, 0, len(b), hidden)
+        monkeypatch.setenv("H3_TEXT_KEEP", "0")  # kept layers are used whatever the switch says once made
+        got_b2 = text.encode(ctx, random_ids(5, 13)).tobytes()
+        assert text.cache_stats(ctx)["last_bytes_read"] == expected_bytes(root, 0, 5, hidden)
+    assert got_a == want_a and got_b == want_b and len(got_b2) == 5 * hidden * 4
+
+
 # ---- streaming: what is read -------------------------------------------------------------------
 
 

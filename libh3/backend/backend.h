@@ -408,6 +408,10 @@ typedef struct h3_backend_ops {
        data may go once the call returns. NULL where fp8 GEMMs do not exist (the CPU). */
     int (*weight_load_fp8)(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
                            h3_bw *out);
+    /* dst = src, `bytes` bytes of this backend's memory (alloc'd, or what a weight views), queued in
+       order with the ops: a copy of weights an op still has to read, or of a buffer the next op
+       overwrites, sees the bytes in between. Ranges must not overlap. */
+    int (*dcopy)(h3_backend *be, void *dst, const void *src, size_t bytes);
 } h3_backend_ops;
 
 /* The weight shapes the fp8 path quantises (the others stay bf16): cuBLASLt's fp8 kernels want K,

@@ -403,6 +403,147 @@ static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_l
     return rc;
 }
 
+/* ---- layers kept on the device between encodes (h3_text_run.keep) -------------------------- */
+/*
+ * A GPU with room to spare (the release's 50 layers take ~46 GiB) can hold the layers instead of
+ * reading ~930 MiB a layer from the page cache and copying it over PCIe at every encode (~41 ms a
+ * layer, against ~1.5 ms of compute). The encode that makes the copy is an ordinary streamed one:
+ * after each layer's ops are queued, its GEMM weights (the bf16 bytes the ops read in the slot or
+ * the conversion area) are copied device to device into the layer's kept block, in stream order,
+ * before the slot is marked free; its norm weights are kept on the host, widened as norm_weight
+ * widens them. Later encodes compute on the kept bytes: the same bits as streaming them.
+ */
+struct h3_text_keep {
+    h3_backend *be;
+    int layers;
+    uint64_t ident;            /* which tensors (plan_ident) */
+    uint64_t bytes;            /* device bytes held */
+    void **dev;                /* per layer: one block holding its GEMM weights (256-byte aligned parts) */
+    h3_bw (*w)[W_COUNT];       /* per layer: views of the block, in W_* order (norm entries unused) */
+    float **norm;              /* per layer: w_in, w_post, q_norm, k_norm widened to f32, one after another */
+};
+
+static const int k_norms[4] = {W_IN_NORM, W_POST_NORM, W_Q_NORM, W_K_NORM};
+
+/* FNV-1a over where and what every tensor of every layer is: kept layers serve only the plan
+   they were made from. */
+static uint64_t plan_ident(const te_plan *p)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int l = 0; l < p->cfg.cond_layer; l++)
+        for (int w = 0; w < W_COUNT; w++) {
+            const h3_tensor *t = p->layers[l].t[w];
+            const uint64_t v[6] = {(uint64_t)t->file, t->begin, t->end, (uint64_t)t->dtype, (uint64_t)t->shape[0],
+                                   (uint64_t)(t->ndim > 1 ? t->shape[1] : 0)};
+            const unsigned char *c = (const unsigned char *)v;
+            for (size_t i = 0; i < sizeof v; i++) h = (h ^ c[i]) * 1099511628211ull;
+        }
+    return h;
+}
+
+void h3_text_keep_free(h3_text_keep *k)
+{
+    if (!k) return;
+    for (int l = 0; l < k->layers; l++) {
+        if (k->dev && k->dev[l]) k->be->ops->release(k->be, k->dev[l]);
+        if (k->norm) free(k->norm[l]);
+    }
+    free(k->dev);
+    free(k->w);
+    free(k->norm);
+    free(k);
+}
+
+uint64_t h3_text_keep_bytes(const h3_text_keep *k) { return k ? k->bytes : 0; }
+
+/* Whether a streamed encode should make kept layers: H3_TEXT_KEEP=1 always (CI checks the bits
+   on the CPU with it), 0 never; else on a device backend when its free memory less the layers
+   (bf16: 2 bytes a value) stays at or above the caller's reserve. */
+static bool keep_wanted(h3_backend *be, const te_plan *p, uint64_t reserve)
+{
+    const char *e = getenv("H3_TEXT_KEEP");
+    if ((e && !strcmp(e, "0")) || !be->ops->dcopy) return false;
+    if (e && !strcmp(e, "1")) return true;
+    if (be->act_dtype == H3_DT_F32 || !be->ops->mem_info) return false; /* the CPU computes on the mapping */
+    uint64_t need = 0, fr = 0, tot = 0;
+    for (int l = 0; l < p->cfg.cond_layer; l++)
+        for (int i = 0; i < TE_GEMMS; i++) {
+            const h3_tensor *t = p->layers[l].t[k_gemms[i]];
+            need += (uint64_t)t->shape[0] * (uint64_t)t->shape[1] * 2 + 256;
+        }
+    if (be->ops->mem_info(be, &fr, &tot)) {
+        h3_err_clear();
+        return false;
+    }
+    return fr > need && fr - need >= reserve;
+}
+
+static h3_text_keep *keep_new(h3_backend *be, const te_plan *p)
+{
+    const int L = p->cfg.cond_layer;
+    h3_text_keep *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->be = be;
+    k->layers = L;
+    k->ident = plan_ident(p);
+    k->dev = calloc((size_t)L, sizeof *k->dev);
+    k->w = calloc((size_t)L, sizeof *k->w);
+    k->norm = calloc((size_t)L, sizeof *k->norm);
+    if (!k->dev || !k->w || !k->norm) {
+        h3_text_keep_free(k);
+        return NULL;
+    }
+    return k;
+}
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* Layer l into the kept block: W (what its ops read) copied in stream order, norms from the host
+   buffer `buf`. -H3_E_NOMEM when the device or host has no room (the caller gives up keeping). */
+static int keep_layer(h3_text_keep *k, int l, const te_layer *L, const uint8_t *buf, const h3_bw *W)
+{
+    h3_backend *be = k->be;
+    size_t total = 0, nf = 0;
+    for (int i = 0; i < TE_GEMMS; i++) {
+        const h3_bw *w = &W[k_gemms[i]];
+        if (w->priv || !w->data) return -H3_E_NOMEM; /* not plain bytes: nothing to keep */
+        total += align256((size_t)(w->rows * w->cols) * h3_dtype_size(w->dtype));
+    }
+    for (int j = 0; j < 4; j++) nf += (size_t)L->t[k_norms[j]]->shape[0];
+    if (!(k->norm[l] = malloc(sizeof(float) * nf)) || !(k->dev[l] = be->ops->alloc(be, total))) return -H3_E_NOMEM;
+    size_t at = 0;
+    for (int i = 0; i < TE_GEMMS; i++) {
+        const h3_bw *w = &W[k_gemms[i]];
+        const size_t bytes = (size_t)(w->rows * w->cols) * h3_dtype_size(w->dtype);
+        char *dst = (char *)k->dev[l] + at;
+        int rc = be->ops->dcopy(be, dst, w->data, bytes);
+        if (rc) return rc;
+        k->w[l][k_gemms[i]] = (h3_bw){dst, w->dtype, w->rows, w->cols, NULL};
+        at += align256(bytes);
+    }
+    k->bytes += total;
+    for (int j = 0, o = 0; j < 4; j++) {
+        const h3_tensor *t = L->t[k_norms[j]];
+        h3_to_f32(buf + L->off[k_norms[j]], t->dtype, k->norm[l] + o, t->shape[0]);
+        o += (int)t->shape[0];
+    }
+    return 0;
+}
+
+/* Layer l's norm weights from the kept host copy (the order keep_layer wrote). */
+static int kept_norms(h3_backend *be, te_act *a, const h3_text_keep *k, int l, const te_layer *L)
+{
+    float *const dst[4] = {a->w_in, a->w_post, a->w_qn, a->w_kn};
+    size_t o = 0;
+    for (int j = 0; j < 4; j++) {
+        const size_t n = (size_t)L->t[k_norms[j]]->shape[0];
+        int rc = be->ops->upload(be, dst[j], k->norm[l] + o, sizeof(float) * n);
+        if (rc) return rc;
+        o += n;
+    }
+    return 0;
+}
+
 /* hidden_states[0]: the prompt's rows of the embedding table, read one by one into out. */
 static int embed_rows(h3_streamer *st, const te_plan *p, const int32_t *ids, int n, float *out)
 {
@@ -533,6 +674,7 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     float *ds = NULL;       /* backend: the deepstack rows that are added (layers 0..n_ds-1) */
     int32_t *pos = NULL;    /* host: [3][n] positions of the 3-D table */
     void *ws = NULL;        /* the backend's weight stream, when it has one */
+    h3_text_keep *making = NULL; /* the layers this encode keeps (h3_text_run.keep), while it runs */
     const size_t stream_bytes = sizeof(float) * (size_t)n * (size_t)H;
     /* hidden_states[L] is recorded before layer L-1's own addition, so at most L-1 sets matter. */
     const int n_ds = !vis ? 0 : vis->n_deepstack < L - 1 ? vis->n_deepstack : L - 1;
@@ -551,11 +693,24 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
        pinned buffers with several threads, and the copy to the device overlaps the previous layer's
        compute. H3_TEXT_STREAM=0 keeps the per-weight weight_load path (the same bits, slower). */
     const int nslots = reader_slots(&p, prefetch);
-    if (use_stream(be)) {
+    /* Kept layers (h3_text_run.keep) of this plan on this backend: nothing to read but the prompt's
+       embedding rows. Kept layers of anything else are let go. */
+    h3_text_keep *kept = run && run->keep ? *run->keep : NULL;
+    if (kept && (kept->be != be || kept->layers != L || kept->ident != plan_ident(&p))) {
+        h3_text_keep_free(kept);
+        *run->keep = kept = NULL;
+    }
+    if (kept) {
+        if ((rc = layers_open(&p, 1, NULL, 1, &st))) goto done;
+    } else if (use_stream(be)) {
         void *host[2] = {NULL, NULL};
         if ((rc = be->ops->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, nslots, host, &ws)) ||
             (rc = layers_open(&p, nslots, host, reader_threads(true), &st)))
             goto done;
+        if (run && run->keep && keep_wanted(be, &p, run->keep_reserve) && !(making = keep_new(be, &p))) {
+            rc = -H3_E_NOMEM;
+            goto done;
+        }
     } else if ((rc = layers_open(&p, nslots, NULL, reader_threads(false), &st))) {
         goto done;
     }
@@ -564,7 +719,8 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
         goto done;
     }
     for (int l = 0; l < L; l++) seq[l] = l;
-    if ((rc = h3_streamer_begin(st, seq, L))) goto done; /* the first layers load while the embeddings are gathered */
+    /* the first layers load while the embeddings are gathered */
+    if ((rc = h3_streamer_begin(st, seq, kept ? 0 : L))) goto done;
     /* hidden_states[0] is gathered into the caller's output, then becomes the residual stream. */
     if ((rc = act_alloc(&a, be, &p.cfg, n, &block)) || (rc = embed_rows(st, &p, ids, n, out))) goto done;
     if (vis) {
@@ -586,8 +742,12 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     if ((rc = h3_progress_check(progress, user, "text_encoder", 0, L))) goto done;
     for (int l = 0; l < L; l++) {
         const uint8_t *buf = NULL;
-        if ((rc = h3_streamer_get(st, &buf))) break;
-        if (ws) {
+        if (kept) {
+            if ((rc = kept_norms(be, &a, kept, l, &p.layers[l])) || (rc = layer_forward(be, &a, &p.cfg, kept->w[l])))
+                break;
+        } else if ((rc = h3_streamer_get(st, &buf))) {
+            break;
+        } else if (ws) {
             /* Slot l % nslots: its device copy is queued, then the host buffer of layer l + 1 is
                handed to the streamer once the copy that last read it (layer l + 1 - nslots) is
                over; the layer's ops are queued behind the copy and mark the slot read. */
@@ -601,9 +761,17 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
             /* The norm weights go last: an upload from pageable memory may wait for the ops queued
                before it (layer l - 1's), and by now the copy and the next read are under way. They
                are read from this layer's host buffer, which the reader does not touch. */
-            if ((rc = layer_norms(be, &a, &p.layers[l], buf)) || (rc = layer_forward(be, &a, &p.cfg, W)) ||
-                (rc = be->ops->wstream_done(be, ws, slot)))
-                break;
+            if ((rc = layer_norms(be, &a, &p.layers[l], buf)) || (rc = layer_forward(be, &a, &p.cfg, W))) break;
+            /* Kept layers: the copy is queued behind the layer's ops and before the slot is marked
+               free. No room for it is not a fault of the encode: the layers are not kept. */
+            if (making && (rc = keep_layer(making, l, &p.layers[l], buf, W))) {
+                if (rc != -H3_E_NOMEM) break;
+                h3_err_clear();
+                h3_text_keep_free(making); /* the device's release waits for the queued copies */
+                making = NULL;
+                rc = 0;
+            }
+            if ((rc = be->ops->wstream_done(be, ws, slot))) break;
         } else {
             if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;
             h3_streamer_done(st);
@@ -612,7 +780,12 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
         if ((rc = h3_progress_check(progress, user, "text_encoder", l + 1, L))) break;
     }
     if (!rc) rc = be->ops->download(be, out, a.x, stream_bytes);
+    if (!rc && making) { /* every layer is in: the next encodes use them */
+        *run->keep = making;
+        making = NULL;
+    }
 done:
+    h3_text_keep_free(making);
     if (run) run->bytes_read = st ? h3_streamer_bytes(st) : 0;
     h3_streamer_close(st);
     if (ws) be->ops->wstream_close(be, ws); /* after the streamer: it may be filling a pinned buffer */

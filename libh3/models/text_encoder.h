@@ -14,13 +14,25 @@
 /* Largest prompt accepted (keeps every size computation far from overflow). */
 #define H3_TEXT_MAX_TOKENS (1 << 20)
 
+/* The layers' GEMM weights kept on a GPU between encodes (h3_text_run.keep): made by a streamed
+   encode when the device has room, used by the next ones instead of reading and copying the layers
+   again. The bytes are those the streamed encode computed on, so outputs do not change. */
+typedef struct h3_text_keep h3_text_keep;
+H3_INTERNAL void h3_text_keep_free(h3_text_keep *k);
+H3_INTERNAL uint64_t h3_text_keep_bytes(const h3_text_keep *k);
+
 typedef struct h3_text_run {
     /* in */
     h3_progress_fn progress; /* may be NULL; called on the calling thread, done = layers finished */
     void *progress_user;
     int prefetch;            /* 1 = background reader, 0 = synchronous reads, -1 = H3_TEXT_PREFETCH (default on) */
-    /* out */
-    uint64_t bytes_read;     /* weight bytes read from the shards (embedding rows + layers) */
+    uint64_t bytes_read;     /* out: weight bytes read from the shards (embedding rows + layers) */
+    /* in/out, may be NULL: the caller's kept layers. Used when *keep holds this model's layers;
+       else, on the streamed path, made when H3_TEXT_KEEP says so (1 always, 0 never) or, by
+       default, when the device's free memory less the layers stays >= keep_reserve (what the
+       caller still needs: the transformer it has not loaded, activations, decoders). */
+    h3_text_keep **keep;
+    uint64_t keep_reserve;
 } h3_text_run;
 
 /*

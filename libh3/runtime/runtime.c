@@ -132,8 +132,8 @@ int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
     int rc = pool ? h3_rt_dit_backend(rt, &be) : -H3_E_NOMEM;
     const h3_dit_open_opts o = dit_opts(rt, opts);
     if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
-    /* The decoders' kept weights give way to the transformer: free them and try once more. */
-    if (rc == -H3_E_NOMEM && h3_rt_release_decoders(rt))
+    /* The weights kept for the other stages give way to the transformer: free them and try once more. */
+    if (rc == -H3_E_NOMEM && h3_rt_release_kept(rt))
         rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
     if (rc) {
         free(key);
@@ -154,20 +154,42 @@ void h3_rt_release_dit(h3_runtime *rt)
     h3_store_release(&rt->model->comp[H3_COMP_TRANSFORMER].store);
 }
 
-bool h3_rt_release_decoders(h3_runtime *rt)
+bool h3_rt_release_kept(h3_runtime *rt)
 {
-    const bool held = rt->vvae_keep || rt->avae_keep;
+    const bool held = rt->vvae_keep || rt->avae_keep || rt->text_keep;
     h3_vvae_keep_free(rt->vvae_keep);
     h3_avae_keep_free(rt->avae_keep);
+    h3_text_keep_free(rt->text_keep);
     rt->vvae_keep = NULL;
     rt->avae_keep = NULL;
+    rt->text_keep = NULL;
     return held;
+}
+
+/* What keeping the text encoder's layers must leave: beyond the transformer (its stored bytes, an
+   upper bound on its device form), activations at the largest shapes (~6.3 GiB of the
+   transformer's at 37,838 tokens), the decoders' weights (~5 GiB) and their work. */
+#define TEXT_KEEP_MARGIN ((uint64_t)16 << 30)
+
+uint64_t h3_rt_text_keep_reserve(h3_runtime *rt)
+{
+    uint64_t need = TEXT_KEEP_MARGIN;
+    if (rt->dit) return need;
+    h3_model *m = rt->model;
+    if (!m->comp[H3_COMP_TRANSFORMER].present) return need;
+    if (h3_model_headers(m, H3_COMP_TRANSFORMER)) {
+        h3_err_clear();
+        return UINT64_MAX; /* unknown: keep nothing */
+    }
+    const h3_store *s = &m->comp[H3_COMP_TRANSFORMER].store;
+    for (size_t i = 0; i < s->ntensors; i++) need += s->tensors[i].end - s->tensors[i].begin;
+    return need;
 }
 
 void h3_rt_free(h3_runtime *rt)
 {
     h3_rt_render_free(rt); /* its latents live on the transformer's backend */
-    h3_rt_release_decoders(rt); /* before the backends they live on */
+    h3_rt_release_kept(rt); /* before the backends they live on */
     h3_tokenizer_free(rt->tokenizer);
     h3_text_cache_free(rt->text_cache);
     h3_dit_close(rt->dit); /* before the model and the backends: it holds views and copies of both */

@@ -36,9 +36,13 @@ typedef struct h3_runtime {
     char *dit_key;             /* the LoRA files merged into it ("" or NULL: none); see h3_rt_dit_for */
     struct h3_render *render;  /* the prepared request */
     /* The decoders' weights on the stage backend when it is a GPU, loaded at first use and kept
-       until h3_rt_free or until the transformer needs the memory (h3_rt_release_decoders). */
+       until h3_rt_free or until the transformer needs the memory (h3_rt_release_kept). */
     struct h3_vvae_keep *vvae_keep;
     struct h3_avae_keep *avae_keep;
+    /* The text encoder's layers on the stage backend when it is a GPU with room for them next to
+       the transformer (models/text_encoder.h: h3_text_keep), made by the first encode, given up
+       like the decoders' weights. */
+    struct h3_text_keep *text_keep;
 } h3_runtime;
 
 /* The host worker pool (NULL + error when it cannot be created). */
@@ -59,8 +63,12 @@ struct h3_dit_open_opts;
 H3_INTERNAL int h3_rt_dit_for(h3_runtime *rt, const struct h3_dit_open_opts *opts, struct h3_dit **out);
 /* Close the transformer and let its pages go (a render's decode does this first). */
 H3_INTERNAL void h3_rt_release_dit(h3_runtime *rt);
-/* Free the decoders' kept weights (true when there were any). */
-H3_INTERNAL bool h3_rt_release_decoders(h3_runtime *rt);
+/* Free the weights kept on the stage backend, the decoders' and the text encoder's layers (true when
+   there were any). */
+H3_INTERNAL bool h3_rt_release_kept(h3_runtime *rt);
+/* Device memory an encode that keeps the text encoder's layers must leave free: the transformer's
+   stored weights while it is not open, plus room for activations and the decoders. */
+H3_INTERNAL uint64_t h3_rt_text_keep_reserve(h3_runtime *rt);
 /* Everything the runtime holds (the model stays: it belongs to the caller). */
 H3_INTERNAL void h3_rt_free(h3_runtime *rt);
 H3_INTERNAL int h3_rt_progress(h3_runtime *rt, const char *phase, int done, int total);

@@ -605,6 +605,32 @@ static void t_copy_add_div(bk *b, int64_t rows, int64_t n)
     mfree(b, &S), mfree(b, &Dm), mfree(b, &X);
 }
 
+/* dcopy: bytes between two allocations, in order with the ops around it (an odd length, odd offsets
+   and every byte value, NaN patterns included: nothing may be read as a number). */
+static void t_dcopy(bk *b, size_t bytes)
+{
+    const h3_backend_ops *o = b->be->ops;
+    unsigned char *src = malloc(bytes + 8), *got = malloc(bytes + 8);
+    for (size_t i = 0; i < bytes + 8; i++) src[i] = (unsigned char)(i * 131u + 7u);
+    char *d1 = o->alloc(b->be, bytes + 8), *d2 = o->alloc(b->be, bytes + 8);
+    int rc = d1 && d2 ? 0 : -1;
+    if (!rc) rc = o->upload(b->be, d1, src, bytes + 8);
+    if (!rc) rc = o->zero(b->be, d2, bytes + 8);
+    if (!rc) rc = o->dcopy(b->be, d2 + 3, d1 + 1, bytes);
+    if (!rc) rc = o->dcopy(b->be, d2, d1, 0); /* nothing */
+    if (!rc) rc = o->download(b->be, got, d2, bytes + 8);
+    CHECK_MSG(rc == 0, "%s: dcopy: %s", b->name, h3_last_error());
+    bool same = rc == 0 && memcmp(got + 3, src + 1, bytes) == 0 && got[0] == 0 && got[1] == 0 && got[2] == 0;
+    for (size_t i = bytes + 3; i < bytes + 8; i++) same = same && got[i] == 0;
+    char what[96];
+    snprintf(what, sizeof what, "%zu bytes at odd offsets", bytes);
+    report_bits(b, "dcopy", what, same, 0.0);
+    h3_err_clear();
+    CHECK(o->dcopy(b->be, NULL, d1, 4) < 0 && h3_last_error()[0]);
+    o->release(b->be, d1), o->release(b->be, d2);
+    free(src), free(got);
+}
+
 /* ---- gated_add, swiglu, scatter_rows -------------------------------------------------------- */
 
 static void t_gated(bk *b, int64_t rows, int64_t n, bool mod, h3_dtype ydt, int64_t xpad)
@@ -1435,6 +1461,8 @@ static void run_all(bk *b)
         t_layernorm(b, 3, 6200, true, true);
         t_copy_add_div(b, 7, 64);
         t_copy_add_div(b, 333, 130);
+        t_dcopy(b, 1);
+        t_dcopy(b, 1000003);
     } else {
         printf("%-5s %-13s %-52s skipped: not in this backend's table yet\n", b->name, "layernorm", "copy, add_div");
     }

@@ -17,7 +17,8 @@
 #           torch.compile: bf16, fp8 weights, fp8 attention and both, ms per block and rel-L2 (bench-fp8.json)
 #   bench-render  (optional, not in the default list: ~4 min) tests/bench_render_released.py: whole renders at the
 #           released widths (4 blocks, 4 text layers, full decoders) at 864x480x56 and 1344x768x124, per phase next
-#           to diffusers, extrapolated to 50 blocks / 20 steps (table + bench-render.json)
+#           to diffusers, extrapolated to 50 blocks / 20 steps, bf16 and (--fp8) fp8 weights + fp8 attention (table +
+#           bench-render.json; BENCH_RENDER_ARGS replaces the default "--no-compile --repeats 1 --fp8")
 #
 # Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
 # wheels in ./.whl when that folder exists (tests/gpu/make_carry.sh packs diffusers and the cudnn-frontend headers for
@@ -124,7 +125,8 @@ for stage in "${STAGES[@]}"; do
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
         ;;
     bench-render)
-        run bench-render "$PY" tests/bench_render_released.py --out "$LOG/bench-render.json"
+        run bench-render "$PY" tests/bench_render_released.py ${BENCH_RENDER_ARGS:---no-compile --repeats 1 --fp8} \
+            --out "$LOG/bench-render.json"
         # the extrapolated totals, where a reader of the summary looks first
         grep -E '^\| \*\*total|extrapolated to' "$LOG/bench-render.log" >>"$LOG/summary.txt"
         ;;

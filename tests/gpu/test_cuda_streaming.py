@@ -5,6 +5,8 @@ device peak.
 * Text encoder: the streamed path (default) against H3_TEXT_STREAM=0 (each weight uploaded with weight_load, the
   path before streaming), with and without prefetch (two slots / one), with 1 and 4 reader threads, on BF16 (used in
   place on the device) and F32 (rounded to bf16 on the device) checkpoints: every output bit-identical.
+* Text encoder: with room on the GPU the first encode keeps the layers it streamed; later encodes read only their
+  embedding rows and give the streamed bits (H3_TEXT_KEEP=0 streams every encode).
 * Decoders: a second decode in the same context gives the same bytes although the weight files were moved away in
   between (the weights stayed on the GPU; a fresh context then fails to load them, which shows the files are gone).
 * The profile on CUDA (Engine.render(profile=True), what `h3ctl render --profile` prints): every phase reports the
@@ -45,6 +47,7 @@ def test_text_stream_gives_the_weight_load_bits(tmp_path_factory, monkeypatch, d
         monkeypatch.setenv("H3_TEXT_STREAM", stream)
         monkeypatch.setenv("H3_TEXT_PREFETCH", prefetch)  # read at h3_init
         monkeypatch.setenv("H3_TEXT_READERS", readers)
+        monkeypatch.setenv("H3_TEXT_KEEP", "0")  # every encode streams (kept layers: the next test)
         with Context(root, threads=4, device="cuda") as ctx:
             text.set_cache_budget(ctx, 0)  # every encode computes
             outs[label] = [text.encode(ctx, i).tobytes() for i in ids]
@@ -53,6 +56,36 @@ def test_text_stream_gives_the_weight_load_bits(tmp_path_factory, monkeypatch, d
     assert all(np.isfinite(np.frombuffer(b, np.float32)).all() for b in outs["stream"])
     print(f"parity: text stream {dtype}: streamed (2 slots, 8 readers; 1 reader; 1 slot) bit-identical to weight_load "
           f"at 1, 77, 333 tokens")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_text_layers_kept_on_the_gpu(tmp_path_factory, monkeypatch, dtype):
+    # By default a GPU with room keeps the layers the first encode streamed (h3_text_keep): later encodes read only
+    # their prompt's embedding rows and give the streamed bits.
+    cs.require_torch_cuda()
+    from tests import test_text_encoder as TE
+
+    cfg, layer = TE.CONFIGS["wide"]
+    model = TE.build_model(cfg, seed=5)
+    hidden = model.config.text_config.hidden_size
+    root = TE.write_checkpoint(model, layer, tmp_path_factory.mktemp(f"keep_{dtype}"), dtype=dtype, nshards=2)
+    ids = [TE.random_ids(n, 60 + n) for n in (77, 1, 333)]
+    monkeypatch.setenv("H3_TEXT_KEEP", "0")
+    with Context(root, threads=4, device="cuda") as ctx:
+        text.set_cache_budget(ctx, 0)
+        want = [text.encode(ctx, i).tobytes() for i in ids]
+    monkeypatch.delenv("H3_TEXT_KEEP")  # auto: the H200 has room for these layers
+    got, reads = [], []
+    with Context(root, threads=4, device="cuda") as ctx:
+        text.set_cache_budget(ctx, 0)
+        for i in ids:
+            got.append(text.encode(ctx, i).tobytes())
+            reads.append(text.cache_stats(ctx)["last_bytes_read"])
+    assert got == want
+    assert reads[0] == TE.expected_bytes(root, layer, len(ids[0]), hidden)
+    assert reads[1:] == [TE.expected_bytes(root, 0, len(i), hidden) for i in ids[1:]]
+    print(f"parity: text layers kept on the GPU ({dtype}): later encodes read {reads[1:]} bytes (embedding rows only), "
+          f"bit-identical to streaming every encode")
 
 
 def _move_weights(folder):

@@ -185,6 +185,14 @@ static int cpu_wstream_sync(h3_backend *be, void *ws, int slot)
     return 0;
 }
 
+static int cpu_dcopy(h3_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes && (!dst || !src)) return h3_err(H3_E_INVALID, "cpu backend: copy of %zu bytes from or to NULL", bytes);
+    if (bytes) memcpy(dst, src, bytes);
+    return 0;
+}
+
 static int cpu_linear(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
 {
     int rc;
@@ -453,6 +461,7 @@ static const h3_backend_ops cpu_ops = {
     .wstream_wait_host = cpu_wstream_sync,
     .wstream_done = cpu_wstream_sync,
     .wstream_close = cpu_wstream_close,
+    .dcopy = cpu_dcopy,
 };
 
 int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)

@@ -390,6 +390,17 @@ static int be_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t
     return 0;
 }
 
+/* Device-to-device bytes on the compute stream: ordered with the ops around it. */
+static int be_dcopy(h3_backend *be, void *dst, const void *src, size_t bytes)
+{
+    Backend *b = B(be);
+    if (bytes && (!dst || !src)) return fail(b, H3_E_INVALID, "cuda: copy of %zu bytes from or to NULL", bytes);
+    int rc = use_device(b);
+    if (rc || !bytes) return rc;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b->stream);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "copying device memory");
+}
+
 /* A pre-quantised fp8 weight: the stored e4m3 bytes and scales uploaded as they are, into the form
    quantising at load makes (fp8_weight_alloc). */
 static int be_weight_load_fp8(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
@@ -713,7 +724,7 @@ static const h3_backend_ops cuda_ops = {
     be_host_alloc,   be_host_free,    be_weight_bytes, be_weight_save,  be_weight_view,
     be_ring_open,    be_ring_close,   be_ring_fill,    be_ring_wait,    be_ring_done,
     be_wstream_open, be_wstream_load, be_wstream_wait_host, be_wstream_done, be_wstream_close,
-    be_mem_peak,     be_weight_load_fp8,
+    be_mem_peak,     be_weight_load_fp8, be_dcopy,
 };
 
 /* Why the runtime found no usable device, as one line. */

@@ -182,7 +182,9 @@ def park(torch, models: dict, device: str) -> None:
 # ---- libh3 --------------------------------------------------------------------------------------------------------
 
 
-def bench_libh3(root: Path, shapes: list[dict], args, **engine_kw) -> dict:
+def bench_libh3(root: Path, shapes: list[dict], args, frames: dict | None = None, **engine_kw) -> dict:
+    """Two renders per shape in one context (module docstring); `frames`, when given, receives the last render's
+    frames of each shape (the same prompt and seed in every context: the fp8 renders are compared with them)."""
     from h3ctl import Engine, media
 
     out, runs_by_shape = {}, []
@@ -218,6 +220,21 @@ def bench_libh3(root: Path, shapes: list[dict], args, **engine_kw) -> dict:
                       + (f"; write {write_s:.2f} s" if write_s is not None else ""), flush=True)
             out[g["spec"]] = runs
             runs_by_shape.append(g["spec"])
+            if frames is not None:
+                frames[g["spec"]] = r.frames
+    return out
+
+
+def frame_quality(ref: dict, got: dict) -> dict:
+    """PSNR over every frame and SSIM over every 8th (SSIM's float64 windows over a whole 1344x768x124 video would
+    take ~30 GB) of `got` against `ref`, per shape: the fp8 render against the bf16 one (same prompt, seed)."""
+    from tests import quality
+
+    out = {}
+    for spec, f in got.items():
+        out[spec] = {"psnr_db": quality.psnr(f, ref[spec]), "ssim": quality.ssim(f[::8], ref[spec][::8])}
+        print(f"fp8 weights + fp8 attention vs bf16, {spec}: frames PSNR {out[spec]['psnr_db']:.2f} dB, SSIM "
+              f"{out[spec]['ssim']:.4f}", flush=True)
     return out
 
 
@@ -345,9 +362,11 @@ def table(res: dict, args) -> str:
                   f"| peak device memory | {ours['peak_device_gib']:.1f} GiB | - | {args.blocks}-block checkpoint |"]
         fp8 = ex.get("libh3_fp8")
         if fp8:
+            q = res.get("fp8_quality", {}).get(spec)
             lines += [f"| **total, libh3 fp8 weights + fp8 attention** | **{fp8['total_s']:.2f} s** | - | text "
                       f"{fp8['text_s']:.2f} s, denoise {fp8['denoise_s']:.2f} s ({fp8['block_ms']:.2f} ms per block), "
-                      f"video {fp8['video_decode_s']:.2f} s, audio {fp8['audio_decode_s']:.2f} s |"]
+                      f"video {fp8['video_decode_s']:.2f} s, audio {fp8['audio_decode_s']:.2f} s"
+                      + (f"; frames vs bf16 {q['psnr_db']:.1f} dB PSNR, SSIM {q['ssim']:.3f}" if q else "") + " |"]
     return "\n".join(lines)
 
 
@@ -414,9 +433,12 @@ def main() -> int:
               f"in {res['checkpoint']['write_s']:.1f} s", flush=True)
         # libh3 renders with the torch models off the GPU, so its device peaks are its own (plus torch's context)
         park(torch, models, "cpu")
-        res["libh3"] = bench_libh3(root, shapes, args)
+        bf16_frames, fp8_frames = {}, {}
+        res["libh3"] = bench_libh3(root, shapes, args, bf16_frames)
         if args.fp8:
-            res["libh3_fp8"] = bench_libh3(root, shapes, args, precision="fp8", fp8_attention=True)
+            res["libh3_fp8"] = bench_libh3(root, shapes, args, fp8_frames, precision="fp8", fp8_attention=True)
+            res["fp8_quality"] = frame_quality(bf16_frames, fp8_frames)
+            del bf16_frames, fp8_frames
         park(torch, models, DEV)
         n_text = {g["spec"]: res["libh3"][g["spec"]][-1]["prompt_tokens"] for g in shapes}
         res["diffusers"] = bench_diffusers(torch, models, shapes, n_text, args)

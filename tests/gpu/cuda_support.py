@@ -80,19 +80,22 @@ def heldout_quality(name: str, renders, reference):
 
     specs = world.heldout_specs()
     s = evaluate.summarize([evaluate.check(spec, f, a) for spec, (f, a) in zip(specs, renders)])
+    from tests import quality
+
     ps = [psnr(x[0], y[0]) for x, y in zip(renders, reference)]
+    ss = [quality.ssim(x[0], y[0]) for x, y in zip(renders, reference)]
     au = [rel_l2(x[1], y[1]) for x, y in zip(renders, reference)]
     print(f"semantic: cuda {name} {s['passed']}/{s['total']} = {100 * s['pass_rate']:.1f} % {s['per_check']}")
     print(f"{name}: h3-tiny frames vs bf16 over {len(specs)} prompts: PSNR min {min(ps):.1f} dB, mean "
-          f"{np.mean(ps):.1f} dB; audio rel-L2 max {max(au):.2e}")
+          f"{np.mean(ps):.1f} dB; SSIM min {min(ss):.4f}, mean {np.mean(ss):.4f}; audio rel-L2 max {max(au):.2e}")
     return s, ps
 
 
 def psnr(a, b) -> float:
     """PSNR in dB of 8-bit frames a against b (99 for identical frames: a finite number that averages)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    mse = float(np.mean((a - b) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
+    from tests import quality
+
+    return min(quality.psnr(a, b), 99.0)
 
 
 def rel_l2(a, b) -> float:

@@ -408,6 +408,14 @@ typedef struct h3_backend_ops {
        data may go once the call returns. NULL where fp8 GEMMs do not exist (the CPU). */
     int (*weight_load_fp8)(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
                            h3_bw *out);
+
+    /* ring_fill from a packed image (core/wpack.h, chunks of H3_WPACK_CHUNK) of out_bytes of bf16
+       words, packed_bytes of pinned host memory: the copy moves ~3/4 of the bytes and the words are
+       decoded into slot s on the copy stream, exactly the words that were packed, before the
+       slot's ready point. The ring keeps one staging buffer of h3_wpack_stage_bytes (allocated at
+       the first packed fill). NULL where rings do not exist (the CPU). */
+    int (*ring_fill_packed)(h3_backend *be, struct h3_bring *r, int s, const void *packed, size_t packed_bytes,
+                            size_t out_bytes);
 } h3_backend_ops;
 
 /* The weight shapes the fp8 path quantises (the others stay bf16): cuBLASLt's fp8 kernels want K,

@@ -93,6 +93,8 @@ build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_int8.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_audio_enc.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_fp8.inc
+build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wstream.inc
+build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wpack.inc
 
 test-c: $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done

@@ -228,31 +228,41 @@ int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t 
         r->stage_bytes = need;
     }
     uint8_t *st = static_cast<uint8_t *>(r->stage);
-    uint64_t piece = (uint64_t)H3_WPACK_PIECE_CHUNKS * H3_WPACK_CHUNK;
-    if (piece > n) piece = n;
+    const uint64_t pc = h3_wpack_piece_chunks(l.chunks), pv = pc * H3_WPACK_CHUNK, pe = h3_wpack_piece_escapes(pc);
     WpackPiece wp = {};
     wp.e0 = st;
     wp.escoff = reinterpret_cast<const uint32_t *>(st + (l.escoff - l.e0));
-    uint8_t *sm = st + (l.sm - l.e0), *nib = sm + h3_wpack_r256(piece), *esc = nib + h3_wpack_r256((piece + 1) / 2);
+    uint8_t *sm = st + (l.sm - l.e0), *nib = sm + h3_wpack_r256(pv), *esc = nib + h3_wpack_r256(pv / 2);
     wp.sm = sm;
     wp.nib = nib;
     wp.esc = esc;
     wp.n = n;
     wp.out = static_cast<uint16_t *>(r->dev[s]);
     if (r->was_read[s]) e = cudaStreamWaitEvent(r->copy, r->freed[s], 0);
-    /* The tables once, then each piece's three sections and its decode, in stream order. */
+    /* The tables once, then each piece's three sections and its decode, in stream order. A piece
+       is up to pc chunks holding up to pe escapes (at least one chunk: pe >= a chunk's values). */
     if (e == cudaSuccess) e = cudaMemcpyAsync(st, p + l.e0, l.sm - l.e0, cudaMemcpyHostToDevice, r->copy);
-    for (uint64_t c0 = 0; c0 < l.chunks && e == cudaSuccess; c0 += H3_WPACK_PIECE_CHUNKS) {
-        const uint64_t c1 = c0 + H3_WPACK_PIECE_CHUNKS < l.chunks ? c0 + H3_WPACK_PIECE_CHUNKS : l.chunks;
+    for (uint64_t c0 = 0, c1; c0 < l.chunks && e == cudaSuccess; c0 = c1) {
+        const uint32_t eb = rd32(p + l.escoff + 4 * c0);
+        c1 = c0;
+        while (c1 < l.chunks && c1 - c0 < pc) {
+            const uint32_t next = rd32(p + l.escoff + 4 * (c1 + 1));
+            if (next < eb || next > escapes)
+                return fail(b, H3_E_INVALID, "cuda: a packed weight image with escape offset %u at chunk %llu", next,
+                            (unsigned long long)(c1 + 1));
+            if (next - eb > pe && c1 > c0) break;
+            c1++;
+        }
         const uint64_t v0 = c0 * H3_WPACK_CHUNK, v1 = c1 * H3_WPACK_CHUNK < n ? c1 * H3_WPACK_CHUNK : n;
-        const uint32_t eb = rd32(p + l.escoff + 4 * c0), ee = rd32(p + l.escoff + 4 * c1);
-        if (ee < eb || ee > escapes || ee - eb > v1 - v0)
-            return fail(b, H3_E_INVALID, "cuda: a packed weight image with escape offsets %u..%u for chunks %llu..%llu",
-                        eb, ee, (unsigned long long)c0, (unsigned long long)c1);
+        const uint32_t ee = rd32(p + l.escoff + 4 * c1);
+        if (ee - eb > pe || ee - eb > v1 - v0)
+            return fail(b, H3_E_INVALID, "cuda: a packed weight image with %u escapes in chunk %llu", ee - eb,
+                        (unsigned long long)c0);
         e = cudaMemcpyAsync(sm, p + l.sm + v0, v1 - v0, cudaMemcpyHostToDevice, r->copy);
         if (e == cudaSuccess)
             e = cudaMemcpyAsync(nib, p + l.nib + v0 / 2, (v1 + 1) / 2 - v0 / 2, cudaMemcpyHostToDevice, r->copy);
-        if (e == cudaSuccess && ee > eb) e = cudaMemcpyAsync(esc, p + l.esc + eb, ee - eb, cudaMemcpyHostToDevice, r->copy);
+        if (e == cudaSuccess && ee > eb)
+            e = cudaMemcpyAsync(esc, p + l.esc + eb, ee - eb, cudaMemcpyHostToDevice, r->copy);
         if (e != cudaSuccess) break;
         wp.c0 = c0;
         wp.chunks = c1 - c0;

@@ -16,16 +16,33 @@ static int chunk_ok(uint32_t chunk) { return chunk >= 2 && chunk <= (1u << 20) &
 
 static unsigned expo(uint16_t v) { return (v >> 7) & 0xFFu; }
 
+/* The hot loops run over groups of G values with a constant trip count, which the compiler's
+   vectoriser takes at -O2 (a packer pass over a 0.77 GB block is then a fraction of a second per
+   thread); the tail of a short last chunk runs one value at a time. */
+#define G 16
+
 /* E0 of the m values at v, and how many of them escape. */
 static uint32_t scan_chunk(const uint16_t *v, uint64_t m, uint8_t *e0)
 {
+    const uint64_t mg = m / G * G;
     unsigned mx = 0;
-    for (uint64_t i = 0; i < m; i++) {
-        const unsigned e = expo(v[i]);
-        mx = e > mx ? e : mx;
+    for (uint64_t i = 0; i < mg; i += G) {
+        uint16_t t = 0;
+        for (int k = 0; k < G; k++) {
+            const uint16_t e = (uint16_t)((v[i + k] >> 7) & 0xFFu);
+            t = e > t ? e : t;
+        }
+        mx = t > mx ? t : mx;
     }
+    for (uint64_t i = mg; i < m; i++) mx = expo(v[i]) > mx ? expo(v[i]) : mx;
     uint32_t esc = 0;
-    for (uint64_t i = 0; i < m; i++) esc += mx - expo(v[i]) > 14u;
+    const uint16_t lim = (uint16_t)(mx >= 15u ? mx - 14u : 0u); /* e escapes when e < E0 - 14 */
+    for (uint64_t i = 0; i < mg; i += G) {
+        uint16_t t = 0;
+        for (int k = 0; k < G; k++) t += (uint16_t)(((v[i + k] >> 7) & 0xFFu) < lim);
+        esc += t;
+    }
+    for (uint64_t i = mg; i < m; i++) esc += expo(v[i]) < lim;
     *e0 = (uint8_t)mx;
     return esc;
 }
@@ -76,25 +93,35 @@ static void write_task(void *arg, int64_t begin, int64_t end, int thread)
     const uint8_t *e0t = j->dst + j->l.e0;
     const uint8_t *escoff = j->dst + j->l.escoff;
     for (int64_t c = begin; c < end; c++) {
-        const uint64_t b = (uint64_t)c * j->chunk, m = chunk_len(j, c);
-        const uint16_t *v = j->src + b;
+        const uint64_t b = (uint64_t)c * j->chunk, m = chunk_len(j, c), mg = m / G * G;
+        /* restrict: the output bytes never alias the input words (else the loops would not vectorise) */
+        const uint16_t *restrict v = j->src + b;
         const unsigned mx = e0t[c];
-        uint8_t *ep = esc + get32(escoff + 4 * c);
-        for (uint64_t i = 0; i < m; i++) sm[b + i] = (uint8_t)(((v[i] >> 15) << 7) | (v[i] & 0x7Fu));
-        /* chunk is even, so a chunk's codes start on a byte of their own */
-        for (uint64_t i = 0; i < m; i += 2) {
-            unsigned code[2] = {0, 0};
-            for (uint64_t k = 0; k < 2 && i + k < m; k++) {
-                const unsigned e = expo(v[i + k]), d = mx - e;
-                if (d > 14u) {
-                    code[k] = 15u;
-                    *ep++ = (uint8_t)e;
-                } else {
-                    code[k] = d;
-                }
+        uint8_t *restrict s8 = sm + b, *restrict n8 = nib + b / 2; /* chunk even: codes start on a byte */
+        for (uint64_t i = 0; i < mg; i += G) {
+            for (int k = 0; k < G; k++) s8[i + k] = (uint8_t)(((v[i + k] >> 8) & 0x80u) | (v[i + k] & 0x7Fu));
+            /* two values per 32-bit word (little-endian: the even one low), so the loads stay contiguous */
+            uint32_t pair[G / 2];
+            memcpy(pair, v + i, sizeof pair);
+            for (int k = 0; k < G / 2; k++) {
+                const uint32_t d0 = mx - ((pair[k] >> 7) & 0xFFu), d1 = mx - ((pair[k] >> 23) & 0xFFu);
+                n8[i / 2 + k] = (uint8_t)((d0 > 14u ? 15u : d0) | (d1 > 14u ? 15u : d1) << 4);
             }
-            nib[(b + i) / 2] = (uint8_t)(code[0] | code[1] << 4);
         }
+        for (uint64_t i = mg; i < m; i++) {
+            const unsigned d = mx - expo(v[i]), code = d > 14u ? 15u : d;
+            s8[i] = (uint8_t)(((v[i] >> 8) & 0x80u) | (v[i] & 0x7Fu));
+            if (i % 2 == 0)
+                n8[i / 2] = (uint8_t)code;
+            else
+                n8[i / 2] |= (uint8_t)(code << 4);
+        }
+        /* The escapes in value order; most chunks have none, so the scan is skipped. */
+        const uint32_t e_begin = get32(escoff + 4 * c), e_end = get32(escoff + 4 * (c + 1));
+        if (e_begin == e_end) continue;
+        uint8_t *ep = esc + e_begin;
+        for (uint64_t i = 0; i < m; i++)
+            if (mx - expo(v[i]) > 14u) *ep++ = (uint8_t)expo(v[i]);
     }
 }
 

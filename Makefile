@@ -93,6 +93,8 @@ build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_int8.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_audio_enc.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_fp8.inc
+build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wstream.inc
+build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wpack.inc
 
 test-c: $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
@@ -169,7 +171,7 @@ NVCCFLAGS     ?= -O3
 NVCC_BASE      = -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
                  -Ilibh3 -I$(CUDA_INC) -I$(CUBLAS_INC)
 CUDA_SRC      := $(sort $(wildcard libh3/backend/cuda/*.cu))
-CUDA_HDR      := $(wildcard libh3/backend/cuda/*.cuh) libh3/backend/backend.h libh3/core/internal.h libh3/h3.h
+CUDA_HDR      := $(wildcard libh3/backend/cuda/*.cuh) libh3/backend/backend.h libh3/core/internal.h libh3/core/wpack.h libh3/h3.h
 CUDA_OBJ      := $(patsubst libh3/%.cu,build/cuda/%.o,$(CUDA_SRC))
 
 cuda: $(CUDA_LIB)

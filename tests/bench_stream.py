@@ -15,6 +15,10 @@ Per shape and budget (first the two slots alone, then --budgets), from h3_dit_de
   refiner, projections, heads); identical: the velocity equals the resident run's bit for bit.
 * ms/streamed block: (stack - resident blocks x the resident ms/block) / streamed blocks, and the floor of a streamed
   block: its device bytes / the measured pinned host->device bandwidth (torch, the same transfer size).
+* packed copies: bf16 blocks stream packed (core/wpack.h, decoded on the GPU) unless H3_STREAM_PACK=0; every bf16
+  budget runs both ways (pack on / off), with the packed share of the bytes (bytes_copied / bytes_streamed of the
+  profile) and the packed floor (the packed bytes / the same bandwidth) next to the plain floor. fp8 blocks are never
+  packed (one byte per value already).
 * at 50 blocks: the slowdown the same per-block numbers give the released 50-block stack at that budget (the blocks
   that fit stay: (budget - other weights - 2 slots) / block bytes; a streamed block costs what it cost in the first
   row of the shape, the budget of the two slots alone, where every block streams).
@@ -27,7 +31,9 @@ diffusers column, no bandwidth), to check the script.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -54,10 +60,27 @@ def h2d_gbps(torch, nbytes: int, repeats: int = 5) -> float:
     return nbytes / (statistics.median(ms) * 1e-3) / 1e9
 
 
-def run_libh3(Context, tr, root, host, steps, blocks, device, vram=None, precision="default", threads=8):
+@contextlib.contextmanager
+def stream_pack(on: bool):
+    """H3_STREAM_PACK for the transformers opened inside (libh3 reads it when a transformer opens)."""
+    old = os.environ.get("H3_STREAM_PACK")
+    if on:
+        os.environ.pop("H3_STREAM_PACK", None)
+    else:
+        os.environ["H3_STREAM_PACK"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("H3_STREAM_PACK", None)
+        else:
+            os.environ["H3_STREAM_PACK"] = old
+
+
+def run_libh3(Context, tr, root, host, steps, blocks, device, vram=None, precision="default", threads=8, pack=True):
     """bench_cuda_dit's libh3 measurement under a budget, plus the velocity (for the identity check) and the stream
-    report of the profile."""
-    with Context(root, threads=threads, device=device, vram=vram, precision=precision) as ctx:
+    report of the profile; pack=False streams with plain copies (H3_STREAM_PACK=0)."""
+    with stream_pack(pack), Context(root, threads=threads, device=device, vram=vram, precision=precision) as ctx:
         r = B.bench_libh3(ctx, tr, host, steps, blocks)
         v, a, _ = tr.denoise(ctx, host[0], host[1], host[2], 2)
         r["stream"] = tr.profile(ctx)["stream"]
@@ -160,31 +183,40 @@ def main() -> int:
             # asked budgets (--dry-run: toy weights, so the slots + one block instead).
             budgets = [int(other + 2.5 * blk)] + ([int(other + 3.5 * blk)] if args.dry_run else
                                                   [int(x * GIB) for x in budgets_gib])
-            t_s = None
+            t_s = {}  # per packing: a streamed block's cost where every block streams
             if not args.dry_run and blk not in gbps:
                 gbps[blk] = h2d_gbps(torch, blk)
+            # bf16 on a GPU: packed copies (the default) and plain ones (H3_STREAM_PACK=0), in the same run
+            packs = [True, False] if prec == "default" and not args.dry_run else [True]
             for budget in budgets:
-                r, out = run_libh3(Context, tr, root, host, args.steps, args.blocks, device, vram=budget / GIB,
-                                   precision=prec, threads=args.threads)
-                s = r["stream"]
-                n_s = s["streamed_blocks"]
-                row = {"shape": g["spec"], "tokens": g["tokens"], "precision": prec, "budget_gib": budget / GIB,
-                       "blocks": args.blocks, "streamed": n_s, "held_gib": s["weight_bytes_held"] / GIB,
-                       "block_gib": blk / GIB, "resident_block_ms": res["block_ms"], "block_ms": r["block_ms"],
-                       "slowdown": r["block_ms"] / res["block_ms"] - 1,
-                       "identical": bool((out[0] == ref[0]).all() and (out[1] == ref[1]).all())}
-                if n_s:
-                    row["streamed_block_ms"] = (r["stack_ms_min"] - (args.blocks - n_s) * res["block_ms"]) / n_s
-                    if n_s == args.blocks:
-                        t_s = row["streamed_block_ms"]
-                if blk in gbps:
-                    row["h2d_gbps"] = gbps[blk]
-                    row["floor_ms"] = blk / (gbps[blk] * 1e9) * 1e3
-                row["slowdown_50_blocks"] = project_50(res["block_ms"], t_s, budget, other, blk)
-                rows.append(row)
-                print(f"{g['spec']} ({g['tokens']} tokens) {prec} {budget / GIB:.3g} GiB: {r['block_ms']:.2f} ms/block "
-                      f"vs {res['block_ms']:.2f} resident ({100 * row['slowdown']:+.1f} %), {n_s}/{args.blocks} "
-                      f"streamed, identical {row['identical']}", flush=True)
+                for pack in packs:
+                    r, out = run_libh3(Context, tr, root, host, args.steps, args.blocks, device, vram=budget / GIB,
+                                       precision=prec, threads=args.threads, pack=pack)
+                    s = r["stream"]
+                    n_s = s["streamed_blocks"]
+                    ratio = s["bytes_copied"] / s["bytes_streamed"] if s["bytes_streamed"] else None
+                    row = {"shape": g["spec"], "tokens": g["tokens"], "precision": prec, "budget_gib": budget / GIB,
+                           "pack": pack, "packed_blocks": s["packed_blocks"], "copy_ratio": ratio,
+                           "blocks": args.blocks, "streamed": n_s, "held_gib": s["weight_bytes_held"] / GIB,
+                           "block_gib": blk / GIB, "resident_block_ms": res["block_ms"], "block_ms": r["block_ms"],
+                           "slowdown": r["block_ms"] / res["block_ms"] - 1,
+                           "identical": bool((out[0] == ref[0]).all() and (out[1] == ref[1]).all())}
+                    if n_s:
+                        row["streamed_block_ms"] = (r["stack_ms_min"] - (args.blocks - n_s) * res["block_ms"]) / n_s
+                        if n_s == args.blocks:
+                            t_s[pack] = row["streamed_block_ms"]
+                    if blk in gbps:
+                        row["h2d_gbps"] = gbps[blk]
+                        row["floor_ms"] = blk / (gbps[blk] * 1e9) * 1e3
+                        if ratio is not None and s["packed_blocks"]:
+                            row["packed_floor_ms"] = row["floor_ms"] * ratio
+                    row["slowdown_50_blocks"] = project_50(res["block_ms"], t_s.get(pack), budget, other, blk)
+                    rows.append(row)
+                    ptxt = (f"packed {s['packed_blocks']}/{n_s} ({100 * ratio:.1f} % of the bytes)"
+                            if s["packed_blocks"] and ratio is not None else "plain copies")
+                    print(f"{g['spec']} ({g['tokens']} tokens) {prec} {budget / GIB:.3g} GiB: {r['block_ms']:.2f} "
+                          f"ms/block vs {res['block_ms']:.2f} resident ({100 * row['slowdown']:+.1f} %), "
+                          f"{n_s}/{args.blocks} streamed, {ptxt}, identical {row['identical']}", flush=True)
         if not args.dry_run:
             torch.cuda.empty_cache()
     diff = {}
@@ -199,23 +231,27 @@ def main() -> int:
     print()
     print(f"Weight streaming at the released widths, {args.blocks} blocks; ms per transformer block (block stack / "
           f"blocks), h3_dit_denoise with {args.steps} grid points; device {device}")
-    hdr = (f"{'shape':<20} {'tokens':>7} {'prec':>7} {'GiB':>6} {'streamed':>8} {'held GiB':>8} {'resident':>8} "
-           f"{'streamed':>8} {'slower':>7} {'ms/str.blk':>10} {'floor':>6} {'GB/s':>6} {'@50 blk':>7} {'same':>5} "
-           f"{'diffusers res/offload':>22}")
+    hdr = (f"{'shape':<20} {'tokens':>7} {'prec':>7} {'GiB':>6} {'pack':>4} {'streamed':>8} {'held GiB':>8} "
+           f"{'resident':>8} {'streamed':>8} {'slower':>7} {'ms/str.blk':>10} {'floor':>6} {'copy %':>6} "
+           f"{'pk.floor':>8} {'GB/s':>6} {'@50 blk':>7} {'same':>5} {'diffusers res/offload':>22}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         d = r.get("diffusers") or {}
         dtxt = (f"{f(d.get('resident_block_ms'))}/{f(d.get('offload_block_ms'))}" if "offload_error" not in d
                 else "error")
-        print(f"{r['shape']:<20} {r['tokens']:>7} {r['precision']:>7} {r['budget_gib']:>6.2f} "
+        pack = "on" if r["packed_blocks"] else "off"
+        print(f"{r['shape']:<20} {r['tokens']:>7} {r['precision']:>7} {r['budget_gib']:>6.2f} {pack:>4} "
               f"{r['streamed']:>3}/{r['blocks']:<4} {r['held_gib']:>8.2f} {r['resident_block_ms']:>8.2f} "
               f"{r['block_ms']:>8.2f} {100 * r['slowdown']:>6.1f}% {f(r.get('streamed_block_ms')):>10} "
-              f"{f(r.get('floor_ms')):>6} {f(r.get('h2d_gbps'), '{:.1f}'):>6} "
+              f"{f(r.get('floor_ms')):>6} {f(r['copy_ratio'] and 100 * r['copy_ratio'], '{:.1f}'):>6} "
+              f"{f(r.get('packed_floor_ms')):>8} {f(r.get('h2d_gbps'), '{:.1f}'):>6} "
               f"{f(r['slowdown_50_blocks'], '{:.1%}'):>7} {str(r['identical']):>5} {dtxt:>22}")
-    print("resident / streamed: ms per block; slower: streamed vs resident over these blocks; ms/str.blk: one "
-          "streamed block; floor: its bytes / the pinned host->device bandwidth (GB/s); @50 blk: the released "
-          "50-block stack's slowdown at this budget from these per-block numbers; same: byte-identical velocity")
+    print("resident / streamed: ms per block; pack: streamed blocks copied packed (on) or plain (off, or fp8); slower: "
+          "streamed vs resident over these blocks; ms/str.blk: one streamed block; floor: its bytes / the pinned "
+          "host->device bandwidth (GB/s); copy %: bytes copied / bytes streamed; pk.floor: the packed bytes / the same "
+          "bandwidth; @50 blk: the released 50-block stack's slowdown at this budget from these per-block numbers; "
+          "same: byte-identical velocity")
     for spec, d in diff.items():
         if "offload_error" in d:
             print(f"diffusers group offload at {spec}: {d['offload_error']}")

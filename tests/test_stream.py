@@ -89,6 +89,8 @@ def test_every_block_streamed_is_byte_identical(resident):
     budget = other + 2 * block + block // 2  # the slots only
     f, a, s = _render(2, vram=budget / GIB)
     assert s["streamed_blocks"] == layers and s["weight_bytes_held"] <= budget
+    # the CPU reads stored bytes (no packed copies there): what moved is what streamed
+    assert s["packed_blocks"] == 0 and s["bytes_copied"] == s["bytes_streamed"] > 0, s
     assert np.array_equal(f, frames) and np.array_equal(a, audio)
 
 

@@ -174,14 +174,16 @@ H3_API const char *h3_dit_profile_json(h3_ctx *ctx)
     int64_t reduced;
     const int *run = h3_dit_blocks_run(d, &n_run, &reduced);
     for (int i = 0; i < n_run; i++) h3_buf_printf(&b, "%s%d", i ? ", " : "", run[i]);
-    /* Weight streaming (h3_options.vram_bytes): blocks streamed, bytes the GEMM weights hold, bytes moved. */
-    int streamed, blocks;
-    uint64_t held, moved, blk;
-    h3_dit_stream_info(d, &streamed, &blocks, &held, &moved, &blk);
+    /* Weight streaming (h3_options.vram_bytes): blocks streamed, bytes the GEMM weights hold, bytes streamed
+       (blocks in slot form), and the bytes the copies moved (packed blocks move fewer) with how many are packed. */
+    int streamed, blocks, packed;
+    uint64_t held, moved, blk, copied;
+    h3_dit_stream_info(d, &streamed, &blocks, &held, &moved, &blk, &copied, &packed);
     h3_buf_printf(&b, "], \"reduced_sequence\": %lld, \"stream\": {\"streamed_blocks\": %d, \"blocks\": %d, "
-                      "\"weight_bytes_held\": %llu, \"bytes_streamed\": %llu, \"block_bytes\": %llu}}",
+                      "\"weight_bytes_held\": %llu, \"bytes_streamed\": %llu, \"block_bytes\": %llu, "
+                      "\"bytes_copied\": %llu, \"packed_blocks\": %d}}",
                   (long long)reduced, streamed, blocks, (unsigned long long)held, (unsigned long long)moved,
-                  (unsigned long long)blk);
+                  (unsigned long long)blk, (unsigned long long)copied, packed);
     if (b.oom) {
         h3_buf_free(&b);
         h3_err(H3_E_NOMEM, "out of memory");

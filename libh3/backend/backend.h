@@ -412,6 +412,14 @@ typedef struct h3_backend_ops {
        order with the ops: a copy of weights an op still has to read, or of a buffer the next op
        overwrites, sees the bytes in between. Ranges must not overlap. */
     int (*dcopy)(h3_backend *be, void *dst, const void *src, size_t bytes);
+
+    /* ring_fill from a packed image (core/wpack.h, chunks of H3_WPACK_CHUNK) of out_bytes of bf16
+       words, packed_bytes of pinned host memory: the copy moves ~3/4 of the bytes and the words are
+       decoded into slot s on the copy stream, exactly the words that were packed, before the
+       slot's ready point. The ring keeps one staging buffer of h3_wpack_stage_bytes (allocated at
+       the first packed fill). NULL where rings do not exist (the CPU). */
+    int (*ring_fill_packed)(h3_backend *be, struct h3_bring *r, int s, const void *packed, size_t packed_bytes,
+                            size_t out_bytes);
 } h3_backend_ops;
 
 /* The weight shapes the fp8 path quantises (the others stay bf16): cuBLASLt's fp8 kernels want K,

@@ -255,10 +255,13 @@ typedef struct h3_dit_stats {
     double transformer_ms;/* time inside h3_dit_step: forwards, cache tests, extrapolation, Euler */
 } h3_dit_stats;
 /* Weight streaming of the open transformer: blocks streamed (0: all resident) of `blocks`, bytes
-   its GEMM weights hold (resident blocks, slots and every other GEMM weight), bytes streamed by
-   forwards so far and bytes of one block's GEMM weights as a slot holds them. */
+   its GEMM weights hold (resident blocks, slots, a GPU's packed-copy staging and every other GEMM
+   weight), bytes streamed by forwards so far (blocks in their slot form, block_bytes each), bytes of
+   one block's GEMM weights as a slot holds them, bytes the streamed copies actually moved (less than
+   streamed_bytes where blocks were packed) and how many streamed blocks are held packed. */
 H3_INTERNAL void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks, uint64_t *held_bytes,
-                                    uint64_t *streamed_bytes, uint64_t *block_bytes);
+                                    uint64_t *streamed_bytes, uint64_t *block_bytes, uint64_t *copied_bytes,
+                                    int *packed);
 /* Names of the parts ("linear", "attention", "norm_modulate", "qk_norm_rope", "eltwise"). */
 H3_INTERNAL const char *h3_dit_part_name(int part);
 H3_INTERNAL void h3_dit_get_stats(const h3_dit *d, h3_dit_stats *s);

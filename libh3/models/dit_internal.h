@@ -24,7 +24,10 @@ typedef struct {
     bool loaded;                    /* qkv/out/fc1/fc2 are on the backend (see lazy_blocks); for a
                                        streamed block: ready to stream (its host copy made) */
     bool streamed;                  /* the GEMM weights stay off the backend (dit_stream.c) */
-    void *host;                     /* GPU, streamed: pinned copy of the four weights' device form */
+    void *host;                     /* GPU, streamed: pinned copy of the four weights' device form,
+                                       or of its packed image (core/wpack.h) when `packed` */
+    size_t host_bytes;              /* bytes at host: what one copy of the block moves */
+    bool packed;
     h3_bw like[4];                  /* GPU, streamed: qkv, out, fc1, fc2 as they loaded (shape, dtype,
                                        scales or not; the pointers were freed and are never read) */
     h3_mat ada;                     /* blocks only: adaln_proj.linear [18H, temb_dim], host mapping */
@@ -80,7 +83,12 @@ struct h3_dit {
     struct h3_bring *ring;       /* GPU */
     struct h3_streamer *streamer;/* CPU */
     uint64_t held_bytes;         /* bytes of GEMM weights held: resident blocks, slots, other weights */
-    uint64_t stream_bytes;       /* bytes streamed by forwards since the open */
+    uint64_t stream_bytes;       /* bytes streamed by forwards since the open: blocks' device form
+                                    (blk_bytes each), whether or not their copies were packed */
+    uint64_t copy_bytes;         /* bytes those copies moved host -> device (packed images' sizes) */
+    bool pack;                   /* GPU, bf16 blocks: copies move packed images (H3_STREAM_PACK) */
+    int n_packed;                /* streamed blocks whose host copy is packed */
+    uint64_t stage_bytes;        /* the ring's packed-copy staging (counted in held_bytes) */
     int *pass, pass_n;           /* the streamed blocks of the forward in flight, in order */
 
     h3_bw cond, vout, aout, vproj, aproj;
@@ -172,6 +180,8 @@ H3_INTERNAL void dit_unload_block_weights(h3_dit *d, int i);
    begin opens a pass over the streamed blocks of the run list (in order); acquire gives pass
    entry j's block with its weights in a slot, release says its ops are issued (CPU: done). */
 H3_INTERNAL int dit_stream_plan(h3_dit *d, int64_t vram_bytes);
+/* H3_STREAM_PACK=0 turns the packed copies of streamed bf16 blocks off (dit_knobs.c). */
+H3_INTERNAL bool dit_stream_pack_env(void);
 H3_INTERNAL int dit_stream_stage(h3_dit *d, int i);
 H3_INTERNAL void dit_stream_unstage(h3_dit *d, int i);
 H3_INTERNAL int dit_stream_begin(h3_dit *d, const int *seq, int n);

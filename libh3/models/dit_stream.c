@@ -19,16 +19,17 @@
  * weight_view: the same bytes, the same plans, the same bits as the resident path
  * (backend/cuda/cuda_stream.cu has the stream and event ordering).
  *
- * CPU: blocks that stay are views of the mapping as always; streamed blocks are read with pread
- * from their shards into two slots by the block streamer's reader thread (runtime/streamer.h), the
- * next block while this one computes, trusting the page cache. The GEMMs see the stored bytes
- * through weight_load's view of the slot, as they see the mapping: the same bits. LoRA merges and
- * int8 copies are made from the mapping at load, so a budget on the CPU takes neither.
- *
- * Auto (0): the CPU keeps every block (its weights are page-cache backed mappings already); a
- * GPU keeps every block when they fit its free memory with DIT_AUTO_MARGIN to spare (today's
- * path, untouched), else streams with the free memory less that margin as the budget.
+ * Packed copies (GPU, bf16 blocks): at the released widths a bf16 block takes longer to cross
+ * PCIe than to compute, so the staged image is packed losslessly (core/wpack.h: sign+mantissa
+ * bytes, 4-bit exponent codes, ~76 % of the bytes) into pinned memory of its own size, and the
+ * ring decodes it into the slot on its copy stream (ring_fill_packed): the slot then holds the
+ * same words as a plain copy, hence the same bits. The ring's staging for that (one piece of the
+ * image at a time: h3_wpack_stage_bytes, ~27 MiB at the released widths) is part of the budget.
+ * The copies are plain when the budget holds the slots but not the staging, with
+ * H3_STREAM_PACK=0, and for a block that packs to more than DIT_PACK_MAX of its bytes; fp8 images
+ * (one byte per value already) are never packed.
  */
+#include "core/wpack.h"
 #include "models/dit_internal.h"
 #include "runtime/streamer.h"
 
@@ -37,6 +38,9 @@
 #define DIT_AUTO_MARGIN ((int64_t)8 << 30)
 #define DIT_SLOTS 2
 #define CPU_ALIGN 64u
+/* DIT_PACK_MAX: a block packs only when that saves at least 15 % of its copy (20 size <= 17 bytes). */
+#define DIT_PACK_MAX_NUM 17u
+#define DIT_PACK_MAX_DEN 20u
 
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
@@ -73,8 +77,37 @@ static int cpu_tensor(h3_dit *d, int i, int k, const h3_tensor **out)
     return 0;
 }
 
+/* The packer's chunks over the context's threads (the bytes do not depend on the split). */
+static void pool_run(void *ctx, int64_t n, h3_wpack_task fn, void *arg) { h3_parallel_for(ctx, n, 16, fn, arg); }
+
+/* GPU, bf16: the saved image of block b at *host packed into pinned memory of its own size, the
+   unpacked copy let go (*host, *bytes updated); left as it is when packing saves too little. */
+static int pack_block(h3_dit *d, dit_block *b, void **host, size_t *bytes)
+{
+    h3_backend *be = d->be;
+    for (int k = 0; k < 4; k++)
+        if (b->like[k].dtype != H3_DT_BF16) return 0;
+    const uint64_t n = d->blk_bytes / 2; /* every part is a multiple of 256 bytes */
+    const uint64_t size = h3_wpack_size(*host, n, H3_WPACK_CHUNK, pool_run, d->pool);
+    if (!size) return -H3_E_NOMEM; /* its chunk counts could not be allocated (recorded) */
+    if (size * DIT_PACK_MAX_DEN > (uint64_t)d->blk_bytes * DIT_PACK_MAX_NUM) return 0;
+    void *p = be->ops->host_alloc(be, (size_t)size);
+    if (!p) return -H3_E_NOMEM;
+    int rc = h3_wpack_encode(*host, n, H3_WPACK_CHUNK, p, size, pool_run, d->pool);
+    if (rc) {
+        be->ops->host_free(be, p);
+        return rc;
+    }
+    be->ops->host_free(be, *host);
+    *host = p;
+    *bytes = (size_t)size;
+    b->packed = true;
+    d->n_packed++;
+    return 0;
+}
+
 /* GPU: block i's weights (loaded now unless they are) copied to pinned host memory in their
-   device form, then let go on the device. */
+   device form (packed when d->pack), then let go on the device. */
 static int gpu_stage(h3_dit *d, int i)
 {
     dit_block *b = &d->blk[i];
@@ -106,11 +139,14 @@ static int gpu_stage(h3_dit *d, int i)
         b->like[k] = *dit_gemm(b, k);
     }
     dit_unload_block_weights(d, i);
+    size_t bytes = d->blk_bytes;
+    if (!rc && d->pack) rc = pack_block(d, b, &host, &bytes);
     if (rc) {
         be->ops->host_free(be, host);
         return rc;
     }
     b->host = host;
+    b->host_bytes = bytes;
     b->loaded = true;
     return 0;
 }
@@ -130,6 +166,9 @@ void dit_stream_unstage(h3_dit *d, int i)
     dit_block *b = &d->blk[i];
     if (b->host) d->be->ops->host_free(d->be, b->host);
     b->host = NULL;
+    b->host_bytes = 0;
+    d->n_packed -= b->packed;
+    b->packed = false;
     b->loaded = false;
 }
 
@@ -221,7 +260,22 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
         d->held_bytes = fixed + (uint64_t)B * (uint64_t)L;
         return 0;
     }
-    int64_t keep = avail >= (int64_t)B * DIT_SLOTS ? (avail - (int64_t)B * DIT_SLOTS) / (int64_t)B : -1;
+    /* Packed copies need the ring's staging too: used when the budget holds it next to the slots
+       (the plain copies need only the slots, so the smallest budget below stays what it says). */
+    d->pack = false;
+    d->stage_bytes = 0;
+    if (gpu && be->ops->ring_fill_packed && dit_stream_pack_env()) {
+        bool bf16 = true;
+        for (int k = 0; k < 4; k++) bf16 &= dit_gemm(&d->blk[0], k)->dtype == H3_DT_BF16;
+        const uint64_t stage = h3_wpack_stage_bytes(B / 2);
+        if (bf16 && avail >= (int64_t)B * DIT_SLOTS + (int64_t)stage) {
+            d->pack = true;
+            d->stage_bytes = stage;
+        }
+    }
+    int64_t keep = avail >= (int64_t)B * DIT_SLOTS
+                       ? (avail - (int64_t)B * DIT_SLOTS - (int64_t)d->stage_bytes) / (int64_t)B
+                       : -1;
     if (keep < 0) {
         if (vram > 0)
             return h3_err(H3_E_INVALID,
@@ -241,12 +295,20 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
     }
     d->blk_bytes = B;
     d->slots = DIT_SLOTS;
-    d->held_bytes = fixed + (uint64_t)B * (uint64_t)(L - d->n_streamed + DIT_SLOTS);
+    d->held_bytes = fixed + (uint64_t)B * (uint64_t)(L - d->n_streamed + DIT_SLOTS) + d->stage_bytes;
     if (!(d->pass = h3_malloc(sizeof *d->pass * (size_t)L))) return -H3_E_NOMEM;
     if (!gpu) return cpu_open_streamer(d);
     /* Block 0 was loaded to learn the form: keep it, or make it the first streamed copy. The ring
        is allocated by the first forward (dit_stream_begin), after every block is staged. */
     return d->blk[0].streamed ? gpu_stage(d, 0) : 0;
+}
+
+/* GPU: queue the copy of block b into ring slot s, packed or plain as it was staged. */
+static int gpu_fill(h3_dit *d, int s, const dit_block *b)
+{
+    h3_backend *be = d->be;
+    if (b->packed) return be->ops->ring_fill_packed(be, d->ring, s, b->host, b->host_bytes, d->blk_bytes);
+    return be->ops->ring_fill(be, d->ring, s, b->host, d->blk_bytes);
 }
 
 int dit_stream_begin(h3_dit *d, const int *seq, int n)
@@ -261,10 +323,8 @@ int dit_stream_begin(h3_dit *d, const int *seq, int n)
     int rc;
     if (!d->ring && (rc = d->be->ops->ring_open(d->be, d->slots, d->blk_bytes, &d->ring))) return rc;
     /* The first slots fill at once: they overlap whatever runs before their blocks. */
-    for (int j = 0; j < n && j < d->slots; j++) {
-        rc = d->be->ops->ring_fill(d->be, d->ring, j % d->slots, d->blk[seq[j]].host, d->blk_bytes);
-        if (rc) return rc;
-    }
+    for (int j = 0; j < n && j < d->slots; j++)
+        if ((rc = gpu_fill(d, j % d->slots, &d->blk[seq[j]]))) return rc;
     return 0;
 }
 
@@ -302,6 +362,7 @@ int dit_stream_acquire(h3_dit *d, int j, int b, dit_block *view)
 int dit_stream_release(h3_dit *d, int j)
 {
     d->stream_bytes += d->blk_bytes;
+    d->copy_bytes += d->streamer ? d->blk_bytes : d->blk[d->pass[j]].host_bytes;
     if (d->streamer) {
         h3_streamer_done(d->streamer);
         return 0;
@@ -311,7 +372,7 @@ int dit_stream_release(h3_dit *d, int j)
     int rc = be->ops->ring_done(be, d->ring, s);
     /* The slot refills with the block `slots` places on, once these GEMMs are done with it. */
     if (!rc && j + d->slots < d->pass_n)
-        rc = be->ops->ring_fill(be, d->ring, s, d->blk[d->pass[j + d->slots]].host, d->blk_bytes);
+        rc = gpu_fill(d, s, &d->blk[d->pass[j + d->slots]]);
     return rc;
 }
 
@@ -329,8 +390,10 @@ void dit_stream_close(h3_dit *d)
 }
 
 void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks, uint64_t *held_bytes, uint64_t *streamed_bytes,
-                        uint64_t *block_bytes)
+                        uint64_t *block_bytes, uint64_t *copied_bytes, int *packed)
 {
+    if (copied_bytes) *copied_bytes = d->copy_bytes;
+    if (packed) *packed = d->n_packed;
     if (block_bytes) *block_bytes = d->blk_bytes;
     if (streamed) *streamed = d->n_streamed;
     if (blocks) *blocks = d->c.layers;

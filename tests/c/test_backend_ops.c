@@ -1231,6 +1231,7 @@ static void bench(bk *b)
 #include "backend_ops_audio_enc.inc"
 #include "backend_ops_wstream.inc"
 #include "backend_ops_fp8.inc"
+#include "backend_ops_wpack.inc"
 
 /* ---- the suite ------------------------------------------------------------------------------ */
 
@@ -1547,6 +1548,7 @@ int main(void)
         run_int8(&b);
         run_audio_enc_ops(&b);
         run_wstream(&b);
+        run_ring_packed(&b, pool); /* skipped: no rings on the CPU */
         t_fp8_file(&b, pool); /* skipped: no fp8 GEMMs on the CPU */
         h3_backend_destroy(cpu);
     }
@@ -1571,6 +1573,7 @@ int main(void)
         CHECK(gpu->act_dtype == H3_DT_BF16 && strcmp(gpu->ops->name, "cuda") == 0);
         run_all(&b);
         run_wstream(&b);
+        run_ring_packed(&b, pool);
         t_fp8_file(&b, pool);
         const char *bn = getenv("H3_BENCH");
         if (bn && bn[0] && strcmp(bn, "0") != 0) bench(&b);

@@ -6,6 +6,10 @@ block holds, with the same plans, so the results must be byte-identical to the r
 (bf16 and fp8: the transformer's output and a whole render) and at the released widths (a random checkpoint written
 by tests/bench_cuda_dit.py's helpers, 3 blocks), where the device memory the transformer takes under a 4 GiB budget
 is also measured (the driver's free memory, polled while it runs) and held to the budget.
+
+bf16 blocks are held packed (core/wpack.h, ~3/4 of the bytes) and decoded into the slot on the copy stream: the bf16
+cases check that every streamed block was packed and that the copies moved fewer bytes, and one case turns packing
+off (H3_STREAM_PACK=0) and must give the same bytes through plain copies.
 """
 
 from __future__ import annotations
@@ -68,6 +72,15 @@ def device_sizes(root, fp8: bool):
     return block, other, layers
 
 
+def check_packing(s, precision, packing=True):
+    """bf16 blocks stream packed (every one, fewer bytes copied than streamed) unless packing is off; fp8 never."""
+    if precision == "default" and packing:
+        assert s["packed_blocks"] == s["streamed_blocks"] > 0, s
+        assert s["bytes_copied"] < 0.85 * s["bytes_streamed"], s
+    else:
+        assert s["packed_blocks"] == 0 and s["bytes_copied"] == s["bytes_streamed"], s
+
+
 @pytest.mark.parametrize("precision", ["default", "fp8"])
 def test_h3tiny_streamed_transformer_is_byte_identical(precision):
     root = default_model_dir()
@@ -81,8 +94,31 @@ def test_h3tiny_streamed_transformer_is_byte_identical(precision):
             print(f"stream: h3-tiny {precision} T={T} {h}x{w}: {s}")
             assert s["streamed_blocks"] == layers - 1 and s["weight_bytes_held"] <= budget, s
             assert s["bytes_streamed"] > 0
+            check_packing(s, precision)
             assert np.array_equal(v0, v1) and np.array_equal(a0, a1), precision
             assert float(np.abs(v0 - lat).max()) > 1e-3  # the transformer moved the latents
+
+
+def test_h3tiny_plain_copies_are_byte_identical(monkeypatch):
+    """H3_STREAM_PACK=0: the same blocks stream through plain copies, and the output is the resident one and the
+    packed one, byte for byte."""
+    root = default_model_dir()
+    block, other, layers = device_sizes(root, False)
+    budget = other + 2 * block + block // 2  # every block streams
+    with Context(root, device="cuda") as cr, Context(root, device="cuda", vram=budget / GIB) as cp:
+        monkeypatch.setenv("H3_STREAM_PACK", "0")  # read when a transformer opens: cp's opens in its first call
+        with Context(root, device="cuda", vram=budget / GIB) as cs:
+            lat, (v0, a0), (v1, a1) = denoise_both(cr, cs, 7, 16, 12, 33, 3, 4)
+            s = tr.profile(cs)["stream"]
+        monkeypatch.delenv("H3_STREAM_PACK")
+        _, _, (v2, a2) = denoise_both(cr, cp, 7, 16, 12, 33, 3, 4)
+        sp = tr.profile(cp)["stream"]
+    print(f"stream: h3-tiny plain copies: {s}; packed: {sp}")
+    assert s["streamed_blocks"] == layers and sp["streamed_blocks"] == layers, (s, sp)
+    check_packing(s, "default", packing=False)
+    check_packing(sp, "default")
+    assert np.array_equal(v0, v1) and np.array_equal(a0, a1)
+    assert np.array_equal(v0, v2) and np.array_equal(a0, a2)
 
 
 def test_h3tiny_streamed_render_is_byte_identical():
@@ -93,6 +129,7 @@ def test_h3tiny_streamed_render_is_byte_identical():
             r = e.render(PROMPT, width=64, height=64, frames=22, steps=6, seed=11)
             out.append((r.frames.copy(), r.audio.copy(), e.last_transformer_profile["stream"]))
     assert out[1][2]["streamed_blocks"] == out[1][2]["blocks"], out[1][2]
+    check_packing(out[1][2], "default")
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
@@ -176,6 +213,7 @@ def test_release_widths_budget_held_and_byte_identical(release_ckpt, precision, 
           f"{s['weight_bytes_held'] / GIB:.3f} GiB, device memory taken by the transformer (peak) {used / GIB:.3f} GiB")
     assert 0 < s["streamed_blocks"] == layers - max(0, min(layers, keep)), s
     assert s["weight_bytes_held"] <= budget
+    check_packing(s, precision)
     assert used <= budget + act, used / GIB
     with Context(root, device="cuda", precision=precision) as cr:
         v0, a0, _ = tr.denoise(cr, pe, lat, aud, 3)

@@ -694,6 +694,11 @@ static int be_ring_fill(h3_backend *be, h3_bring *r, int s, const void *host, si
 }
 static int be_ring_wait(h3_backend *be, h3_bring *r, int s, void **dev) { return ring_wait(B(be), r, s, dev); }
 static int be_ring_done(h3_backend *be, h3_bring *r, int s) { return ring_done(B(be), r, s); }
+static int be_ring_fill_packed(h3_backend *be, h3_bring *r, int s, const void *packed, size_t packed_bytes,
+                               size_t out_bytes)
+{
+    return ring_fill_packed(B(be), r, s, packed, packed_bytes, out_bytes);
+}
 
 static void be_destroy(h3_backend *be)
 {
@@ -725,6 +730,7 @@ static const h3_backend_ops cuda_ops = {
     be_ring_open,    be_ring_close,   be_ring_fill,    be_ring_wait,    be_ring_done,
     be_wstream_open, be_wstream_load, be_wstream_wait_host, be_wstream_done, be_wstream_close,
     be_mem_peak,     be_weight_load_fp8, be_dcopy,
+    be_ring_fill_packed,
 };
 
 /* Why the runtime found no usable device, as one line. */

@@ -117,6 +117,23 @@ int ring_wait(Backend *b, h3_bring *r, int s, void **dev);
 int ring_done(Backend *b, h3_bring *r, int s);
 /* The host waits until slot s's last fill has landed (its pinned source may be refilled). */
 int ring_host_wait(Backend *b, h3_bring *r, int s);
+/* Queue the fill of slot s from a packed image (core/wpack.h) of out_bytes of words: its pieces
+   are copied into the ring's staging buffer and decoded into the slot on the copy stream. */
+int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes);
+
+/* cuda_wpack.cu: one piece of a packed image (chunks [c0, c0 + chunks) of n values) decoded into
+   out (the image's word 0; 16-byte aligned) on stream st. e0 / escoff: the image's tables on the
+   device; sm / nib / esc: the piece's sections on the device (esc: esc_len escapes from the
+   image's escape esc_base on). */
+struct WpackPiece {
+    const uint8_t *e0;
+    const uint32_t *escoff;
+    const uint8_t *sm, *nib, *esc;
+    uint32_t esc_base, esc_len;
+    uint64_t n, c0, chunks;
+    uint16_t *out;
+};
+int wpack_decode_piece(Backend *b, cudaStream_t st, const WpackPiece *p);
 
 /* ---- element access shared by the row kernels ---------------------------------------------- */
 

@@ -18,6 +18,7 @@
  * shapes, strides and the activations' alignment only (cuda_gemm.cu), never the weight pointer.
  */
 #include "backend/cuda/cuda_common.cuh"
+#include "core/wpack.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,11 @@ struct h3_bring {
     cudaStream_t copy;
     cudaEvent_t ready[h3cuda::RING_MAX], freed[h3cuda::RING_MAX];
     bool was_read[h3cuda::RING_MAX]; /* freed[s] has been recorded at least once */
+    /* ring_fill_packed's staging (h3_wpack_stage_bytes: the image's tables and one piece),
+       allocated at the first packed fill. One buffer serves every slot: the copy stream runs each
+       piece's copy, its decode and the next piece's copy in that order. */
+    void *stage;
+    size_t stage_bytes;
 };
 
 namespace h3cuda {
@@ -123,6 +129,7 @@ void ring_close(Backend *b, h3_bring *r)
         /* cudaFree waits for the compute stream's queued reads of the slot. */
         if (r->dev[s] && cudaFree(r->dev[s]) != cudaSuccess) (void)cudaGetLastError();
     }
+    if (r->stage && cudaFree(r->stage) != cudaSuccess) (void)cudaGetLastError();
     free(r);
 }
 
@@ -173,6 +180,98 @@ int ring_fill(Backend *b, h3_bring *r, int s, const void *host, size_t bytes)
     if (e == cudaSuccess) e = cudaMemcpyAsync(r->dev[s], host, bytes, cudaMemcpyHostToDevice, r->copy);
     if (e == cudaSuccess) e = cudaEventRecord(r->ready[s], r->copy);
     return e == cudaSuccess ? 0 : fail_cuda(b, e, "queueing a streamed weight copy");
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes)
+{
+    if (s < 0 || s >= r->n || out_bytes > r->slot_bytes || out_bytes % 2)
+        return fail(b, H3_E_INVALID, "cuda: packed fill of %zu bytes into weight slot %d of %d (%zu bytes)", out_bytes,
+                    s, r->n, r->slot_bytes);
+    /* The header and the escape offsets are read here, on the host (the image is host memory):
+       what they say is checked before any copy is sized by it. */
+    const uint8_t *p = static_cast<const uint8_t *>(packed);
+    if (packed_bytes < H3_WPACK_HEADER || rd32(p) != H3_WPACK_MAGIC || rd32(p + 4) != H3_WPACK_VERSION)
+        return fail(b, H3_E_INVALID, "cuda: a packed weight image that is not wpack version %u", H3_WPACK_VERSION);
+    const uint64_t n = rd64(p + 8), escapes = rd64(p + 32);
+    const h3_wpack_layout l = h3_wpack_layout_of(n, H3_WPACK_CHUNK, escapes <= n ? escapes : 0);
+    if (rd32(p + 16) != H3_WPACK_CHUNK || n * 2 != out_bytes || escapes > n || rd64(p + 24) != l.chunks ||
+        rd64(p + 40) != l.total || l.total > packed_bytes || rd32(p + l.escoff) != 0 ||
+        rd32(p + l.escoff + 4 * l.chunks) != escapes)
+        return fail(b, H3_E_INVALID, "cuda: a packed weight image (%zu bytes) that does not hold %zu bytes of words in "
+                    "chunks of %u", packed_bytes, out_bytes, H3_WPACK_CHUNK);
+    int rc = use_device(b);
+    if (rc) return rc;
+    const size_t need = (size_t)h3_wpack_stage_bytes(n);
+    cudaError_t e = cudaSuccess;
+    if (r->stage_bytes < need) { /* the first packed fill (every block of a ring has one size) */
+        if (r->stage) {
+            if ((e = cudaStreamSynchronize(r->copy)) != cudaSuccess)
+                return fail_cuda(b, e, "waiting for the weight ring's copies");
+            if (cudaFree(r->stage) != cudaSuccess) (void)cudaGetLastError();
+            r->stage = NULL;
+            r->stage_bytes = 0;
+        }
+        if (!(r->stage = dev_alloc(b, need, "the staging of packed weight copies"))) return -H3_E_NOMEM;
+        r->stage_bytes = need;
+    }
+    uint8_t *st = static_cast<uint8_t *>(r->stage);
+    const uint64_t pc = h3_wpack_piece_chunks(l.chunks), pv = pc * H3_WPACK_CHUNK, pe = h3_wpack_piece_escapes(pc);
+    WpackPiece wp = {};
+    wp.e0 = st;
+    wp.escoff = reinterpret_cast<const uint32_t *>(st + (l.escoff - l.e0));
+    uint8_t *sm = st + (l.sm - l.e0), *nib = sm + h3_wpack_r256(pv), *esc = nib + h3_wpack_r256(pv / 2);
+    wp.sm = sm;
+    wp.nib = nib;
+    wp.esc = esc;
+    wp.n = n;
+    wp.out = static_cast<uint16_t *>(r->dev[s]);
+    if (r->was_read[s]) e = cudaStreamWaitEvent(r->copy, r->freed[s], 0);
+    /* The tables once, then each piece's three sections and its decode, in stream order. A piece
+       is up to pc chunks holding up to pe escapes (at least one chunk: pe >= a chunk's values). */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(st, p + l.e0, l.sm - l.e0, cudaMemcpyHostToDevice, r->copy);
+    for (uint64_t c0 = 0, c1; c0 < l.chunks && e == cudaSuccess; c0 = c1) {
+        const uint32_t eb = rd32(p + l.escoff + 4 * c0);
+        c1 = c0;
+        while (c1 < l.chunks && c1 - c0 < pc) {
+            const uint32_t next = rd32(p + l.escoff + 4 * (c1 + 1));
+            if (next < eb || next > escapes)
+                return fail(b, H3_E_INVALID, "cuda: a packed weight image with escape offset %u at chunk %llu", next,
+                            (unsigned long long)(c1 + 1));
+            if (next - eb > pe && c1 > c0) break;
+            c1++;
+        }
+        const uint64_t v0 = c0 * H3_WPACK_CHUNK, v1 = c1 * H3_WPACK_CHUNK < n ? c1 * H3_WPACK_CHUNK : n;
+        const uint32_t ee = rd32(p + l.escoff + 4 * c1);
+        if (ee - eb > pe || ee - eb > v1 - v0)
+            return fail(b, H3_E_INVALID, "cuda: a packed weight image with %u escapes in chunk %llu", ee - eb,
+                        (unsigned long long)c0);
+        e = cudaMemcpyAsync(sm, p + l.sm + v0, v1 - v0, cudaMemcpyHostToDevice, r->copy);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(nib, p + l.nib + v0 / 2, (v1 + 1) / 2 - v0 / 2, cudaMemcpyHostToDevice, r->copy);
+        if (e == cudaSuccess && ee > eb)
+            e = cudaMemcpyAsync(esc, p + l.esc + eb, ee - eb, cudaMemcpyHostToDevice, r->copy);
+        if (e != cudaSuccess) break;
+        wp.c0 = c0;
+        wp.chunks = c1 - c0;
+        wp.esc_base = eb;
+        wp.esc_len = ee - eb;
+        if ((rc = wpack_decode_piece(b, r->copy, &wp))) return rc;
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(r->ready[s], r->copy);
+    return e == cudaSuccess ? 0 : fail_cuda(b, e, "queueing a packed streamed weight copy");
 }
 
 int ring_wait(Backend *b, h3_bring *r, int s, void **dev)

@@ -413,11 +413,15 @@ typedef struct h3_backend_ops {
        overwrites, sees the bytes in between. Ranges must not overlap. */
     int (*dcopy)(h3_backend *be, void *dst, const void *src, size_t bytes);
 
-    /* ring_fill from a packed image (core/wpack.h, chunks of H3_WPACK_CHUNK) of out_bytes of bf16
-       words, packed_bytes of pinned host memory: the copy moves ~3/4 of the bytes and the words are
-       decoded into slot s on the copy stream, exactly the words that were packed, before the
-       slot's ready point. The ring keeps one staging buffer of h3_wpack_stage_bytes (allocated at
-       the first packed fill). NULL where rings do not exist (the CPU). */
+    /* A packed ring: `slots` staging buffers of stage_bytes, each for a whole packed image
+       (core/wpack.h, chunks of H3_WPACK_CHUNK), and ONE buffer of out_bytes of words. ring_fill_packed
+       queues the copy of an image of out_bytes of bf16 words (packed_bytes <= stage_bytes of pinned
+       host memory: ~3/4 of the words' bytes) into slot s's staging on the copy stream, as ring_fill
+       does; ring_wait then decodes the slot's image into the one buffer on the compute stream
+       (after the ops issued before it: the previous block's) and returns it: exactly the words
+       that were packed. ring_fill is refused on a packed ring and ring_fill_packed on a plain one.
+       NULL where rings do not exist (the CPU). */
+    int (*ring_open_packed)(h3_backend *be, int slots, size_t out_bytes, size_t stage_bytes, struct h3_bring **out);
     int (*ring_fill_packed)(h3_backend *be, struct h3_bring *r, int s, const void *packed, size_t packed_bytes,
                             size_t out_bytes);
 } h3_backend_ops;

@@ -35,12 +35,6 @@
 /* The chunk the streaming packer uses and the GPU decoder requires: 256 threads x 16 values. */
 #define H3_WPACK_CHUNK 4096u
 #define H3_WPACK_HEADER 256u
-/* The GPU decodes a packed image a piece at a time through one staging buffer (the copy stream
-   orders each piece's copy, its decode and the next piece's copy, so one buffer serves every fill):
-   pieces of at most H3_WPACK_PIECE_CHUNKS chunks and a quarter of the image, so the staging is
-   ~27 MiB at the released widths and ~1/5 of a small image, never a second slot. */
-#define H3_WPACK_PIECE_CHUNKS 4096u
-
 static inline uint64_t h3_wpack_r256(uint64_t n) { return (n + 255u) / 256u * 256u; }
 
 /* Byte offsets of a packed image's sections (from its value count, chunk and escape count). */
@@ -65,31 +59,10 @@ static inline h3_wpack_layout h3_wpack_layout_of(uint64_t n, uint64_t chunk, uin
     return l;
 }
 
-/* Chunks per GPU piece of an image of `chunks` chunks (H3_WPACK_CHUNK values each). */
-static inline uint64_t h3_wpack_piece_chunks(uint64_t chunks)
-{
-    const uint64_t q = (chunks + 3u) / 4u;
-    return q < 1u ? 1u : q > H3_WPACK_PIECE_CHUNKS ? H3_WPACK_PIECE_CHUNKS : q;
-}
-
-/* Escapes a GPU piece holds at most: a fifth of its values, and one whole chunk's (so a piece
-   always takes at least one chunk). A packed block is kept only below 85 % of its bytes, which
-   bounds its escapes to a fifth of its values; a piece is cut early where they bunch up. */
-static inline uint64_t h3_wpack_piece_escapes(uint64_t piece_chunks)
-{
-    const uint64_t e = piece_chunks * H3_WPACK_CHUNK / 5u;
-    return e < H3_WPACK_CHUNK ? H3_WPACK_CHUNK : e;
-}
-
-/* Device staging for decoding n words packed in H3_WPACK_CHUNK chunks: the e0 and escoff tables
-   of the whole image (copied once per fill), then one piece's sm, nib and esc bytes. The CUDA
-   backend allocates this much; the budget (dit_stream_plan) counts the same number. */
-static inline uint64_t h3_wpack_stage_bytes(uint64_t n)
-{
-    const h3_wpack_layout l = h3_wpack_layout_of(n, H3_WPACK_CHUNK, 0);
-    const uint64_t pc = h3_wpack_piece_chunks(l.chunks), pv = pc * H3_WPACK_CHUNK;
-    return (l.sm - l.e0) + h3_wpack_r256(pv) + h3_wpack_r256(pv / 2u) + h3_wpack_r256(h3_wpack_piece_escapes(pc));
-}
+/* The largest packed image weight streaming takes for an image of `bytes` bytes of words: 85 % of
+   them (a block that packs larger is copied plain: the copy would save too little), a multiple of
+   256. The GPU ring's per-slot staging is this size (dit_stream_plan budgets it). */
+static inline uint64_t h3_wpack_stream_max(uint64_t bytes) { return bytes * 17u / 20u / 256u * 256u; }
 
 #ifndef __cplusplus
 #include "core/internal.h"

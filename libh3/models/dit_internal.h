@@ -88,7 +88,8 @@ struct h3_dit {
     uint64_t copy_bytes;         /* bytes those copies moved host -> device (packed images' sizes) */
     bool pack;                   /* GPU, bf16 blocks: copies move packed images (H3_STREAM_PACK) */
     int n_packed;                /* streamed blocks whose host copy is packed */
-    uint64_t stage_bytes;        /* the ring's packed-copy staging (counted in held_bytes) */
+    uint64_t stage_bytes;        /* pack: one slot's staging for a packed image (h3_wpack_stream_max of
+                                    a block); the packed ring holds two and one block of words */
     int *pass, pass_n;           /* the streamed blocks of the forward in flight, in order */
 
     h3_bw cond, vout, aout, vproj, aproj;

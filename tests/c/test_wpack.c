@@ -193,17 +193,14 @@ static void test_corrupt(void)
     free(back);
 }
 
-static void test_stage_bytes(void)
+static void test_stream_max(void)
 {
-    /* What the GPU's staging holds: the tables of the whole image and one piece (its values' sm and
-       nib bytes, a fifth of them in escapes): ~27 MiB for a released block, ~1/5 of a small one. */
-    const uint64_t big = 385u << 20;
-    const uint64_t s = h3_wpack_stage_bytes(big), pv = (uint64_t)H3_WPACK_PIECE_CHUNKS * H3_WPACK_CHUNK;
-    CHECK_MSG(s > pv * 17 / 10 && s < (32u << 20), "%llu", (unsigned long long)s);
-    CHECK(h3_wpack_stage_bytes(1u << 20) * 4 < (2u << 20));
-    CHECK(h3_wpack_stage_bytes(1000) < 16384);
-    /* a piece always fits one chunk's escapes */
-    CHECK(h3_wpack_piece_escapes(1) >= H3_WPACK_CHUNK && h3_wpack_piece_chunks(0) == 1);
+    /* The largest image streaming takes: 85 % of the words' bytes, rounded down to 256 (the GPU's
+       per-slot staging); a Gaussian released-width block (~76 %) fits with room. */
+    const uint64_t big = 770u << 20;
+    CHECK(h3_wpack_stream_max(big) % 256 == 0 && h3_wpack_stream_max(big) <= big / 20 * 17);
+    CHECK(h3_wpack_stream_max(big) > big / 100 * 84);
+    CHECK(h3_wpack_stream_max(100) == 0);
 }
 
 int main(void)
@@ -214,7 +211,7 @@ int main(void)
     test_all_words();
     test_special();
     test_corrupt();
-    test_stage_bytes();
+    test_stream_max();
     h3_pool_destroy(g_pool2);
     CTEST_END();
 }

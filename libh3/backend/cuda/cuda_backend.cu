@@ -694,6 +694,10 @@ static int be_ring_fill(h3_backend *be, h3_bring *r, int s, const void *host, si
 }
 static int be_ring_wait(h3_backend *be, h3_bring *r, int s, void **dev) { return ring_wait(B(be), r, s, dev); }
 static int be_ring_done(h3_backend *be, h3_bring *r, int s) { return ring_done(B(be), r, s); }
+static int be_ring_open_packed(h3_backend *be, int slots, size_t out_bytes, size_t stage_bytes, h3_bring **out)
+{
+    return ring_open_packed(B(be), slots, out_bytes, stage_bytes, out);
+}
 static int be_ring_fill_packed(h3_backend *be, h3_bring *r, int s, const void *packed, size_t packed_bytes,
                                size_t out_bytes)
 {
@@ -730,7 +734,7 @@ static const h3_backend_ops cuda_ops = {
     be_ring_open,    be_ring_close,   be_ring_fill,    be_ring_wait,    be_ring_done,
     be_wstream_open, be_wstream_load, be_wstream_wait_host, be_wstream_done, be_wstream_close,
     be_mem_peak,     be_weight_load_fp8, be_dcopy,
-    be_ring_fill_packed,
+    be_ring_open_packed, be_ring_fill_packed,
 };
 
 /* Why the runtime found no usable device, as one line. */

@@ -117,14 +117,16 @@ int ring_wait(Backend *b, h3_bring *r, int s, void **dev);
 int ring_done(Backend *b, h3_bring *r, int s);
 /* The host waits until slot s's last fill has landed (its pinned source may be refilled). */
 int ring_host_wait(Backend *b, h3_bring *r, int s);
-/* Queue the fill of slot s from a packed image (core/wpack.h) of out_bytes of words: its pieces
-   are copied into the ring's staging buffer and decoded into the slot on the copy stream. */
+/* A packed ring: per slot a staging buffer of stage_bytes for a whole packed image (core/wpack.h),
+   and one buffer of out_bytes of words that ring_wait decodes the slot's image into. */
+int ring_open_packed(Backend *b, int slots, size_t out_bytes, size_t stage_bytes, h3_bring **out);
+/* Queue the copy of a packed image of out_bytes of words into slot s's staging (packed ring). */
 int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes);
 
-/* cuda_wpack.cu: one piece of a packed image (chunks [c0, c0 + chunks) of n values) decoded into
-   out (the image's word 0; 16-byte aligned) on stream st. e0 / escoff: the image's tables on the
-   device; sm / nib / esc: the piece's sections on the device (esc: esc_len escapes from the
-   image's escape esc_base on). */
+/* cuda_wpack.cu: chunks [c0, c0 + chunks) of a packed image of n values decoded into out (the
+   image's word 0; 16-byte aligned) on stream st. e0 / escoff: the image's tables on the device;
+   sm / nib / esc: the sections from chunk c0 on (esc: esc_len escapes from the image's escape
+   esc_base on). The ring decodes whole images (c0 0, esc_base 0). */
 struct WpackPiece {
     const uint8_t *e0;
     const uint32_t *escoff;

@@ -38,11 +38,13 @@ struct h3_bring {
     cudaStream_t copy;
     cudaEvent_t ready[h3cuda::RING_MAX], freed[h3cuda::RING_MAX];
     bool was_read[h3cuda::RING_MAX]; /* freed[s] has been recorded at least once */
-    /* ring_fill_packed's staging (h3_wpack_stage_bytes: the image's tables and one piece),
-       allocated at the first packed fill. One buffer serves every slot: the copy stream runs each
-       piece's copy, its decode and the next piece's copy in that order. */
-    void *stage;
-    size_t stage_bytes;
+    /* A packed ring (ring_open_packed): dev[s] is slot s's staging for a whole packed image
+       (slot_bytes each), `out` the one buffer of out_bytes that ring_wait decodes a slot into, on
+       the compute stream. n / escapes: the image last filled into each slot. */
+    bool packed;
+    void *out;
+    size_t out_bytes;
+    uint64_t pk_n[h3cuda::RING_MAX], pk_escapes[h3cuda::RING_MAX];
 };
 
 namespace h3cuda {
@@ -129,11 +131,13 @@ void ring_close(Backend *b, h3_bring *r)
         /* cudaFree waits for the compute stream's queued reads of the slot. */
         if (r->dev[s] && cudaFree(r->dev[s]) != cudaSuccess) (void)cudaGetLastError();
     }
-    if (r->stage && cudaFree(r->stage) != cudaSuccess) (void)cudaGetLastError();
+    if (r->out && cudaFree(r->out) != cudaSuccess) (void)cudaGetLastError();
     free(r);
 }
 
-int ring_open(Backend *b, int slots, size_t slot_bytes, h3_bring **out)
+/* A ring of `slots` device buffers of slot_bytes, its copy stream and events; packed: also the one
+   output buffer of out_bytes that ring_wait decodes into. */
+static int ring_make(Backend *b, int slots, size_t slot_bytes, bool packed, size_t out_bytes, h3_bring **out)
 {
     *out = NULL;
     if (slots < 1 || slots > RING_MAX) return fail(b, H3_E_INVALID, "cuda: a ring of %d weight slots", slots);
@@ -143,13 +147,19 @@ int ring_open(Backend *b, int slots, size_t slot_bytes, h3_bring **out)
     if (!r) return fail(b, H3_E_NOMEM, "cuda: out of host memory for a weight ring");
     r->n = slots;
     r->slot_bytes = round256(slot_bytes);
+    r->packed = packed;
+    r->out_bytes = round256(out_bytes);
     for (int s = 0; s < slots; s++) {
-        char what[64];
-        snprintf(what, sizeof what, "weight streaming slot %d of %d", s + 1, slots);
+        char what[80];
+        snprintf(what, sizeof what, "weight streaming %s %d of %d", packed ? "packed staging" : "slot", s + 1, slots);
         if (!(r->dev[s] = dev_alloc(b, r->slot_bytes, what))) {
             ring_close(b, r);
             return -H3_E_NOMEM;
         }
+    }
+    if (packed && !(r->out = dev_alloc(b, r->out_bytes, "weight streaming slot (decoded from packed copies)"))) {
+        ring_close(b, r);
+        return -H3_E_NOMEM;
     }
     cudaError_t e = cudaStreamCreateWithFlags(&r->copy, cudaStreamNonBlocking);
     if (e != cudaSuccess) r->copy = NULL;
@@ -168,8 +178,22 @@ int ring_open(Backend *b, int slots, size_t slot_bytes, h3_bring **out)
     return 0;
 }
 
+int ring_open(Backend *b, int slots, size_t slot_bytes, h3_bring **out)
+{
+    return ring_make(b, slots, slot_bytes, false, 0, out);
+}
+
+int ring_open_packed(Backend *b, int slots, size_t out_bytes, size_t stage_bytes, h3_bring **out)
+{
+    if (!out_bytes || !stage_bytes)
+        return fail(b, H3_E_INVALID, "cuda: a packed weight ring of %zu-byte slots staged in %zu bytes", out_bytes,
+                    stage_bytes);
+    return ring_make(b, slots, stage_bytes, true, out_bytes, out);
+}
+
 int ring_fill(Backend *b, h3_bring *r, int s, const void *host, size_t bytes)
 {
+    if (r->packed) return fail(b, H3_E_INVALID, "cuda: a plain fill of a packed weight ring");
     if (s < 0 || s >= r->n || bytes > r->slot_bytes)
         return fail(b, H3_E_INVALID, "cuda: fill of %zu bytes into weight slot %d of %d (%zu bytes)", bytes, s, r->n,
                     r->slot_bytes);
@@ -197,81 +221,35 @@ static uint64_t rd64(const uint8_t *p)
 
 int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes)
 {
-    if (s < 0 || s >= r->n || out_bytes > r->slot_bytes || out_bytes % 2)
-        return fail(b, H3_E_INVALID, "cuda: packed fill of %zu bytes into weight slot %d of %d (%zu bytes)", out_bytes,
-                    s, r->n, r->slot_bytes);
-    /* The header and the escape offsets are read here, on the host (the image is host memory):
-       what they say is checked before any copy is sized by it. */
+    if (!r->packed) return fail(b, H3_E_INVALID, "cuda: a packed fill of a plain weight ring");
+    if (s < 0 || s >= r->n || out_bytes > r->out_bytes || out_bytes % 2 || packed_bytes > r->slot_bytes)
+        return fail(b, H3_E_INVALID, "cuda: packed fill of %zu bytes (%zu of words) into weight slot %d of %d (%zu "
+                    "bytes of staging, %zu of words)", packed_bytes, out_bytes, s, r->n, r->slot_bytes, r->out_bytes);
+    /* The header and the escape table's ends are read here, on the host (the image is host
+       memory): what they say is checked before the copy is sized by it. The decoder bounds every
+       escape it reads by the count checked here, so a corrupt table cannot send it out of the image. */
     const uint8_t *p = static_cast<const uint8_t *>(packed);
     if (packed_bytes < H3_WPACK_HEADER || rd32(p) != H3_WPACK_MAGIC || rd32(p + 4) != H3_WPACK_VERSION)
         return fail(b, H3_E_INVALID, "cuda: a packed weight image that is not wpack version %u", H3_WPACK_VERSION);
     const uint64_t n = rd64(p + 8), escapes = rd64(p + 32);
     const h3_wpack_layout l = h3_wpack_layout_of(n, H3_WPACK_CHUNK, escapes <= n ? escapes : 0);
-    if (rd32(p + 16) != H3_WPACK_CHUNK || n * 2 != out_bytes || escapes > n || rd64(p + 24) != l.chunks ||
-        rd64(p + 40) != l.total || l.total > packed_bytes || rd32(p + l.escoff) != 0 ||
+    if (rd32(p + 16) != H3_WPACK_CHUNK || n * 2 != out_bytes || escapes > n || escapes > 0xffffffffu ||
+        rd64(p + 24) != l.chunks || rd64(p + 40) != l.total || l.total > packed_bytes || rd32(p + l.escoff) != 0 ||
         rd32(p + l.escoff + 4 * l.chunks) != escapes)
         return fail(b, H3_E_INVALID, "cuda: a packed weight image (%zu bytes) that does not hold %zu bytes of words in "
                     "chunks of %u", packed_bytes, out_bytes, H3_WPACK_CHUNK);
     int rc = use_device(b);
     if (rc) return rc;
-    const size_t need = (size_t)h3_wpack_stage_bytes(n);
     cudaError_t e = cudaSuccess;
-    if (r->stage_bytes < need) { /* the first packed fill (every block of a ring has one size) */
-        if (r->stage) {
-            if ((e = cudaStreamSynchronize(r->copy)) != cudaSuccess)
-                return fail_cuda(b, e, "waiting for the weight ring's copies");
-            if (cudaFree(r->stage) != cudaSuccess) (void)cudaGetLastError();
-            r->stage = NULL;
-            r->stage_bytes = 0;
-        }
-        if (!(r->stage = dev_alloc(b, need, "the staging of packed weight copies"))) return -H3_E_NOMEM;
-        r->stage_bytes = need;
-    }
-    uint8_t *st = static_cast<uint8_t *>(r->stage);
-    const uint64_t pc = h3_wpack_piece_chunks(l.chunks), pv = pc * H3_WPACK_CHUNK, pe = h3_wpack_piece_escapes(pc);
-    WpackPiece wp = {};
-    wp.e0 = st;
-    wp.escoff = reinterpret_cast<const uint32_t *>(st + (l.escoff - l.e0));
-    uint8_t *sm = st + (l.sm - l.e0), *nib = sm + h3_wpack_r256(pv), *esc = nib + h3_wpack_r256(pv / 2);
-    wp.sm = sm;
-    wp.nib = nib;
-    wp.esc = esc;
-    wp.n = n;
-    wp.out = static_cast<uint16_t *>(r->dev[s]);
     if (r->was_read[s]) e = cudaStreamWaitEvent(r->copy, r->freed[s], 0);
-    /* The tables once, then each piece's three sections and its decode, in stream order. A piece
-       is up to pc chunks holding up to pe escapes (at least one chunk: pe >= a chunk's values). */
-    if (e == cudaSuccess) e = cudaMemcpyAsync(st, p + l.e0, l.sm - l.e0, cudaMemcpyHostToDevice, r->copy);
-    for (uint64_t c0 = 0, c1; c0 < l.chunks && e == cudaSuccess; c0 = c1) {
-        const uint32_t eb = rd32(p + l.escoff + 4 * c0);
-        c1 = c0;
-        while (c1 < l.chunks && c1 - c0 < pc) {
-            const uint32_t next = rd32(p + l.escoff + 4 * (c1 + 1));
-            if (next < eb || next > escapes)
-                return fail(b, H3_E_INVALID, "cuda: a packed weight image with escape offset %u at chunk %llu", next,
-                            (unsigned long long)(c1 + 1));
-            if (next - eb > pe && c1 > c0) break;
-            c1++;
-        }
-        const uint64_t v0 = c0 * H3_WPACK_CHUNK, v1 = c1 * H3_WPACK_CHUNK < n ? c1 * H3_WPACK_CHUNK : n;
-        const uint32_t ee = rd32(p + l.escoff + 4 * c1);
-        if (ee - eb > pe || ee - eb > v1 - v0)
-            return fail(b, H3_E_INVALID, "cuda: a packed weight image with %u escapes in chunk %llu", ee - eb,
-                        (unsigned long long)c0);
-        e = cudaMemcpyAsync(sm, p + l.sm + v0, v1 - v0, cudaMemcpyHostToDevice, r->copy);
-        if (e == cudaSuccess)
-            e = cudaMemcpyAsync(nib, p + l.nib + v0 / 2, (v1 + 1) / 2 - v0 / 2, cudaMemcpyHostToDevice, r->copy);
-        if (e == cudaSuccess && ee > eb)
-            e = cudaMemcpyAsync(esc, p + l.esc + eb, ee - eb, cudaMemcpyHostToDevice, r->copy);
-        if (e != cudaSuccess) break;
-        wp.c0 = c0;
-        wp.chunks = c1 - c0;
-        wp.esc_base = eb;
-        wp.esc_len = ee - eb;
-        if ((rc = wpack_decode_piece(b, r->copy, &wp))) return rc;
-    }
+    /* One copy of the whole image: the copy engine never waits for a decode (that runs on the
+       compute stream when the block is used, ring_wait). */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(r->dev[s], p, (size_t)l.total, cudaMemcpyHostToDevice, r->copy);
     if (e == cudaSuccess) e = cudaEventRecord(r->ready[s], r->copy);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "queueing a packed streamed weight copy");
+    if (e != cudaSuccess) return fail_cuda(b, e, "queueing a packed streamed weight copy");
+    r->pk_n[s] = n;
+    r->pk_escapes[s] = escapes;
+    return 0;
 }
 
 int ring_wait(Backend *b, h3_bring *r, int s, void **dev)
@@ -281,7 +259,28 @@ int ring_wait(Backend *b, h3_bring *r, int s, void **dev)
     if (rc) return rc;
     cudaError_t e = cudaStreamWaitEvent(b->stream, r->ready[s], 0);
     if (e != cudaSuccess) return fail_cuda(b, e, "waiting for a streamed weight copy");
-    *dev = r->dev[s];
+    if (!r->packed) {
+        *dev = r->dev[s];
+        return 0;
+    }
+    /* Packed: decode slot s's image into the one output buffer, on the compute stream, so after
+       the ops of the block that used it before and before the ops of this one. */
+    const h3_wpack_layout l = h3_wpack_layout_of(r->pk_n[s], H3_WPACK_CHUNK, r->pk_escapes[s]);
+    const uint8_t *st = static_cast<const uint8_t *>(r->dev[s]);
+    WpackPiece wp = {};
+    wp.e0 = st + l.e0;
+    wp.escoff = reinterpret_cast<const uint32_t *>(st + l.escoff);
+    wp.sm = st + l.sm;
+    wp.nib = st + l.nib;
+    wp.esc = st + l.esc;
+    wp.esc_base = 0;
+    wp.esc_len = (uint32_t)l.escapes;
+    wp.n = l.n;
+    wp.c0 = 0;
+    wp.chunks = l.chunks;
+    wp.out = static_cast<uint16_t *>(r->out);
+    if ((rc = wpack_decode_piece(b, b->stream, &wp))) return rc;
+    *dev = r->out;
     return 0;
 }
 

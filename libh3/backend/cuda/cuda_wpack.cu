@@ -1,8 +1,12 @@
 /*
  * The GPU decoder of packed bf16 words (core/wpack.h has the format; core/wpack.c the host packer
- * and the reference decoder): the weight ring (cuda_stream.cu, ring_fill_packed) copies a packed
- * block's bytes a piece at a time into a staging buffer and this kernel writes the bf16 words into
- * the slot, on the ring's copy stream.
+ * and the reference decoder): a packed weight ring (cuda_stream.cu) copies a block's whole packed
+ * image into the slot's staging on its copy stream, and ring_wait runs this kernel on the compute
+ * stream, writing the bf16 words the block's GEMMs then read. On the compute stream because a
+ * decode queued on the copy stream waits for SMs that the GEMMs hold (cuBLAS's kernels can keep
+ * every SM for milliseconds), and the next copy would wait behind it; here it adds its own
+ * ~0.4 ms (0.77 GB of words written at the released widths) to the block and the copy engine
+ * streams without a gap.
  *
  * One thread block of 256 threads per chunk of H3_WPACK_CHUNK = 4096 values: thread t decodes the
  * 16 values from t * 16 with one 16-byte load of sign+mantissa bytes, one 8-byte load of codes and

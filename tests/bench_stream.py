@@ -9,7 +9,7 @@ Model: tests/bench_cuda_dit.py's random checkpoint at the released widths with `
 and reused with --ckpt). Shapes as there (WIDTHxHEIGHTxFRAMES:PROMPT_TOKENS); the defaults are 7,135 and 37,838
 tokens, the issue's two targets (<= 30 % and <= 10 % slower than resident at 4 GiB).
 
-Per shape and budget (first the two slots alone, then --budgets), from h3_dit_denoise with `--steps` grid points after one warm-up call:
+Per shape and budget (first the ring alone: every block streams; then --budgets), from h3_dit_denoise with `--steps` grid points after one warm-up call:
 * ms/block: stack_ms_min (the block stack, timed between two device waits) / blocks.
 * streamed: blocks streamed of the total; held: GiB the transformer's GEMM weights hold (resident blocks + 2 slots +
   refiner, projections, heads); identical: the velocity equals the resident run's bit for bit.
@@ -20,8 +20,9 @@ Per shape and budget (first the two slots alone, then --budgets), from h3_dit_de
   profile) and the packed floor (the packed bytes / the same bandwidth) next to the plain floor. fp8 blocks are never
   packed (one byte per value already).
 * at 50 blocks: the slowdown the same per-block numbers give the released 50-block stack at that budget (the blocks
-  that fit stay: (budget - other weights - 2 slots) / block bytes; a streamed block costs what it cost in the first
-  row of the shape, the budget of the two slots alone, where every block streams).
+  that fit stay: (budget - other weights - the ring) / block bytes, the ring being two slots of a block, or one block
+  and two stagings of 85 % of a block when packed; a streamed block costs what it cost in the first row of the shape,
+  the budget of the ring alone, where every block streams).
 * diffusers group offload: MiniMaxH3Transformer3DModel with apply_group_offloading(block_level, 1 block per group,
   use_stream=True), a whole forward / blocks, next to the same model resident on the GPU.
 --dry-run: toy widths on the CPU (libh3's CPU streamer; budgets: the two slots, then the slots + one block; no
@@ -112,10 +113,17 @@ def diffusers_offload(torch, model, shapes, repeats: int, blocks: int) -> dict:
     return out
 
 
-def project_50(t_r: float, t_s: float | None, budget: int, other: int, blk: int) -> float | None:
+def ring_bytes(budget: int, other: int, blk: int, pack: bool) -> int:
+    """dit_stream_plan's ring: one block of words and two stagings of h3_wpack_stream_max (85 % of a block) when
+    packing and the budget holds that, else two slots of a block."""
+    stage = blk * 17 // 20 // 256 * 256
+    return blk + 2 * stage if pack and budget - other >= blk + 2 * stage else 2 * blk
+
+
+def project_50(t_r: float, t_s: float | None, budget: int, other: int, blk: int, pack: bool = False) -> float | None:
     """Slowdown of the released 50-block stack at this budget from the measured per-block times (t_s: a streamed
     block, measured where every block streams)."""
-    keep = max(0, min(50, (budget - other - 2 * blk) // blk))
+    keep = max(0, min(50, (budget - other - ring_bytes(budget, other, blk, pack)) // blk))
     if keep >= 50:
         return 0.0
     if t_s is None:
@@ -179,10 +187,11 @@ def main() -> int:
                                  threads=args.threads)
             held, blk = res["stream"]["weight_bytes_held"], res["stream"]["block_bytes"]
             other = held - args.blocks * blk
-            # First the slots alone (every block streams: the per-block cost of streaming, whatever fits), then the
-            # asked budgets (--dry-run: toy weights, so the slots + one block instead).
-            budgets = [int(other + 2.5 * blk)] + ([int(other + 3.5 * blk)] if args.dry_run else
-                                                  [int(x * GIB) for x in budgets_gib])
+            # First the ring alone (every block streams, through the plain ring's two slots or the packed ring's
+            # 2.7 blocks: the per-block cost of streaming, whatever fits), then the asked budgets (--dry-run: toy
+            # weights, so the slots + one block instead).
+            budgets = [int(other + 2.85 * blk)] + ([int(other + 3.5 * blk)] if args.dry_run else
+                                                   [int(x * GIB) for x in budgets_gib])
             t_s = {}  # per packing: a streamed block's cost where every block streams
             if not args.dry_run and blk not in gbps:
                 gbps[blk] = h2d_gbps(torch, blk)
@@ -210,7 +219,8 @@ def main() -> int:
                         row["floor_ms"] = blk / (gbps[blk] * 1e9) * 1e3
                         if ratio is not None and s["packed_blocks"]:
                             row["packed_floor_ms"] = row["floor_ms"] * ratio
-                    row["slowdown_50_blocks"] = project_50(res["block_ms"], t_s.get(pack), budget, other, blk)
+                    row["slowdown_50_blocks"] = project_50(res["block_ms"], t_s.get(pack), budget, other, blk,
+                                                           pack and prec == "default" and not args.dry_run)
                     rows.append(row)
                     ptxt = (f"packed {s['packed_blocks']}/{n_s} ({100 * ratio:.1f} % of the bytes)"
                             if s["packed_blocks"] and ratio is not None else "plain copies")

@@ -11,7 +11,8 @@
 #   bench   tests/bench_cuda_dit.py at the released widths (table + bench.json), then tests/bench_cuda_stages.py (the
 #           text encoder and both decoders next to transformers / diffusers; bench-stages.json; alone: bench-stages),
 #           then tests/bench_stream.py (weight streaming under a 4 GiB budget, bf16 and fp8, next to diffusers' group
-#           offloading; bench-stream.json; alone, with budgets 4 and 8 GiB: bench-stream)
+#           offloading; bench-stream.json; alone, with budgets 4 and 8 GiB: bench-stream, whose arguments
+#           BENCH_STREAM_ARGS replaces)
 #   bench-fp8  (optional) attention alone at 1,874 / 7,135 / 37,838 tokens, bf16 and fp8 (H3_BENCH=1
 #           test_backend_ops), then tests/bench_cuda_dit.py --fp8 --fp8-attention at 7,135 and 37,838 tokens without
 #           torch.compile: bf16, fp8 weights, fp8 attention and both, ms per block and rel-L2 (bench-fp8.json)
@@ -119,7 +120,7 @@ for stage in "${STAGES[@]}"; do
             --shapes 864x480x56:64,1344x768x124:128 --out "$LOG/bench-fp8.json"
         ;;
     bench-stream)
-        run bench-stream "$PY" tests/bench_stream.py --fp8 --budgets 4,8 --out "$LOG/bench-stream.json"
+        run bench-stream "$PY" tests/bench_stream.py ${BENCH_STREAM_ARGS:---fp8 --budgets 4,8} --out "$LOG/bench-stream.json"
         ;;
     bench-stages)
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"

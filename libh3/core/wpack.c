@@ -49,18 +49,6 @@ static uint32_t scan_chunk(const uint16_t *v, uint64_t m, uint8_t *e0)
 
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 
 typedef struct {
     const uint16_t *src;
@@ -117,7 +105,7 @@ static void write_task(void *arg, int64_t begin, int64_t end, int thread)
                 n8[i / 2] |= (uint8_t)(code << 4);
         }
         /* The escapes in value order; most chunks have none, so the scan is skipped. */
-        const uint32_t e_begin = get32(escoff + 4 * c), e_end = get32(escoff + 4 * (c + 1));
+        const uint32_t e_begin = h3_wpack_get32(escoff + 4 * c), e_end = h3_wpack_get32(escoff + 4 * (c + 1));
         if (e_begin == e_end) continue;
         uint8_t *ep = esc + e_begin;
         for (uint64_t i = 0; i < m; i++)
@@ -221,13 +209,15 @@ int h3_wpack_header(const void *packed, uint64_t bytes, h3_wpack_layout *l)
     if (!p || bytes < H3_WPACK_HEADER)
         return h3_err(H3_E_FORMAT, "wpack: a packed image of %llu bytes is shorter than its header",
                       (unsigned long long)bytes);
-    if (get32(p) != H3_WPACK_MAGIC || get32(p + 4) != H3_WPACK_VERSION)
+    if (h3_wpack_get32(p) != H3_WPACK_MAGIC || h3_wpack_get32(p + 4) != H3_WPACK_VERSION)
         return h3_err(H3_E_FORMAT, "wpack: not a packed image of version %u (magic %08x, version %u)", H3_WPACK_VERSION,
-                      get32(p), get32(p + 4));
-    const uint64_t n = get64(p + 8), chunks = get64(p + 24), escapes = get64(p + 32), total = get64(p + 40);
-    const uint32_t chunk = get32(p + 16);
+                      h3_wpack_get32(p), h3_wpack_get32(p + 4));
+    const uint64_t n = h3_wpack_get64(p + 8), chunks = h3_wpack_get64(p + 24), escapes = h3_wpack_get64(p + 32);
+    const uint64_t total = h3_wpack_get64(p + 40);
+    const uint32_t chunk = h3_wpack_get32(p + 16);
     /* n and escapes are bounded by the size before the layout arithmetic, which cannot overflow then. */
-    if (!chunk_ok(chunk) || get32(p + 20) != 0 || n > bytes || escapes > n || chunks != (n + chunk - 1) / chunk)
+    if (!chunk_ok(chunk) || h3_wpack_get32(p + 20) != 0 || n > bytes || escapes > n ||
+        chunks != (n + chunk - 1) / chunk)
         return h3_err(H3_E_FORMAT, "wpack: a bad header (n %llu, chunk %u, chunks %llu, escapes %llu)",
                       (unsigned long long)n, chunk, (unsigned long long)chunks, (unsigned long long)escapes);
     *l = h3_wpack_layout_of(n, chunk, escapes);
@@ -248,14 +238,14 @@ int h3_wpack_decode(const void *packed, uint64_t bytes, uint16_t *out, uint64_t 
     const uint8_t *p = packed;
     const uint8_t *e0t = p + l.e0, *sm = p + l.sm, *nib = p + l.nib, *esc = p + l.esc;
     const uint8_t *escoff = p + l.escoff;
-    if (get32(escoff) != 0 || get32(escoff + 4 * l.chunks) != l.escapes)
+    if (h3_wpack_get32(escoff) != 0 || h3_wpack_get32(escoff + 4 * l.chunks) != l.escapes)
         return h3_err(H3_E_FORMAT, "wpack: the escape offsets do not span the %llu escapes",
                       (unsigned long long)l.escapes);
     if (n % 2 && nib[n / 2] >> 4)
         return h3_err(H3_E_FORMAT, "wpack: a code past the last value");
     for (uint64_t c = 0; c < l.chunks; c++) {
         const uint64_t b = c * l.chunk, m = n - b < l.chunk ? n - b : l.chunk;
-        const uint32_t e_begin = get32(escoff + 4 * c), e_end = get32(escoff + 4 * (c + 1));
+        const uint32_t e_begin = h3_wpack_get32(escoff + 4 * c), e_end = h3_wpack_get32(escoff + 4 * (c + 1));
         if (e_end < e_begin || e_end - e_begin > m)
             return h3_err(H3_E_FORMAT, "wpack: chunk %llu's escape offsets %u..%u", (unsigned long long)c, e_begin,
                           e_end);

@@ -29,6 +29,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define H3_WPACK_MAGIC 0x50573348u /* "H3WP" */
 #define H3_WPACK_VERSION 1u
@@ -36,6 +37,21 @@
 #define H3_WPACK_CHUNK 4096u
 #define H3_WPACK_HEADER 256u
 static inline uint64_t h3_wpack_r256(uint64_t n) { return (n + 255u) / 256u * 256u; }
+
+/* Little-endian fields of an image, read through memcpy (no alignment assumed): the host decoder's
+   and the CUDA ring's header checks read them the same way. */
+static inline uint32_t h3_wpack_get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t h3_wpack_get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
 /* Byte offsets of a packed image's sections (from its value count, chunk and escape count). */
 typedef struct h3_wpack_layout {

@@ -206,19 +206,6 @@ int ring_fill(Backend *b, h3_bring *r, int s, const void *host, size_t bytes)
     return e == cudaSuccess ? 0 : fail_cuda(b, e, "queueing a streamed weight copy");
 }
 
-static uint32_t rd32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static uint64_t rd64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes)
 {
     if (!r->packed) return fail(b, H3_E_INVALID, "cuda: a packed fill of a plain weight ring");
@@ -229,13 +216,14 @@ int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t 
        memory): what they say is checked before the copy is sized by it. The decoder bounds every
        escape it reads by the count checked here, so a corrupt table cannot send it out of the image. */
     const uint8_t *p = static_cast<const uint8_t *>(packed);
-    if (packed_bytes < H3_WPACK_HEADER || rd32(p) != H3_WPACK_MAGIC || rd32(p + 4) != H3_WPACK_VERSION)
+    if (packed_bytes < H3_WPACK_HEADER || h3_wpack_get32(p) != H3_WPACK_MAGIC ||
+        h3_wpack_get32(p + 4) != H3_WPACK_VERSION)
         return fail(b, H3_E_INVALID, "cuda: a packed weight image that is not wpack version %u", H3_WPACK_VERSION);
-    const uint64_t n = rd64(p + 8), escapes = rd64(p + 32);
+    const uint64_t n = h3_wpack_get64(p + 8), escapes = h3_wpack_get64(p + 32);
     const h3_wpack_layout l = h3_wpack_layout_of(n, H3_WPACK_CHUNK, escapes <= n ? escapes : 0);
-    if (rd32(p + 16) != H3_WPACK_CHUNK || n * 2 != out_bytes || escapes > n || escapes > 0xffffffffu ||
-        rd64(p + 24) != l.chunks || rd64(p + 40) != l.total || l.total > packed_bytes || rd32(p + l.escoff) != 0 ||
-        rd32(p + l.escoff + 4 * l.chunks) != escapes)
+    if (h3_wpack_get32(p + 16) != H3_WPACK_CHUNK || n * 2 != out_bytes || escapes > n || escapes > 0xffffffffu ||
+        h3_wpack_get64(p + 24) != l.chunks || h3_wpack_get64(p + 40) != l.total || l.total > packed_bytes ||
+        h3_wpack_get32(p + l.escoff) != 0 || h3_wpack_get32(p + l.escoff + 4 * l.chunks) != escapes)
         return fail(b, H3_E_INVALID, "cuda: a packed weight image (%zu bytes) that does not hold %zu bytes of words in "
                     "chunks of %u", packed_bytes, out_bytes, H3_WPACK_CHUNK);
     int rc = use_device(b);

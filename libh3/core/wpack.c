@@ -1,11 +1,13 @@
 /*
  * wpack: the host packer and the reference unpacker of packed bf16 words (wpack.h has the format).
  *
- * The packer works chunk by chunk in two passes (E0 and the escape counts, then the bytes), so
- * chunks can be spread over threads: each chunk writes only its own bytes, and the escape offsets
- * are an exclusive prefix taken serially between the passes, so the output is the same whatever
- * the split. The reference unpacker checks every field: it serves tests and the CPU, and a packed
- * image it accepts decodes to exactly the words that were packed.
+ * The packer works chunk by chunk in two passes, h3_wpack_scan (E0 and the escape counts: the
+ * packed size) and h3_wpack_write (the bytes), so chunks can be spread over threads: each chunk
+ * writes only its own bytes, and the escape offsets are an exclusive prefix taken serially between
+ * the passes, so the output is the same whatever the split. A caller that sizes its buffer from the
+ * scan writes from the same scan: the words are read twice in all, not three times. The reference
+ * unpacker checks every field: it serves tests and the CPU, and a packed image it accepts decodes
+ * to exactly the words that were packed.
  */
 #include "core/wpack.h"
 
@@ -122,85 +124,90 @@ static void run_tasks(h3_wpack_runner run, void *ctx, int64_t n, h3_wpack_task f
         fn(arg, 0, n, 0);
 }
 
-/* Pass 1 into j->e0 / j->count (allocated here); the escape total. */
-static int pass1(pack_job *j, h3_wpack_runner run, void *ctx, uint64_t chunks, uint64_t *escapes)
+void h3_wpack_plan_free(h3_wpack_plan *p)
 {
-    j->count = malloc(sizeof *j->count * (chunks ? chunks : 1));
-    if (!j->count) return h3_err(H3_E_NOMEM, "wpack: out of memory for %llu chunk counts", (unsigned long long)chunks);
-    run_tasks(run, ctx, (int64_t)chunks, scan_task, j);
-    uint64_t t = 0;
-    for (uint64_t c = 0; c < chunks; c++) t += j->count[c];
-    *escapes = t;
+    if (!p) return;
+    free(p->e0);
+    free(p->count);
+    p->e0 = NULL;
+    p->count = NULL;
+}
+
+int h3_wpack_scan(const uint16_t *src, uint64_t n, uint32_t chunk, h3_wpack_runner run, void *run_ctx,
+                  h3_wpack_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!chunk_ok(chunk)) return h3_err(H3_E_INVALID, "wpack: chunk %u (an even number in [2, 2^20])", chunk);
+    const uint64_t chunks = (n + chunk - 1) / chunk;
+    out->e0 = malloc(chunks ? chunks : 1);
+    out->count = malloc(sizeof *out->count * (chunks ? chunks : 1));
+    if (!out->e0 || !out->count) {
+        h3_wpack_plan_free(out);
+        return h3_err(H3_E_NOMEM, "wpack: out of memory for %llu chunk tables", (unsigned long long)chunks);
+    }
+    pack_job j = {.src = src, .n = n, .chunk = chunk, .e0 = out->e0, .count = out->count};
+    run_tasks(run, run_ctx, (int64_t)chunks, scan_task, &j);
+    uint64_t escapes = 0;
+    for (uint64_t c = 0; c < chunks; c++) escapes += out->count[c];
+    out->src = src;
+    out->n = n;
+    out->chunk = chunk;
+    out->layout = h3_wpack_layout_of(n, chunk, escapes);
     return 0;
 }
 
 uint64_t h3_wpack_size(const uint16_t *src, uint64_t n, uint32_t chunk, h3_wpack_runner run, void *run_ctx)
 {
-    if (!chunk_ok(chunk)) return 0;
-    const uint64_t chunks = (n + chunk - 1) / chunk;
-    pack_job j = {.src = src, .n = n, .chunk = chunk};
-    j.e0 = malloc(chunks ? chunks : 1);
-    uint64_t escapes = 0;
-    if (!j.e0 || pass1(&j, run, run_ctx, chunks, &escapes)) {
-        free(j.e0);
-        free(j.count);
-        return 0;
+    h3_wpack_plan p;
+    if (h3_wpack_scan(src, n, chunk, run, run_ctx, &p)) return 0;
+    h3_wpack_plan_free(&p);
+    return p.layout.total;
+}
+
+int h3_wpack_write(const h3_wpack_plan *p, void *dst, uint64_t dst_bytes, h3_wpack_runner run, void *run_ctx)
+{
+    const h3_wpack_layout l = p->layout;
+    const uint64_t n = p->n, chunks = l.chunks, escapes = l.escapes;
+    if (escapes > UINT32_MAX)
+        return h3_err(H3_E_INVALID, "wpack: %llu escapes (the offsets are 32-bit)", (unsigned long long)escapes);
+    if (dst_bytes < l.total)
+        return h3_err(H3_E_INVALID, "wpack: %llu bytes cannot hold the packed image of %llu bytes",
+                      (unsigned long long)dst_bytes, (unsigned long long)l.total);
+    uint8_t *d = dst;
+    memset(d, 0, H3_WPACK_HEADER);
+    put32(d, H3_WPACK_MAGIC);
+    put32(d + 4, H3_WPACK_VERSION);
+    put64(d + 8, n);
+    put32(d + 16, p->chunk);
+    put64(d + 24, chunks);
+    put64(d + 32, escapes);
+    put64(d + 40, l.total);
+    /* Section padding as zeros: the same input gives the same bytes. */
+    memcpy(d + l.e0, p->e0, chunks);
+    memset(d + l.e0 + chunks, 0, l.escoff - l.e0 - chunks);
+    uint64_t acc = 0; /* escapes < 2^32 (checked above) */
+    for (uint64_t c = 0; c < chunks; c++) {
+        put32(d + l.escoff + 4 * c, (uint32_t)acc);
+        acc += p->count[c];
     }
-    free(j.e0);
-    free(j.count);
-    return h3_wpack_layout_of(n, chunk, escapes).total;
+    put32(d + l.escoff + 4 * chunks, (uint32_t)acc);
+    memset(d + l.escoff + 4 * (chunks + 1), 0, l.sm - l.escoff - 4 * (chunks + 1));
+    memset(d + l.sm + n, 0, l.nib - l.sm - n);
+    memset(d + l.nib + (n + 1) / 2, 0, l.esc - l.nib - (n + 1) / 2);
+    memset(d + l.esc + escapes, 0, l.total - l.esc - escapes);
+    pack_job j = {.src = p->src, .n = n, .chunk = p->chunk, .dst = d, .l = l};
+    run_tasks(run, run_ctx, (int64_t)chunks, write_task, &j);
+    return 0;
 }
 
 int h3_wpack_encode(const uint16_t *src, uint64_t n, uint32_t chunk, void *dst, uint64_t dst_bytes,
                     h3_wpack_runner run, void *run_ctx)
 {
-    if (!chunk_ok(chunk)) return h3_err(H3_E_INVALID, "wpack: chunk %u (an even number in [2, 2^20])", chunk);
-    const uint64_t chunks = (n + chunk - 1) / chunk;
-    uint8_t *d = dst;
-    /* E0 goes straight to its section (its offset depends on n only); the header and the rest
-       follow once the escape total is known. */
-    const h3_wpack_layout l0 = h3_wpack_layout_of(n, chunk, 0);
-    if (dst_bytes < l0.total) return h3_err(H3_E_INVALID, "wpack: %llu bytes cannot hold the packed image",
-                                            (unsigned long long)dst_bytes);
-    pack_job j = {.src = src, .n = n, .chunk = chunk, .e0 = d + l0.e0};
-    uint64_t escapes = 0;
-    int rc = pass1(&j, run, run_ctx, chunks, &escapes);
-    if (rc) return rc;
-    if (escapes > UINT32_MAX) {
-        free(j.count);
-        return h3_err(H3_E_INVALID, "wpack: %llu escapes (the offsets are 32-bit)", (unsigned long long)escapes);
-    }
-    j.l = h3_wpack_layout_of(n, chunk, escapes);
-    if (dst_bytes < j.l.total) {
-        free(j.count);
-        return h3_err(H3_E_INVALID, "wpack: %llu bytes cannot hold the packed image of %llu bytes",
-                      (unsigned long long)dst_bytes, (unsigned long long)j.l.total);
-    }
-    memset(d, 0, H3_WPACK_HEADER);
-    put32(d, H3_WPACK_MAGIC);
-    put32(d + 4, H3_WPACK_VERSION);
-    put64(d + 8, n);
-    put32(d + 16, chunk);
-    put64(d + 24, chunks);
-    put64(d + 32, escapes);
-    put64(d + 40, j.l.total);
-    /* Section padding as zeros: the same input gives the same bytes. */
-    memset(d + j.l.e0 + chunks, 0, j.l.escoff - j.l.e0 - chunks);
-    uint64_t acc = 0; /* escapes <= n < 2^32 for any block (checked below) */
-    for (uint64_t c = 0; c < chunks; c++) {
-        put32(d + j.l.escoff + 4 * c, (uint32_t)acc);
-        acc += j.count[c];
-    }
-    put32(d + j.l.escoff + 4 * chunks, (uint32_t)acc);
-    free(j.count);
-    j.count = NULL;
-    memset(d + j.l.escoff + 4 * (chunks + 1), 0, j.l.sm - j.l.escoff - 4 * (chunks + 1));
-    memset(d + j.l.sm + n, 0, j.l.nib - j.l.sm - n);
-    memset(d + j.l.nib + (n + 1) / 2, 0, j.l.esc - j.l.nib - (n + 1) / 2);
-    memset(d + j.l.esc + escapes, 0, j.l.total - j.l.esc - escapes);
-    j.dst = d;
-    run_tasks(run, run_ctx, (int64_t)chunks, write_task, &j);
-    return 0;
+    h3_wpack_plan p;
+    int rc = h3_wpack_scan(src, n, chunk, run, run_ctx, &p);
+    if (!rc) rc = h3_wpack_write(&p, dst, dst_bytes, run, run_ctx);
+    h3_wpack_plan_free(&p);
+    return rc;
 }
 
 int h3_wpack_header(const void *packed, uint64_t bytes, h3_wpack_layout *l)

@@ -88,11 +88,28 @@ static inline uint64_t h3_wpack_stream_max(uint64_t bytes) { return bytes * 17u 
 typedef void (*h3_wpack_task)(void *arg, int64_t begin, int64_t end, int thread);
 typedef void (*h3_wpack_runner)(void *ctx, int64_t n, h3_wpack_task fn, void *arg);
 
-/* Exact packed size of src[0, n) in chunks of `chunk` values (an even number in [2, 1 << 20]),
-   or 0 for a bad chunk. */
+/* The first pass over src[0, n) in chunks of `chunk` values (an even number in [2, 1 << 20]): each
+   chunk's E0 and escape count, hence the image's layout (layout.total: its exact size). The plan
+   refers to src, which must stay until h3_wpack_write; free it with h3_wpack_plan_free. */
+typedef struct h3_wpack_plan {
+    const uint16_t *src;
+    uint64_t n;
+    uint32_t chunk;
+    h3_wpack_layout layout;
+    uint8_t *e0;     /* [chunks] */
+    uint32_t *count; /* [chunks]: escapes of each chunk */
+} h3_wpack_plan;
+H3_INTERNAL int h3_wpack_scan(const uint16_t *src, uint64_t n, uint32_t chunk, h3_wpack_runner run, void *run_ctx,
+                              h3_wpack_plan *out);
+/* The second pass: the packed image of the scanned words into dst (dst_bytes >= layout.total). */
+H3_INTERNAL int h3_wpack_write(const h3_wpack_plan *p, void *dst, uint64_t dst_bytes, h3_wpack_runner run,
+                               void *run_ctx);
+H3_INTERNAL void h3_wpack_plan_free(h3_wpack_plan *p);
+/* Exact packed size of src[0, n) (a scan), or 0 for a bad chunk. */
 H3_INTERNAL uint64_t h3_wpack_size(const uint16_t *src, uint64_t n, uint32_t chunk, h3_wpack_runner run,
                                    void *run_ctx);
-/* Pack src[0, n) into dst (dst_bytes: at least h3_wpack_size of the same input). 0 or -H3_E_*. */
+/* Pack src[0, n) into dst (dst_bytes: at least h3_wpack_size of the same input): a scan and a
+   write. 0 or -H3_E_*. */
 H3_INTERNAL int h3_wpack_encode(const uint16_t *src, uint64_t n, uint32_t chunk, void *dst, uint64_t dst_bytes,
                                 h3_wpack_runner run, void *run_ctx);
 /* Unpack a packed image of `bytes` into out[0, n): every field is checked (header, tables, codes,

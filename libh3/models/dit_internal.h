@@ -86,10 +86,10 @@ struct h3_dit {
     uint64_t stream_bytes;       /* bytes streamed by forwards since the open: blocks' device form
                                     (blk_bytes each), whether or not their copies were packed */
     uint64_t copy_bytes;         /* bytes those copies moved host -> device (packed images' sizes) */
-    bool pack;                   /* GPU, bf16 blocks: copies move packed images (H3_STREAM_PACK) */
     int n_packed;                /* streamed blocks whose host copy is packed */
-    uint64_t stage_bytes;        /* pack: one slot's staging for a packed image (h3_wpack_stream_max of
-                                    a block); the packed ring holds two and one block of words */
+    uint64_t stage_bytes;        /* GPU, bf16 blocks packed (H3_STREAM_PACK; 0: plain copies): one slot's
+                                    staging for a packed image (h3_wpack_stream_max of a block); the
+                                    packed ring holds two and one block of words */
     int *pass, pass_n;           /* the streamed blocks of the forward in flight, in order */
 
     h3_bw cond, vout, aout, vproj, aproj;

@@ -19,6 +19,16 @@
  * weight_view: the same bytes, the same plans, the same bits as the resident path
  * (backend/cuda/cuda_stream.cu has the stream and event ordering).
  *
+ * CPU: blocks that stay are views of the mapping as always; streamed blocks are read with pread
+ * from their shards into two slots by the block streamer's reader thread (runtime/streamer.h), the
+ * next block while this one computes, trusting the page cache. The GEMMs see the stored bytes
+ * through weight_load's view of the slot, as they see the mapping: the same bits. LoRA merges and
+ * int8 copies are made from the mapping at load, so a budget on the CPU takes neither.
+ *
+ * Auto (0): the CPU keeps every block (its weights are page-cache backed mappings already); a
+ * GPU keeps every block when they fit its free memory with DIT_AUTO_MARGIN to spare (today's
+ * path, untouched), else streams with the free memory less that margin as the budget.
+ *
  * Packed copies (GPU, bf16 blocks): at the released widths a bf16 block takes longer to cross
  * PCIe than to compute (14.0 against 9.9 ms at 7,135 tokens), so the staged image is packed
  * losslessly (core/wpack.h: sign+mantissa bytes, 4-bit exponent codes, ~76 % of the bytes) into
@@ -87,16 +97,19 @@ static int pack_block(h3_dit *d, dit_block *b, void **host, size_t *bytes)
     for (int k = 0; k < 4; k++)
         if (b->like[k].dtype != H3_DT_BF16) return 0;
     const uint64_t n = d->blk_bytes / 2; /* every part is a multiple of 256 bytes */
-    const uint64_t size = h3_wpack_size(*host, n, H3_WPACK_CHUNK, pool_run, d->pool);
-    if (!size) return -H3_E_NOMEM; /* its chunk counts could not be allocated (recorded) */
-    if (size > h3_wpack_stream_max(d->blk_bytes)) return 0; /* saves too little: stays plain */
-    void *p = be->ops->host_alloc(be, (size_t)size);
-    if (!p) return -H3_E_NOMEM;
-    int rc = h3_wpack_encode(*host, n, H3_WPACK_CHUNK, p, size, pool_run, d->pool);
-    if (rc) {
-        be->ops->host_free(be, p);
-        return rc;
+    /* One scan sizes the image and feeds the write: the block's words are read twice, not three times. */
+    h3_wpack_plan plan;
+    int rc = h3_wpack_scan(*host, n, H3_WPACK_CHUNK, pool_run, d->pool, &plan);
+    if (rc) return rc;
+    const uint64_t size = plan.layout.total;
+    void *p = NULL;
+    if (size <= h3_wpack_stream_max(d->blk_bytes)) { /* else it saves too little: the block stays plain */
+        p = be->ops->host_alloc(be, (size_t)size);
+        rc = p ? h3_wpack_write(&plan, p, size, pool_run, d->pool) : -H3_E_NOMEM;
     }
+    h3_wpack_plan_free(&plan);
+    if (rc && p) be->ops->host_free(be, p);
+    if (rc || !p) return rc;
     be->ops->host_free(be, *host);
     *host = p;
     *bytes = (size_t)size;
@@ -106,7 +119,8 @@ static int pack_block(h3_dit *d, dit_block *b, void **host, size_t *bytes)
 }
 
 /* GPU: block i's weights (loaded now unless they are) copied to pinned host memory in their
-   device form (packed when d->pack), then let go on the device. */
+   device form (packed when the plan chose the packed ring: d->stage_bytes), then let go on the
+   device. */
 static int gpu_stage(h3_dit *d, int i)
 {
     dit_block *b = &d->blk[i];
@@ -139,7 +153,7 @@ static int gpu_stage(h3_dit *d, int i)
     }
     dit_unload_block_weights(d, i);
     size_t bytes = d->blk_bytes;
-    if (!rc && d->pack) rc = pack_block(d, b, &host, &bytes);
+    if (!rc && d->stage_bytes) rc = pack_block(d, b, &host, &bytes);
     if (rc) {
         be->ops->host_free(be, host);
         return rc;
@@ -262,7 +276,6 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
     /* A packed ring (one slot of words and two stagings of at most h3_wpack_stream_max) when the
        budget holds it; else the plain ring's two slots (so the smallest budget below stays what it
        says). */
-    d->pack = false;
     d->stage_bytes = 0;
     uint64_t ring_bytes = (uint64_t)B * DIT_SLOTS;
     if (gpu && be->ops->ring_open_packed && be->ops->ring_fill_packed && dit_stream_pack_env()) {
@@ -270,7 +283,6 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
         for (int k = 0; k < 4; k++) bf16 &= dit_gemm(&d->blk[0], k)->dtype == H3_DT_BF16;
         const uint64_t stage = h3_wpack_stream_max(B);
         if (bf16 && stage && avail >= (int64_t)(B + DIT_SLOTS * stage)) {
-            d->pack = true;
             d->stage_bytes = stage;
             ring_bytes = B + DIT_SLOTS * stage;
         }

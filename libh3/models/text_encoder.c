@@ -417,7 +417,6 @@ struct h3_text_keep {
     h3_backend *be;
     int layers;
     uint64_t ident;            /* which tensors (plan_ident) */
-    uint64_t bytes;            /* device bytes held */
     void **dev;                /* per layer: one block holding its GEMM weights (256-byte aligned parts) */
     h3_bw (*w)[W_COUNT];       /* per layer: views of the block, in W_* order (norm entries unused) */
     float **norm;              /* per layer: w_in, w_post, q_norm, k_norm widened to f32, one after another */
@@ -453,8 +452,6 @@ void h3_text_keep_free(h3_text_keep *k)
     free(k->norm);
     free(k);
 }
-
-uint64_t h3_text_keep_bytes(const h3_text_keep *k) { return k ? k->bytes : 0; }
 
 /* Whether a streamed encode should make kept layers: H3_TEXT_KEEP=1 always (CI checks the bits
    on the CPU with it), 0 never; else on a device backend when its free memory less the layers
@@ -521,7 +518,6 @@ static int keep_layer(h3_text_keep *k, int l, const te_layer *L, const uint8_t *
         k->w[l][k_gemms[i]] = (h3_bw){dst, w->dtype, w->rows, w->cols, NULL};
         at += align256(bytes);
     }
-    k->bytes += total;
     for (int j = 0, o = 0; j < 4; j++) {
         const h3_tensor *t = L->t[k_norms[j]];
         h3_to_f32(buf + L->off[k_norms[j]], t->dtype, k->norm[l] + o, t->shape[0]);

@@ -19,7 +19,6 @@
    again. The bytes are those the streamed encode computed on, so outputs do not change. */
 typedef struct h3_text_keep h3_text_keep;
 H3_INTERNAL void h3_text_keep_free(h3_text_keep *k);
-H3_INTERNAL uint64_t h3_text_keep_bytes(const h3_text_keep *k);
 
 typedef struct h3_text_run {
     /* in */

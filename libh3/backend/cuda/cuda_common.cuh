@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct h3_wpack_layout; /* core/wpack.h */
+
 namespace h3cuda {
 
 struct GemmCache; /* cuda_gemm.cu */
@@ -123,19 +125,9 @@ int ring_open_packed(Backend *b, int slots, size_t out_bytes, size_t stage_bytes
 /* Queue the copy of a packed image of out_bytes of words into slot s's staging (packed ring). */
 int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes);
 
-/* cuda_wpack.cu: chunks [c0, c0 + chunks) of a packed image of n values decoded into out (the
-   image's word 0; 16-byte aligned) on stream st. e0 / escoff: the image's tables on the device;
-   sm / nib / esc: the sections from chunk c0 on (esc: esc_len escapes from the image's escape
-   esc_base on). The ring decodes whole images (c0 0, esc_base 0). */
-struct WpackPiece {
-    const uint8_t *e0;
-    const uint32_t *escoff;
-    const uint8_t *sm, *nib, *esc;
-    uint32_t esc_base, esc_len;
-    uint64_t n, c0, chunks;
-    uint16_t *out;
-};
-int wpack_decode_piece(Backend *b, cudaStream_t st, const WpackPiece *p);
+/* cuda_wpack.cu: the packed image at `image` (device memory, 16-byte aligned; l: its layout, whose
+   sections start on 256-byte boundaries) decoded into out[0, l.n) (16-byte aligned) on stream st. */
+int wpack_decode(Backend *b, cudaStream_t st, const uint8_t *image, const struct h3_wpack_layout &l, uint16_t *out);
 
 /* ---- element access shared by the row kernels ---------------------------------------------- */
 

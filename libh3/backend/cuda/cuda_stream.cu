@@ -254,20 +254,8 @@ int ring_wait(Backend *b, h3_bring *r, int s, void **dev)
     /* Packed: decode slot s's image into the one output buffer, on the compute stream, so after
        the ops of the block that used it before and before the ops of this one. */
     const h3_wpack_layout l = h3_wpack_layout_of(r->pk_n[s], H3_WPACK_CHUNK, r->pk_escapes[s]);
-    const uint8_t *st = static_cast<const uint8_t *>(r->dev[s]);
-    WpackPiece wp = {};
-    wp.e0 = st + l.e0;
-    wp.escoff = reinterpret_cast<const uint32_t *>(st + l.escoff);
-    wp.sm = st + l.sm;
-    wp.nib = st + l.nib;
-    wp.esc = st + l.esc;
-    wp.esc_base = 0;
-    wp.esc_len = (uint32_t)l.escapes;
-    wp.n = l.n;
-    wp.c0 = 0;
-    wp.chunks = l.chunks;
-    wp.out = static_cast<uint16_t *>(r->out);
-    if ((rc = wpack_decode_piece(b, b->stream, &wp))) return rc;
+    rc = wpack_decode(b, b->stream, static_cast<const uint8_t *>(r->dev[s]), l, static_cast<uint16_t *>(r->out));
+    if (rc) return rc;
     *dev = r->out;
     return 0;
 }

@@ -28,23 +28,21 @@ static __device__ __forceinline__ uint16_t wp_word(unsigned sm, unsigned e)
     return (uint16_t)(((sm >> 7) << 15) | ((e & 0xFFu) << 7) | (sm & 0x7Fu));
 }
 
-/* Chunks [c0, c0 + gridDim.x) of an image of n values. e0 / escoff: the image's whole tables;
-   sm / nib: the piece's bytes from value v0 (v0 = c0 * chunk); esc: the piece's escapes, from the
-   image's escape esc_base on (esc_len of them). */
+/* Chunk blockIdx.x of an image of n values: e0 / escoff its tables, sm / nib / esc its sections
+   (esc_len escapes in all), all on the device. */
 __global__ void __launch_bounds__(WP_THREADS)
 wpack_decode_kernel(const uint8_t *__restrict__ e0, const uint32_t *__restrict__ escoff, const uint8_t *__restrict__ sm,
-                    const uint8_t *__restrict__ nib, const uint8_t *__restrict__ esc, uint32_t esc_base,
-                    uint32_t esc_len, uint64_t n, uint64_t c0, uint16_t *__restrict__ out)
+                    const uint8_t *__restrict__ nib, const uint8_t *__restrict__ esc, uint32_t esc_len, uint64_t n,
+                    uint16_t *__restrict__ out)
 {
     __shared__ uint32_t warp_total[WP_THREADS / 32];
-    const uint64_t c = c0 + blockIdx.x;
-    const uint64_t first = c * H3_WPACK_CHUNK + (uint64_t)threadIdx.x * WP_VPT; /* the image's index */
-    const uint64_t local = first - c0 * H3_WPACK_CHUNK;                            /* the piece's index */
+    const uint64_t c = blockIdx.x;
+    const uint64_t first = c * H3_WPACK_CHUNK + (uint64_t)threadIdx.x * WP_VPT;
     const int cnt = first >= n ? 0 : (n - first >= WP_VPT ? WP_VPT : (int)(n - first));
     uint8_t s[WP_VPT], q[WP_VPT];
-    if (cnt == WP_VPT) { /* sections and pieces are 256-byte aligned, chunks a multiple of 16 */
-        const uint4 sv = *reinterpret_cast<const uint4 *>(sm + local);
-        const uint2 qv = *reinterpret_cast<const uint2 *>(nib + local / 2);
+    if (cnt == WP_VPT) { /* sections are 256-byte aligned, chunks a multiple of 16 */
+        const uint4 sv = *reinterpret_cast<const uint4 *>(sm + first);
+        const uint2 qv = *reinterpret_cast<const uint2 *>(nib + first / 2);
         const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w}, qw[2] = {qv.x, qv.y};
 #pragma unroll
         for (int k = 0; k < WP_VPT; k++) {
@@ -54,8 +52,8 @@ wpack_decode_kernel(const uint8_t *__restrict__ e0, const uint32_t *__restrict__
     } else {
 #pragma unroll
         for (int k = 0; k < WP_VPT; k++) {
-            s[k] = k < cnt ? sm[local + k] : 0;
-            q[k] = k < cnt ? (uint8_t)((nib[(local + k) / 2] >> (4 * ((local + k) & 1))) & 0xFu) : 0;
+            s[k] = k < cnt ? sm[first + k] : 0;
+            q[k] = k < cnt ? (uint8_t)((nib[(first + k) / 2] >> (4 * ((first + k) & 1))) & 0xFu) : 0;
         }
     }
     uint32_t mine = 0;
@@ -75,9 +73,9 @@ wpack_decode_kernel(const uint8_t *__restrict__ e0, const uint32_t *__restrict__
     for (int w = 0; w < warp; w++) before += warp_total[w];
     if (!cnt) return;
     const unsigned top = e0[c];
-    /* The piece-local index of this thread's first escape; an index outside the piece (only a
-       corrupt image gives one) reads exponent 0 instead of memory that is not the piece's. */
-    uint32_t ei = escoff[c] - esc_base + before;
+    /* The index of this thread's first escape; an index past the escapes (only a corrupt image
+       gives one) reads exponent 0 instead of memory that is not the image's. */
+    uint32_t ei = escoff[c] + before;
     uint16_t v[WP_VPT];
 #pragma unroll
     for (int k = 0; k < WP_VPT; k++) {
@@ -101,13 +99,16 @@ wpack_decode_kernel(const uint8_t *__restrict__ e0, const uint32_t *__restrict__
     }
 }
 
-int wpack_decode_piece(Backend *b, cudaStream_t st, const WpackPiece *p)
+int wpack_decode(Backend *b, cudaStream_t st, const uint8_t *image, const h3_wpack_layout &l, uint16_t *out)
 {
-    if (p->chunks == 0) return 0;
-    if (!aligned16(p->sm) || ((uintptr_t)p->nib & 7) || !aligned16(p->out))
-        return fail(b, H3_E_INVALID, "cuda: a packed weight piece at pointers not 16-byte aligned");
-    wpack_decode_kernel<<<(unsigned)p->chunks, WP_THREADS, 0, st>>>(p->e0, p->escoff, p->sm, p->nib, p->esc,
-                                                                    p->esc_base, p->esc_len, p->n, p->c0, p->out);
+    if (l.chunks == 0) return 0;
+    if (l.chunks > 0x7fffffffu) return fail(b, H3_E_UNSUPPORTED, "cuda: a packed weight image of %llu chunks",
+                                            (unsigned long long)l.chunks);
+    if (!aligned16(image) || !aligned16(out))
+        return fail(b, H3_E_INVALID, "cuda: a packed weight image or its words at pointers not 16-byte aligned");
+    wpack_decode_kernel<<<(unsigned)l.chunks, WP_THREADS, 0, st>>>(
+        image + l.e0, reinterpret_cast<const uint32_t *>(image + l.escoff), image + l.sm, image + l.nib, image + l.esc,
+        (uint32_t)l.escapes, l.n, out);
     return check_launch(b, "wpack_decode_kernel");
 }
 

@@ -13,8 +13,8 @@ s = max|w| / 127, q = round(w / s) (ties to even), both in f32; the GEMM multipl
 * Same bits for 1 and 2 threads; the memory estimate counts the int8 bytes; precisions the CPU cannot run are
   refused with one line (exit 2, nothing written).
 
-`python tests/test_int8.py [--prompts 27]` prints the README's quality table (default vs int8 on every held-out
-prompt).
+`python tests/test_int8.py [--prompts 27]` prints the int8 quality table of docs/fp8-and-vram.md (default vs int8
+on every held-out prompt).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def velocity_vs(c_ref, c, T: int, h: int, w: int, n_text: int, seed: int):
 
 def heldout_quality(name: str, renders, reference):
     """h3-tiny's semantic suite over its held-out renders (train.world's specs, in order) and how far their frames and
-    audio are from `reference` (the bf16 renders of the same noise), printed for docs/fp8-and-vram.md; returns (summary,
+    audio are from `reference` (the bf16 renders of the same noise), printed for the docs; returns (summary,
     per-prompt frame PSNR)."""
     from train import evaluate, world
 

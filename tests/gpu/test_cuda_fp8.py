@@ -1,6 +1,6 @@
 """fp8 block weights on CUDA (h3_options.precision = fp8): quality against the bf16 path, and h3-tiny's semantic suite.
 
-fp8 is a speed trick, not an exact path: these tests measure how far it moves the result (printed, for docs/fp8-and-vram.md).
+fp8 is a speed trick, not an exact path: these tests measure how far it moves the result (printed, for the docs).
 What they hold it to: h3-tiny's semantic suite >= 90 % (the issue's bar), and sanity bounds that catch a broken
 quantiser or scale (a wrong scale gives rel-L2 ~1 and noise frames): the velocity within 0.1 rel-L2 of bf16 and the
 decoded frames >= 30 dB PSNR on average. h3-tiny's GEMMs are narrow (K = 192..512), where fp8's 3-bit mantissa

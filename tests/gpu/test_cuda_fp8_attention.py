@@ -1,7 +1,7 @@
 """fp8 attention on CUDA (H3_OPT_FP8_ATTENTION, `--fp8-attention`): cuDNN's fp8 SDPA in the main transformer blocks.
 
-Like fp8 weights, a speed trick, not an exact path: these tests measure how far it moves the result (printed, for
-docs/fp8-and-vram.md) and hold it to h3-tiny's semantic suite >= 90 % (the issue's bar) plus sanity bounds that catch a broken
+Like fp8 weights, a speed trick, not an exact path: these tests measure how far it moves the result (printed, for the
+docs) and hold it to h3-tiny's semantic suite >= 90 % (the issue's bar) plus sanity bounds that catch a broken
 quantiser or scale (a wrong per-tensor scale gives rel-L2 ~1 and noise frames): the velocity within 0.1 rel-L2 of
 the bf16 path and the decoded frames >= 25 dB PSNR on average. It must also stay deterministic: the same inputs give
 the same bytes. At the released widths tests/bench_cuda_dit.py --fp8-attention measures speed and rel-L2.

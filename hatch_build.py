@@ -1,9 +1,12 @@
 """Build libh3 with make before the wheel (or the editable install) is assembled.
 
 The CUDA backend (python/h3ctl/libh3_cuda.so, which libh3 loads at run time when it is present) is built too when a
-CUDA compiler is found: `nvcc` on PATH or under $CUDA_HOME/bin. H3_CUDA=1 requires it (a failure fails the install);
-H3_CUDA=0 leaves it out. Without nvcc, or when that optional build fails, the install is the plain CPU one, with a
-warning in the second case: a machine without a working CUDA toolchain must still get a working h3ctl.
+CUDA compiler is found: `nvcc` on PATH, under $CUDA_HOME/bin (or $CUDA_PATH/bin), else in the toolkit's usual
+install folder (/usr/local/cuda/bin: the toolkit's installer does not put it on PATH). H3_CUDA=1 requires it (a
+failure fails the install); H3_CUDA=0 leaves it out. Without nvcc, or when that optional build fails, the install is
+the plain CPU one, with a warning when the build failed or when the machine has an NVIDIA driver but no compiler was
+found (so a GPU machine never gets a CPU-only h3ctl without a word): a machine without a working CUDA toolchain must
+still get a working h3ctl.
 """
 
 from __future__ import annotations
@@ -20,30 +23,47 @@ except ImportError:  # the decision logic below is importable (and tested) witho
     BuildHookInterface = object
 
 CUDA_LIB = "python/h3ctl/libh3_cuda.dylib" if sys.platform == "darwin" else "python/h3ctl/libh3_cuda.so"
+# Where the CUDA toolkit's installer puts nvcc when it is not on PATH (its default prefix).
+DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
+# Signs of an NVIDIA driver: its kernel module's folder, or its user-space library in the usual places.
+DRIVER_SIGNS = ("/proc/driver/nvidia/version", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1",
+                "/usr/lib/aarch64-linux-gnu/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1")
 
 
-def cuda_plan(env=None, which=shutil.which) -> tuple[str, str | None, str]:
+def _executable(path: str | None) -> str | None:
+    return path if path and os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+def nvidia_driver_present(signs=DRIVER_SIGNS) -> bool:
+    """Whether this machine looks like it has an NVIDIA driver (so a CPU-only build deserves a warning)."""
+    return any(os.path.exists(p) for p in signs)
+
+
+def cuda_plan(env=None, which=shutil.which, default_homes=None) -> tuple[str, str | None, str]:
     """Whether to build the CUDA backend: (mode, nvcc, why), mode "off", "optional" or "required"."""
     env = os.environ if env is None else env
+    default_homes = DEFAULT_CUDA_HOMES if default_homes is None else default_homes
     flag = env.get("H3_CUDA", "").strip()
     if flag not in ("", "0", "1"):
         raise ValueError(f"H3_CUDA must be 0 (no CUDA backend) or 1 (require it), got {flag!r}")
     if flag == "0":
         return "off", None, "H3_CUDA=0"
     nvcc = which("nvcc", path=env.get("PATH"))
-    if not nvcc:
-        home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-        cand = os.path.join(home, "bin", "nvcc") if home else None
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
-            nvcc = cand
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if not nvcc and home:
+        nvcc = _executable(os.path.join(home, "bin", "nvcc"))
+    if not nvcc and not home:  # a $CUDA_HOME that was set but holds no nvcc is not overridden by a guess
+        nvcc = next((c for c in (_executable(os.path.join(h, "bin", "nvcc")) for h in default_homes) if c), None)
+    where = ", ".join(["PATH", "$CUDA_HOME/bin"] + [os.path.join(h, "bin") for h in default_homes])
     if flag == "1":
-        return "required", nvcc, "H3_CUDA=1"
+        return "required", nvcc, "H3_CUDA=1" if nvcc else f"H3_CUDA=1 but no nvcc was found ({where})"
     if nvcc:
         return "optional", nvcc, f"nvcc found at {nvcc}"
-    return "off", None, "no nvcc on PATH or under $CUDA_HOME/bin"
+    return "off", None, f"no nvcc found ({where})"
 
 
-def build_cuda(root: str, env=None, run=subprocess.run, warn=None, remove_stale: bool = True) -> bool:
+def build_cuda(root: str, env=None, run=subprocess.run, warn=None, remove_stale: bool = True,
+               driver_present=nvidia_driver_present) -> bool:
     """Run `make cuda` as cuda_plan decides. True when the backend was built. Raises (failing the install) only
     when H3_CUDA=1; an optional build that fails is a warning. With `remove_stale` (a wheel, which copies the
     file), a backend left by an earlier build is removed when this build did not make it, so a wheel never
@@ -65,9 +85,13 @@ def build_cuda(root: str, env=None, run=subprocess.run, warn=None, remove_stale:
     if mode == "off":
         if why == "H3_CUDA=0":
             drop_stale("H3_CUDA=0 asks for no CUDA backend")
+        elif driver_present():
+            warn(f"this machine has an NVIDIA driver, but h3ctl is being installed without its CUDA backend ({why}): "
+                 "it will run on the CPU only. Install the CUDA 13 toolkit or point CUDA_HOME at it and reinstall "
+                 "(see docs/gpu.md); H3_CUDA=0 silences this warning")
         return False
     if mode == "required" and not nvcc:
-        raise RuntimeError("H3_CUDA=1 but no nvcc was found on PATH or under $CUDA_HOME/bin")
+        raise RuntimeError(why)
     # make finds nvcc through PATH and NVCC, also when it was only found under $CUDA_HOME/bin
     env["PATH"] = os.path.dirname(nvcc) + os.pathsep + env.get("PATH", "")
     proc = run(["make", "-C", str(root), "cuda", f"NVCC={nvcc}"], env=env, capture_output=True, text=True)

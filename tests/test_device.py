@@ -301,8 +301,10 @@ def _fake_nvcc(folder: Path) -> Path:
     return nvcc
 
 
-def test_cuda_build_plan(tmp_path):
+def test_cuda_build_plan(tmp_path, monkeypatch):
     hb = _hatch_build()
+    # this machine's own toolkit folder must not answer for the cases below
+    monkeypatch.setattr(hb, "DEFAULT_CUDA_HOMES", (str(tmp_path / "no-toolkit"),))
     none = lambda cmd, path=None: None  # noqa: E731  (no nvcc on PATH)
     on_path = lambda cmd, path=None: "/opt/cuda/bin/nvcc" if cmd == "nvcc" else None  # noqa: E731
     assert hb.cuda_plan({}, none)[0] == "off"
@@ -316,10 +318,36 @@ def test_cuda_build_plan(tmp_path):
     assert hb.cuda_plan({"CUDA_HOME": str(tmp_path / "empty")}, none)[0] == "off"
     with pytest.raises(ValueError, match="H3_CUDA must be 0"):
         hb.cuda_plan({"H3_CUDA": "yes"}, none)
+    # The toolkit's installer leaves nvcc off PATH (/usr/local/cuda/bin): found there when CUDA_HOME is unset...
+    toolkit = _fake_nvcc(tmp_path / "usr-local-cuda" / "bin")
+    homes = (str(tmp_path / "usr-local-cuda"),)
+    assert hb.cuda_plan({}, none, homes)[:2] == ("optional", str(toolkit))
+    # ... but a CUDA_HOME that was set and holds no nvcc is not second-guessed
+    assert hb.cuda_plan({"CUDA_HOME": str(tmp_path / "empty")}, none, homes)[0] == "off"
+    mode, _, why = hb.cuda_plan({}, none, (str(tmp_path / "no-toolkit"),))
+    assert mode == "off" and "no-toolkit" in why and "PATH" in why
 
 
-def test_optional_cuda_build_failure_is_a_warning(tmp_path):
+def test_cpu_only_install_on_a_gpu_machine_says_so(tmp_path, monkeypatch):
     hb = _hatch_build()
+    monkeypatch.setattr(hb, "DEFAULT_CUDA_HOMES", (str(tmp_path / "none"),))
+    warnings = []
+    never = lambda *a, **k: pytest.fail("make must not run without nvcc")  # noqa: E731
+    assert hb.build_cuda(str(tmp_path), {"PATH": "/nowhere"}, run=never, warn=warnings.append,
+                         driver_present=lambda: True) is False
+    assert len(warnings) == 1 and "NVIDIA driver" in warnings[0] and "CPU only" in warnings[0]
+    warnings.clear()
+    assert hb.build_cuda(str(tmp_path), {"PATH": "/nowhere"}, run=never, warn=warnings.append,
+                         driver_present=lambda: False) is False
+    assert warnings == []  # a machine without a driver installs quietly, as before
+    assert hb.build_cuda(str(tmp_path), {"PATH": "/nowhere", "H3_CUDA": "0"}, run=never, warn=warnings.append,
+                         driver_present=lambda: True) is False
+    assert warnings == []  # H3_CUDA=0 asked for exactly this
+
+
+def test_optional_cuda_build_failure_is_a_warning(tmp_path, monkeypatch):
+    hb = _hatch_build()
+    monkeypatch.setattr(hb, "DEFAULT_CUDA_HOMES", (str(tmp_path / "no-toolkit"),))  # not this machine's toolkit
     root = tmp_path / "src"  # a stand-in tree: build_cuda removes stale output there, never in the checkout
     stale = root / hb.CUDA_LIB
     stale.parent.mkdir(parents=True)

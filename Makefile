@@ -48,13 +48,18 @@ CTEST_SRC := $(sort $(wildcard tests/c/test_*.c))
 CTEST_BIN := $(patsubst tests/c/%.c,build/tests/%,$(CTEST_SRC))
 CTEST_ASAN := $(patsubst tests/c/%.c,build/tests-asan/%,$(CTEST_SRC))
 
-.PHONY: lib test test-c test-asan clean fuzz examples cuda
+.PHONY: lib test test-c test-asan clean fuzz examples cuda check-layers
 # Keep objects between runs (make would delete them as intermediates of the test binaries).
 .SECONDARY:
 
 lib: $(LIB)
 
-$(LIB): $(OBJ)
+# The layers' include rules and the one environment reader (tests/test_layering.py): the library and
+# the C tests are not built over a forbidden include (order-only, so it relinks nothing).
+check-layers:
+	@python3 tests/test_layering.py
+
+$(LIB): $(OBJ) | check-layers
 	@mkdir -p $(dir $@)
 	$(CC) $(SHARED) -o $@ $(OBJ) $(LDLIBS)
 
@@ -80,11 +85,11 @@ build/asan/%.o: libh3/%.c $(HDR) Makefile
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-psabi -c -o $@ $<
 
 # C tests link the objects directly (not the .so) so they can reach internal functions.
-build/tests/%: tests/c/%.c $(OBJ) tests/c/ctest.h
+build/tests/%: tests/c/%.c $(OBJ) tests/c/ctest.h | check-layers
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(CFLAGS) -Ilibh3 -o $@ $< $(OBJ) $(LDLIBS)
 
-build/tests-asan/%: tests/c/%.c $(ASAN_OBJ) tests/c/ctest.h
+build/tests-asan/%: tests/c/%.c $(ASAN_OBJ) tests/c/ctest.h | check-layers
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Ilibh3 -o $@ $< $(ASAN_OBJ) $(LDLIBS)
 
@@ -96,10 +101,10 @@ build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wstream.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wpack.inc
 
-test-c: $(CTEST_BIN)
+test-c: check-layers $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
 
-test-asan: $(CTEST_ASAN)
+test-asan: check-layers $(CTEST_ASAN)
 	@set -e; for t in $(CTEST_ASAN); do echo "== $$t (asan+ubsan)"; \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 $$t; done
 

@@ -63,7 +63,7 @@ def h2d_gbps(torch, nbytes: int, repeats: int = 5) -> float:
 
 @contextlib.contextmanager
 def stream_pack(on: bool):
-    """H3_STREAM_PACK for the transformers opened inside (libh3 reads it when a transformer opens)."""
+    """H3_STREAM_PACK for the contexts opened inside (libh3 reads it at h3_init)."""
     old = os.environ.get("H3_STREAM_PACK")
     if on:
         os.environ.pop("H3_STREAM_PACK", None)

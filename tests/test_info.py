@@ -79,3 +79,32 @@ def test_info_full_size_sparse_layout_under_two_seconds(tmp_path):
     assert mem["adaln_weights_released"] == 50 * (96768 * 2688 + 96768) * 2 + (10752 * 2688 + 10752) * 2
     # streaming the text encoder holds ~2 layers, not 50 GB
     assert mem["text_encoding"]["total"] < 3 * 2**30
+
+
+KNOBS = ("H3_NO_SIMD", "H3_CUDA_LIB", "H3_DIT_PRECOMPUTE", "H3_DIT_KEEP_ADALN", "H3_TEXT_PREFETCH", "H3_DROP_PAGE_CACHE",
+         "H3_STAGES_CPU", "H3_FP8_ATTENTION", "H3_TEXT_STREAM", "H3_TEXT_READERS", "H3_TEXT_KEEP", "H3_STREAM_PACK",
+         "H3_CUDA_ATTENTION", "H3_CUDA_ROWS", "H3_CUDNN_LIB")
+
+
+def test_info_prints_the_tuning_in_effect(ckpt):
+    # Every variable libh3 reads (docs/environment.md) is in the info JSON, null where unset; set ones
+    # show the value the library acts on (H3_TEXT_READERS clamped to 1-16 as the reader does).
+    import os
+
+    _, part = ckpt
+    clean = {k: v for k, v in os.environ.items() if k not in KNOBS}
+    info = json.loads(run("info", "-d", part, "--json", "--device", "cpu", env=clean).stdout)
+    assert set(info["tuning"]) == set(KNOBS) and all(v is None for v in info["tuning"].values()), info["tuning"]
+    proc = run("info", "-d", part, "--device", "cpu", env=clean)
+    assert "none set: every default holds" in proc.stdout
+    env = dict(clean, H3_TEXT_READERS="99", H3_DIT_PRECOMPUTE="0", H3_DIT_KEEP_ADALN="1", H3_STREAM_PACK="0",
+               H3_TEXT_KEEP="1", H3_TEXT_STREAM="0", H3_CUDA_ROWS="scalar", H3_NO_SIMD="1")
+    got = json.loads(run("info", "-d", part, "--json", "--device", "cpu", env=env).stdout)["tuning"]
+    assert got == {k: None for k in KNOBS} | {"H3_TEXT_READERS": 16, "H3_DIT_PRECOMPUTE": False,
+                                               "H3_DIT_KEEP_ADALN": True, "H3_STREAM_PACK": False,
+                                               "H3_TEXT_KEEP": True, "H3_TEXT_STREAM": False, "H3_CUDA_ROWS": "scalar",
+                                               "H3_NO_SIMD": True}
+    proc = run("info", "-d", part, "--device", "cpu", env=env)
+    assert proc.returncode == 0, proc.stderr
+    for line in ("H3_TEXT_READERS=16", "H3_DIT_PRECOMPUTE=0", "H3_STREAM_PACK=0", "H3_CUDA_ROWS=scalar", "H3_NO_SIMD=1"):
+        assert line in proc.stdout, line

@@ -37,30 +37,6 @@ H3_API void h3_options_default(h3_options *o)
     o->device = H3_DEVICE_AUTO;
 }
 
-/* The environment's overrides of the exact-path flags, read here and nowhere else: a variable
-   set to a value other than 0 turns its switch on, set to 0 turns it off. */
-static unsigned env_flags(unsigned flags)
-{
-    static const struct {
-        const char *name;
-        unsigned flag;
-        bool inverted; /* the variable names the fast path (H3_DIT_PRECOMPUTE=0 -> per-step) */
-    } vars[] = {{"H3_DIT_PRECOMPUTE", H3_OPT_DIT_PER_STEP, true},
-                {"H3_DIT_KEEP_ADALN", H3_OPT_KEEP_ADALN, false},
-                {"H3_TEXT_PREFETCH", H3_OPT_NO_TEXT_PREFETCH, true},
-                {"H3_DROP_PAGE_CACHE", H3_OPT_DROP_PAGE_CACHE, false},
-                {"H3_STAGES_CPU", H3_OPT_STAGES_CPU, false},
-                {"H3_FP8_ATTENTION", H3_OPT_FP8_ATTENTION, false}};
-    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-        const char *v = getenv(vars[i].name);
-        if (!v || !v[0]) continue;
-        bool on = strcmp(v, "0") != 0;
-        if (vars[i].inverted) on = !on;
-        flags = on ? (flags | vars[i].flag) : (flags & ~vars[i].flag);
-    }
-    return flags;
-}
-
 /* Resolve the device: CUDA opens its backend now, so a missing GPU is reported by h3_init. */
 static int open_device(h3_ctx *ctx, int device, int index)
 {
@@ -68,7 +44,7 @@ static int open_device(h3_ctx *ctx, int device, int index)
         ctx->device = H3_DEVICE_CPU;
         return 0;
     }
-    int rc = h3_backend_cuda_open(index, &ctx->rt.gpu);
+    int rc = h3_backend_cuda_open(index, &ctx->rt.tuning, &ctx->rt.gpu);
     if (rc && device == H3_DEVICE_AUTO) {
         h3_err_clear(); /* auto falls back to the CPU; h3_backends_json says why */
         ctx->device = H3_DEVICE_CPU;
@@ -154,7 +130,10 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     h3_ctx *ctx = h3_calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->threads = o.threads ? o.threads : h3_online_cpus();
-    ctx->flags = env_flags(o.flags);
+    /* The environment's knobs, read here once for the context (core/tuning.h): its overrides of the
+       exact-path flags first (a variable set to 0 turns its switch off, any other value on). */
+    h3_tuning_read(&ctx->rt.tuning);
+    ctx->flags = (o.flags | ctx->rt.tuning.flags_on) & ~ctx->rt.tuning.flags_off;
     ctx->device_index = o.device_index;
     if (h3_model_open(&ctx->model, model_dir, ctx->flags) != 0) {
         free(ctx);
@@ -251,7 +230,10 @@ H3_API const char *h3_backends_json(void)
     h3_buf_json_str(&b, h3_cpu_features());
     h3_buf_printf(&b, "}, \"cuda\": {\"built\": %s", h3_backend_cuda_built() ? "true" : "false");
     h3_backend *be = NULL;
-    int rc = h3_backend_cuda_open(0, &be);
+    h3_tuning *t = h3_malloc(sizeof *t); /* no context here: the environment as it is now */
+    if (t) h3_tuning_read(t);
+    int rc = t ? h3_backend_cuda_open(0, t, &be) : -H3_E_NOMEM;
+    free(t);
     if (rc == 0) {
         uint64_t fr = 0, tot = 0;
         be->ops->mem_info(be, &fr, &tot);
@@ -438,7 +420,10 @@ H3_API const char *h3_model_info_json(h3_ctx *ctx)
         }
         h3_buf_printf(&b, "}");
     }
-    h3_buf_printf(&b, "}}");
+    /* The environment's knobs this context runs with (docs/environment.md); null: unset. */
+    h3_buf_printf(&b, "}, \"tuning\": ");
+    h3_tuning_json(&b, &ctx->rt.tuning);
+    h3_buf_printf(&b, "}");
     if (rc) {
         h3_buf_free(&b);
         return NULL;

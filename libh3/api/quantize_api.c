@@ -1,7 +1,7 @@
 /* `h3ctl quantize`: pre-quantised fp8 transformer weights written once, without a GPU
    (models/dit_fp8file.h has the file), and the e4m3 conversion they are made with. */
 #include "api/api.h"
-#include "backend/cpu/cpu_fp8.h"
+#include "core/fp8.h"
 #include "models/dit_fp8file.h"
 
 #include <stdlib.h>

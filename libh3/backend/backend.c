@@ -9,6 +9,7 @@
 #endif
 #include "backend/backend.h"
 #include "core/schedule.h"
+#include "core/tuning.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -54,8 +55,8 @@ static int host_err(int code, const char *fmt, ...)
    folder libh3 itself was loaded from. */
 static int cuda_lib_path(char *out, size_t cap)
 {
-    const char *env = getenv("H3_CUDA_LIB");
-    if (env && env[0]) {
+    const char *env = h3_env_cuda_lib();
+    if (env[0]) {
         snprintf(out, cap, "%s", env);
         return 0;
     }
@@ -80,11 +81,12 @@ bool h3_backend_cuda_built(void)
 #endif
 }
 
-int h3_backend_cuda_open(int device_ordinal, h3_backend **out)
+int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **out)
 {
     *out = NULL;
 #ifdef H3_NO_DLOPEN
     (void)device_ordinal;
+    (void)t;
     return h3_err(H3_E_UNSUPPORTED, "cuda: this build of libh3 cannot load backends");
 #else
     char path[4096];
@@ -104,7 +106,13 @@ int h3_backend_cuda_open(int device_ordinal, h3_backend **out)
     void *sym = dlsym(handle, H3_BACKEND_ENTRY);
     memcpy(&create, &sym, sizeof create); /* object -> function pointer without a cast warning */
     if (!create) return h3_err(H3_E_UNSUPPORTED, "cuda: %s does not export %s", path, H3_BACKEND_ENTRY);
-    static const h3_backend_host host = {sizeof(h3_backend_host), host_err, h3_noise};
+    h3_tuning now; /* no context's knobs given: the environment as it is now */
+    if (!t) {
+        h3_tuning_read(&now);
+        t = &now;
+    }
+    const h3_backend_host host = {sizeof(h3_backend_host), host_err, h3_noise, t->cuda_attention, t->cuda_rows,
+                                  t->cudnn_lib};
     if (device_ordinal < 0) return h3_err(H3_E_INVALID, "cuda: device index %d is negative", device_ordinal);
     int rc = create(&host, device_ordinal, out);
     if (rc == 0 && !*out) rc = h3_err(H3_E_UNSUPPORTED, "cuda: the backend returned no device");

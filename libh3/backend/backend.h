@@ -346,7 +346,7 @@ typedef struct h3_backend_ops {
        keeps the weights that do not fit as pinned host copies of their device form and moves
        them into a ring of device slots on a copy stream of its own, while the previous slot's
        weights compute. NULL on the CPU, which streams from the page cache instead
-       (runtime/streamer.h). ---- */
+       (core/streamer.h). ---- */
     /* Page-locked host memory (the copy engine reads it while kernels run); NULL + error. */
     void *(*host_alloc)(h3_backend *be, size_t bytes);
     void (*host_free)(h3_backend *be, void *p); /* NULL is ignored */
@@ -457,6 +457,12 @@ typedef struct h3_backend_host {
     uint32_t struct_size;
     int (*err)(int code, const char *fmt, ...);
     void (*noise)(uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n);
+    /* The backend's knobs as the environment set them when libh3 read it (core/tuning.h; the
+       backend never reads the environment itself). "" or NULL: unset. Valid during the create call
+       only: the backend checks them there (its refusals name the variable) and copies what it keeps. */
+    const char *cuda_attention; /* H3_CUDA_ATTENTION: auto, own or cudnn */
+    const char *cuda_rows;      /* H3_CUDA_ROWS: auto or scalar */
+    const char *cudnn_lib;      /* H3_CUDNN_LIB: path of libcudnn.so.9 */
 } h3_backend_host;
 
 /* Entry point every loadable backend library exports (symbol name H3_BACKEND_ENTRY). */
@@ -466,12 +472,14 @@ typedef int (*h3_backend_create_fn)(const h3_backend_host *host, int device_ordi
 
 /* ---- host side (backend.c) ---- */
 
-typedef struct h3_pool h3_pool; /* the CPU's worker pool (backend/cpu/ops.h) */
+typedef struct h3_pool h3_pool; /* the host worker pool (core/host.h) */
 /* The CPU backend over a worker pool (the pool stays owned by the caller). */
 H3_INTERNAL int h3_backend_cpu_create(struct h3_pool *pool, h3_backend **out);
-/* Load and create the CUDA backend (libh3_cuda next to libh3). Errors: not built, no driver, no
-   GPU, compute capability below 8.0. */
-H3_INTERNAL int h3_backend_cuda_open(int device_ordinal, h3_backend **out);
+/* Load and create the CUDA backend (libh3_cuda next to libh3, or H3_CUDA_LIB) with the knobs of
+   `t` (its H3_CUDA_* strings; NULL: read now). Errors: not built, no driver, no GPU, compute capability below 8.0,
+   a knob the backend refuses. */
+struct h3_tuning;
+H3_INTERNAL int h3_backend_cuda_open(int device_ordinal, const struct h3_tuning *t, h3_backend **out);
 /* Whether the CUDA backend library is present next to libh3 (does not touch the GPU). */
 H3_INTERNAL bool h3_backend_cuda_built(void);
 H3_INTERNAL void h3_backend_destroy(h3_backend *be);

@@ -343,7 +343,21 @@ H3_INTERNAL int h3_model_headers(h3_model *m, h3_component c);
 
 /* ---- progress ------------------------------------------------------------------------ */
 
+/*
+ * The progress/cancel hook a stage receives from its caller (the runtime passes the context's, or
+ * a request's): fn may be NULL. Stages report through h3_hook_check / h3_progress_check (util.c)
+ * and never reach the runtime themselves.
+ */
+typedef struct h3_hook {
+    h3_progress_fn fn;
+    void *user;
+} h3_hook;
+
 /* Ask a progress hook (may be NULL); returns -H3_E_CANCELLED (with a message) when it says stop. */
 H3_INTERNAL int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total);
+static inline int h3_hook_check(h3_hook h, const char *phase, int done, int total)
+{
+    return h3_progress_check(h.fn, h.user, phase, done, total);
+}
 
 #endif /* H3_INTERNAL_H */

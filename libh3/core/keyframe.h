@@ -18,7 +18,7 @@
 #ifndef H3_KEYFRAME_H
 #define H3_KEYFRAME_H
 
-#include "backend/cpu/ops.h"
+#include "core/host.h"
 #include "core/internal.h"
 
 #define H3_STREAM_COND 2

@@ -5,7 +5,7 @@
 #ifndef H3_RESAMPLE_H
 #define H3_RESAMPLE_H
 
-#include "backend/cpu/ops.h"
+#include "core/host.h"
 #include "core/internal.h"
 
 /*

@@ -56,7 +56,7 @@ static void expect(checker *c, bool optional, const char *name, int nd, ...)
 
 #define I(x) ((int64_t)(x))
 
-static void dit_block(checker *c, const char *pre, const h3_dit_cfg *d)
+static void check_dit_block(checker *c, const char *pre, const h3_dit_cfg *d)
 {
     char n[256];
     int64_t A = I(d->heads) * d->head_dim;
@@ -88,7 +88,7 @@ static int check_dit(h3_model *m)
     expect(&c, false, "condition_proj.bias", 1, H);
     for (int i = 0; i < d.refiner_layers; i++) {
         snprintf(n, sizeof n, "token_refiner.blocks.%d", i);
-        dit_block(&c, n, &d);
+        check_dit_block(&c, n, &d);
     }
     expect(&c, false, "token_refiner.final_norm.weight", 1, H);
     expect(&c, false, "time_embedder.proj_in.weight", 2, I(d.temb_hidden), I(d.freq_dim));
@@ -97,7 +97,7 @@ static int check_dit(h3_model *m)
     expect(&c, false, "time_embedder.proj_out.bias", 1, I(d.temb_dim));
     for (int i = 0; i < d.layers && !c.rc; i++) {
         snprintf(n, sizeof n, "blocks.%d", i);
-        dit_block(&c, n, &d);
+        check_dit_block(&c, n, &d);
         char a[128];
         snprintf(a, sizeof a, "blocks.%d.adaln_proj.linear.weight", i);
         expect(&c, false, a, 2, 18 * H, I(d.temb_dim));

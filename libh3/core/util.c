@@ -215,3 +215,10 @@ void h3_buf_free(h3_buf *b)
     free(b->p);
     memset(b, 0, sizeof *b);
 }
+
+int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total)
+{
+    if (!fn || fn(user, phase, done, total) == 0) return 0;
+    return h3_err(H3_E_CANCELLED, "%s: cancelled by the progress callback after %d of %d steps", phase, done,
+                  total);
+}

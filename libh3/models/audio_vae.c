@@ -18,7 +18,6 @@
  * kernel); the file mapping is dropped before decoding starts.
  */
 #include "models/audio_vae.h"
-#include "backend/cpu/cpu_models.h" /* the CPU backend's per-thread scratch, for the memory estimate */
 
 #include <math.h>
 #include <stdio.h>
@@ -724,11 +723,11 @@ static int64_t slots_floats(const h3_avae_cfg *c, int64_t T)
     return sum;
 }
 
-int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads)
+int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int64_t backend_scratch)
 {
     if (h3_avae_samples(c, frames) < 0) return -H3_E_INVALID;
-    /* Sides are decoded one after the other; add the CPU backend's activation tiles of every thread. */
-    return 4 * slots_floats(c, frames) + (int64_t)threads * h3_cpu_snake_scratch_bytes();
+    /* Sides are decoded one after the other; add the backend's activation tiles. */
+    return 4 * slots_floats(c, frames) + backend_scratch;
 }
 
 /* ---- entry points ----------------------------------------------------------------------- */

@@ -17,9 +17,11 @@
 /* Geometry of a decode: samples per side for `frames` latent frames (or a negative H3_E*). */
 H3_INTERNAL int64_t h3_avae_samples(const h3_avae_cfg *c, int64_t frames);
 
-/* Peak activation memory (bytes) of h3_avae_run for `frames` latent frames on `threads`
-   threads, buffer for buffer; the folded weights (about the decoder's stored bytes) come on top. */
-H3_INTERNAL int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int threads);
+/* Peak activation memory (bytes) of h3_avae_run for `frames` latent frames, buffer for buffer,
+   plus `backend_scratch`: the host scratch the backend keeps for the decoder (the caller asks the
+   backend; the CPU's is per worker thread). The folded weights (about the decoder's stored bytes)
+   come on top. */
+H3_INTERNAL int64_t h3_avae_work_bytes(const h3_avae_cfg *c, int64_t frames, int64_t backend_scratch);
 
 /*
  * Decode normalised audio latents [2, C, frames] (side-major, as the DiT's audio rows unpack:

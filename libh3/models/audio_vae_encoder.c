@@ -21,7 +21,7 @@
  */
 #include "models/audio_vae_encoder.h"
 
-#include "backend/cpu/ops.h" /* h3_to_f32: BF16 encoder weights are widened on the host */
+#include "core/host.h" /* h3_to_f32: BF16 encoder weights are widened on the host */
 
 #include <math.h>
 #include <stdio.h>

@@ -360,7 +360,7 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
         rc = load_block(d, &d->ref[i], "token_refiner.blocks", i, false, true);
     /* Which blocks' GEMM weights stream (the budget counts what is held by then), then the blocks:
        resident ones load their weights now (unless lazy), streamed ones make their host copy. */
-    if (!rc) rc = dit_stream_plan(d, opts ? opts->vram_bytes : 0);
+    if (!rc) rc = dit_stream_plan(d, opts ? opts->vram_bytes : 0, !(opts && opts->no_stream_pack));
     for (int i = 0; !rc && i < c->layers; i++) {
         const bool streamed = d->blk[i].streamed;
         rc = load_block(d, &d->blk[i], "blocks", i, true, !d->lazy_blocks && !streamed && !d->blk[i].loaded);

@@ -22,7 +22,7 @@
 #define H3_DIT_H
 
 #include "backend/backend.h"
-#include "backend/cpu/ops.h"
+#include "core/host.h"
 #include "core/schedule.h"
 
 /* Modality tags of packed rows (diffusers MINIMAX_H3_*_TAG). They select the AdaLN modality. */
@@ -164,6 +164,9 @@ typedef struct h3_dit_open_opts {
        precision fp8 the main blocks' GEMM weights come from it instead of being quantised at load.
        Not with LoRA files (they change the weights the file was made from). */
     struct h3_fp8file *fp8file;
+    /* Plain copies of streamed bf16 blocks instead of the packed ones (the runtime sets it from
+       H3_STREAM_PACK=0, core/tuning.h); false: packed where the backend has a packed ring. */
+    bool no_stream_pack;
 } h3_dit_open_opts;
 H3_INTERNAL int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags,
                                const h3_dit_open_opts *opts, h3_dit **out);

@@ -2,10 +2,10 @@
  * Pre-quantised fp8 transformer weights on file (see dit_fp8file.h): the writer behind
  * h3_quantize and the checked reader behind h3_options.quantized_path. The file is read with the
  * safetensors store and written with the safetensors writer (core/); the quantisation is the
- * host copy of the CUDA backend's (backend/cpu/cpu_fp8.h).
+ * host copy of the CUDA backend's (core/fp8.h).
  */
 #include "models/dit_fp8file.h"
-#include "backend/cpu/cpu_fp8.h"
+#include "core/fp8.h"
 #include "models/dit.h"
 
 #include <errno.h>

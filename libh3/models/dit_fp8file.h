@@ -5,7 +5,7 @@
  * The file is one safetensors file. For every weight the fp8 path quantises (the main blocks'
  * qkv, out, fc1 and fc2 of a shape h3_fp8_weight_shape_ok accepts, in block order) it holds
  * "<name>" F8_E4M3 [rows, cols] and "<name>.scale" F32 [rows], the bits the CUDA backend's
- * quantiser makes (backend/cpu/cpu_fp8.h). __metadata__:
+ * quantiser makes (core/fp8.h). __metadata__:
  *   "h3ctl.format":    H3_FP8FILE_FORMAT
  *   "h3ctl.precision": "fp8"
  *   "h3ctl.identity":  the checkpoint's identity (below), 64 hex digits

@@ -180,9 +180,8 @@ H3_INTERNAL void dit_unload_block_weights(h3_dit *d, int i);
    stage / unstage: make a streamed block ready (a GPU's pinned copy) / let it go. In a forward,
    begin opens a pass over the streamed blocks of the run list (in order); acquire gives pass
    entry j's block with its weights in a slot, release says its ops are issued (CPU: done). */
-H3_INTERNAL int dit_stream_plan(h3_dit *d, int64_t vram_bytes);
-/* H3_STREAM_PACK=0 turns the packed copies of streamed bf16 blocks off (dit_knobs.c). */
-H3_INTERNAL bool dit_stream_pack_env(void);
+/* pack: packed copies of streamed bf16 blocks where the backend has them (h3_dit_open_opts). */
+H3_INTERNAL int dit_stream_plan(h3_dit *d, int64_t vram_bytes, bool pack);
 H3_INTERNAL int dit_stream_stage(h3_dit *d, int i);
 H3_INTERNAL void dit_stream_unstage(h3_dit *d, int i);
 H3_INTERNAL int dit_stream_begin(h3_dit *d, const int *seq, int n);

@@ -6,14 +6,6 @@
 
 /* ---- speed knobs ------------------------------------------------------------------------- */
 
-/* Packed copies of streamed bf16 blocks (dit_stream.c): lossless, so on by default where they
-   exist; H3_STREAM_PACK=0 restores the plain copies (to compare them, or to rule them out). */
-bool dit_stream_pack_env(void)
-{
-    const char *e = getenv("H3_STREAM_PACK");
-    return !(e && !strcmp(e, "0"));
-}
-
 void h3_dit_token_span(int layers, int *first, int *end, int *end_early)
 {
     /* the release's span (blocks 4..30 of 50, 4..40 during the first 10 steps), rounded to this depth */

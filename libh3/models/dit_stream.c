@@ -20,7 +20,7 @@
  * (backend/cuda/cuda_stream.cu has the stream and event ordering).
  *
  * CPU: blocks that stay are views of the mapping as always; streamed blocks are read with pread
- * from their shards into two slots by the block streamer's reader thread (runtime/streamer.h), the
+ * from their shards into two slots by the block streamer's reader thread (core/streamer.h), the
  * next block while this one computes, trusting the page cache. The GEMMs see the stored bytes
  * through weight_load's view of the slot, as they see the mapping: the same bits. LoRA merges and
  * int8 copies are made from the mapping at load, so a budget on the CPU takes neither.
@@ -43,7 +43,7 @@
  */
 #include "core/wpack.h"
 #include "models/dit_internal.h"
-#include "runtime/streamer.h"
+#include "core/streamer.h"
 
 /* What auto keeps free on a GPU for the activations of a request (about 6.3 GiB at the released
    widths and 37,838 tokens), the tables and the other stages' work. */
@@ -218,7 +218,7 @@ static int cpu_open_streamer(h3_dit *d)
     return rc;
 }
 
-int dit_stream_plan(h3_dit *d, int64_t vram)
+int dit_stream_plan(h3_dit *d, int64_t vram, bool pack)
 {
     const int L = d->c.layers;
     h3_backend *be = d->be;
@@ -278,7 +278,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram)
        says). */
     d->stage_bytes = 0;
     uint64_t ring_bytes = (uint64_t)B * DIT_SLOTS;
-    if (gpu && be->ops->ring_open_packed && be->ops->ring_fill_packed && dit_stream_pack_env()) {
+    if (gpu && be->ops->ring_open_packed && be->ops->ring_fill_packed && pack) {
         bool bf16 = true;
         for (int k = 0; k < 4; k++) bf16 &= dit_gemm(&d->blk[0], k)->dtype == H3_DT_BF16;
         const uint64_t stage = h3_wpack_stream_max(B);

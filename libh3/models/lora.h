@@ -19,7 +19,7 @@
 #ifndef H3_LORA_H
 #define H3_LORA_H
 
-#include "backend/cpu/ops.h"
+#include "core/host.h"
 #include "core/internal.h"
 
 typedef struct h3_lora h3_lora;

@@ -20,15 +20,15 @@
  * matches, and take cos/sin of that f32 angle. With vision rows the positions are 3-D
  * (get_rope_index) and rope_table picks each slot's axis; text-only prompts use the row index.
  *
- * Streaming. Only layers 0..K-1 are read, one at a time, into the slots of runtime/streamer
+ * Streaming. Only layers 0..K-1 are read, one at a time, into the slots of core/streamer
  * (layers_open). The embedding table is touched only at the rows of the prompt's tokens. On a
  * backend with a weight stream (a GPU) the slots are its pinned buffers and each layer's bytes go
  * to a device slot on a copy stream while the previous layer computes (layer_stream; the
  * backend's wstream_* ops).
  */
 #include "models/text_encoder.h"
-#include "backend/cpu/ops.h" /* h3_to_f32: weights are widened on the host before upload */
-#include "runtime/streamer.h"
+#include "core/host.h" /* h3_to_f32: weights are widened on the host before upload */
+#include "core/streamer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -137,7 +137,7 @@ static int plan_build(h3_model *m, te_plan *p)
 
 /* ---- layer streaming ---------------------------------------------------------------------- */
 /*
- * Layers are read by libh3's one weight reader, runtime/streamer (why pread into slots, and what
+ * Layers are read by libh3's one weight reader, core/streamer (why pread into slots, and what
  * it measured, is written there): item l is layer l, its tensors read in (shard, offset) order to
  * their 64-byte aligned offsets in a slot. Two slots with prefetch (the streamer's thread fills
  * layer l + 1 while l computes), one without (H3_TEXT_PREFETCH=0: each layer is read by the main
@@ -187,22 +187,20 @@ static bool prefetch_default(void) { return true; }
    rewrites weights at load, such as fp8 or int8, keeps weight_load). On by default where weights are
    copied to the backend (a GPU); H3_TEXT_STREAM=0 turns it off, H3_TEXT_STREAM=1 turns it on for the
    CPU too (a copy there, which lets CI check the protocol's bits). */
-static bool use_stream(const h3_backend *be)
+static bool use_stream(const h3_backend *be, const h3_tuning *t)
 {
-    const char *e = getenv("H3_TEXT_STREAM");
-    if (!be->ops->wstream_open || be->weight_precision != H3_PRECISION_DEFAULT || (e && !strcmp(e, "0")))
-        return false;
-    return be->act_dtype != H3_DT_F32 || (e && !strcmp(e, "1"));
+    const int e = t ? t->text_stream : -1;
+    if (!be->ops->wstream_open || be->weight_precision != H3_PRECISION_DEFAULT || e == 0) return false;
+    return be->act_dtype != H3_DT_F32 || e == 1;
 }
 
 /* Threads reading a layer: H3_TEXT_READERS (1-16), else 8 on the streamed path (the host's cores
    are idle while the GPU computes; copying out of the page cache scales to about that many before
    memory bandwidth caps it) and 1 on the CPU path (its compute threads need the cores). */
-static int reader_threads(bool streamed)
+static int reader_threads(bool streamed, const h3_tuning *t)
 {
-    const char *e = getenv("H3_TEXT_READERS");
-    int n = e && *e ? atoi(e) : streamed ? 8 : 1;
-    return n < 1 ? 1 : n > 16 ? 16 : n;
+    if (t && t->text_readers) return t->text_readers; /* already clamped to 1-16 */
+    return streamed ? 8 : 1;
 }
 
 /* ---- compute ------------------------------------------------------------------------------ */
@@ -456,11 +454,11 @@ void h3_text_keep_free(h3_text_keep *k)
 /* Whether a streamed encode should make kept layers: H3_TEXT_KEEP=1 always (CI checks the bits
    on the CPU with it), 0 never; else on a device backend when its free memory less the layers
    (bf16: 2 bytes a value) stays at or above the caller's reserve. */
-static bool keep_wanted(h3_backend *be, const te_plan *p, uint64_t reserve)
+static bool keep_wanted(h3_backend *be, const te_plan *p, uint64_t reserve, const h3_tuning *tu)
 {
-    const char *e = getenv("H3_TEXT_KEEP");
-    if ((e && !strcmp(e, "0")) || !be->ops->dcopy) return false;
-    if (e && !strcmp(e, "1")) return true;
+    const int e = tu ? tu->text_keep : -1;
+    if (e == 0 || !be->ops->dcopy) return false;
+    if (e == 1) return true;
     if (be->act_dtype == H3_DT_F32 || !be->ops->mem_info) return false; /* the CPU computes on the mapping */
     uint64_t need = 0, fr = 0, tot = 0;
     for (int l = 0; l < p->cfg.cond_layer; l++)
@@ -698,16 +696,16 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     }
     if (kept) {
         if ((rc = layers_open(&p, 1, NULL, 1, &st))) goto done;
-    } else if (use_stream(be)) {
+    } else if (use_stream(be, run ? run->tuning : NULL)) {
         void *host[2] = {NULL, NULL};
         if ((rc = be->ops->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, nslots, host, &ws)) ||
-            (rc = layers_open(&p, nslots, host, reader_threads(true), &st)))
+            (rc = layers_open(&p, nslots, host, reader_threads(true, run ? run->tuning : NULL), &st)))
             goto done;
-        if (run && run->keep && keep_wanted(be, &p, run->keep_reserve) && !(making = keep_new(be, &p))) {
+        if (run && run->keep && keep_wanted(be, &p, run->keep_reserve, run->tuning) && !(making = keep_new(be, &p))) {
             rc = -H3_E_NOMEM;
             goto done;
         }
-    } else if ((rc = layers_open(&p, nslots, NULL, reader_threads(false), &st))) {
+    } else if ((rc = layers_open(&p, nslots, NULL, reader_threads(false, run ? run->tuning : NULL), &st))) {
         goto done;
     }
     if (!(seq = h3_malloc(sizeof *seq * (size_t)L))) {

@@ -10,6 +10,7 @@
 #define H3_TEXT_ENCODER_H
 
 #include "backend/backend.h"
+#include "core/tuning.h"
 
 /* Largest prompt accepted (keeps every size computation far from overflow). */
 #define H3_TEXT_MAX_TOKENS (1 << 20)
@@ -32,6 +33,8 @@ typedef struct h3_text_run {
        caller still needs: the transformer it has not loaded, activations, decoders). */
     h3_text_keep **keep;
     uint64_t keep_reserve;
+    /* H3_TEXT_STREAM, H3_TEXT_READERS and H3_TEXT_KEEP as h3_init read them; NULL: all unset. */
+    const h3_tuning *tuning;
 } h3_text_run;
 
 /*

@@ -20,7 +20,7 @@
  * separate statements so no compiler contracts them into an FMA that torch does not use.
  */
 #include "models/video_vae.h"
-#include "backend/cpu/ops.h" /* h3_to_f32: bf16/f16 vectors are widened on the host before upload */
+#include "core/host.h" /* h3_to_f32: bf16/f16 vectors are widened on the host before upload */
 
 #include <math.h>
 #include <stdint.h>

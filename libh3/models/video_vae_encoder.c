@@ -18,7 +18,7 @@
  * concatenated exactly as `_stitch_tiles` and `_encode` do.
  */
 #include "models/video_vae_encoder.h"
-#include "backend/cpu/ops.h" /* h3_to_f32: bf16/f16 checkpoints are widened on the host */
+#include "core/host.h" /* h3_to_f32: bf16/f16 checkpoints are widened on the host */
 #include "core/schedule.h"   /* h3_noise */
 
 #include <math.h>

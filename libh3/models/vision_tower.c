@@ -14,7 +14,7 @@
  * attention is block-diagonal over images (cu_seqlens) and everything else is per token.
  */
 #include "models/vision_tower.h"
-#include "backend/cpu/ops.h" /* h3_to_f32: norm weights and biases are widened on the host */
+#include "core/host.h" /* h3_to_f32: norm weights and biases are widened on the host */
 #include "core/geometry.h"
 #include "core/tokenizer.h"
 

@@ -10,6 +10,7 @@
 #include "core/geometry.h"
 #include "runtime/runtime.h"
 #include "backend/cpu/cpu_int8.h"
+#include "backend/cpu/cpu_models.h" /* the CPU backend's per-thread decoder scratch */
 
 #include <math.h>
 #include <stdio.h>
@@ -166,7 +167,8 @@ char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int pre
         uint64_t w = bytes_where(s, "decoder.", NULL, false) + bytes_where(s, "dec_in_proj.", NULL, false);
         /* Folded weight copies (the mapping is dropped while folding) plus the decoder's own
            buffer plan; the two stereo sides are decoded one after the other. */
-        int64_t work = h3_avae_work_bytes(&av, sp.audio_lat > 0 ? sp.audio_lat : 1, threads);
+        int64_t work = h3_avae_work_bytes(&av, sp.audio_lat > 0 ? sp.audio_lat : 1,
+                                          (int64_t)threads * h3_cpu_snake_scratch_bytes());
         uint64_t act = work > 0 ? (uint64_t)work : 0;
         int64_t samples = h3_avae_samples(&av, sp.audio_lat > 0 ? sp.audio_lat : 1);
         uint64_t pcm = samples > 0 ? 2ull * (uint64_t)samples * 4 : 0;

@@ -19,13 +19,6 @@
 #define RT_MTIME(st) (st).st_mtim
 #endif
 
-int h3_progress_check(h3_progress_fn fn, void *user, const char *phase, int done, int total)
-{
-    if (!fn || fn(user, phase, done, total) == 0) return 0;
-    return h3_err(H3_E_CANCELLED, "%s: cancelled by the progress callback after %d of %d steps", phase, done,
-                  total);
-}
-
 int h3_rt_progress(h3_runtime *rt, const char *phase, int done, int total)
 {
     return h3_progress_check(rt->progress, rt->progress_user, phase, done, total);
@@ -77,6 +70,7 @@ static h3_dit_open_opts dit_opts(const h3_runtime *rt, const h3_dit_open_opts *g
     o.precision = rt->precision;
     o.vram_bytes = rt->vram_bytes;
     o.fp8file = rt->fp8file;
+    o.no_stream_pack = !rt->tuning.stream_pack;
     return o;
 }
 

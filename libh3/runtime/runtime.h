@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
+#include "core/tuning.h"
 
 struct h3_pool;
 struct h3_dit;
@@ -43,6 +44,8 @@ typedef struct h3_runtime {
        the transformer (models/text_encoder.h: h3_text_keep), made by the first encode, given up
        like the decoders' weights. */
     struct h3_text_keep *text_keep;
+    /* The environment's knobs, read once by h3_init (core/tuning.h); the stages get their part. */
+    h3_tuning tuning;
 } h3_runtime;
 
 /* The host worker pool (NULL + error when it cannot be created). */

@@ -204,7 +204,7 @@ int h3_rt_text_encode(h3_runtime *rt, const int32_t *ids, int n, float *out)
     if ((rc = h3_rt_stage_backend(rt, &be))) return rc;
     c->misses++;
     h3_text_run run = {rt->progress, rt->progress_user, (rt->flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1, 0,
-                       &rt->text_keep, h3_rt_text_keep_reserve(rt)};
+                       &rt->text_keep, h3_rt_text_keep_reserve(rt), &rt->tuning};
     rc = h3_text_forward(m, be, ids, n, out, &run);
     c->last_bytes_read = run.bytes_read;
     if (!rc && c->budget) insert(c, model_id, hash, ids, n, cfg.hidden, out, NULL, 0);
@@ -388,7 +388,8 @@ int h3_rt_text_encode_refs(h3_runtime *rt, const char *prompt, int n_images, con
         if ((rc = h3_rt_cpu_backend(rt, &be))) goto done;
         c->misses++;
         /* the CPU backend computes on the mapping: no kept layers */
-        h3_text_run run = {rt->progress, rt->progress_user, (rt->flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1, 0, NULL, 0};
+        h3_text_run run = {rt->progress, rt->progress_user, (rt->flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1, 0, NULL, 0,
+                           &rt->tuning};
         rc = h3_vl_encode(m, be, &p, rgb, widths, heights, rows, &run);
         c->last_bytes_read = run.bytes_read;
         if (!rc && c->budget) insert(c, model_id, hash, p.ids, p.n, cfg.hidden, rows, extra, extra_len);

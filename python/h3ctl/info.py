@@ -59,6 +59,15 @@ def backend_lines(backends: dict) -> list[str]:
     return lines
 
 
+def tuning_lines(tuning: dict) -> list[str]:
+    """The environment's knobs in effect (libh3 reads them once, at h3_init; docs/environment.md): one
+    line per variable that is set, or one line saying that every default holds."""
+    def show(v) -> str:
+        return {True: "1", False: "0"}.get(v, str(v)) if isinstance(v, bool) else str(v)
+    set_ = [f"{k}={show(v)}" for k, v in tuning.items() if v is not None]
+    return set_ or ["none set: every default holds"]
+
+
 def render_text(info: dict) -> str:
     import io
 
@@ -129,6 +138,10 @@ def render_text(info: dict) -> str:
     console.print("\n[bold]Backends[/] of this libh3:")
     for line in backend_lines(info.get("backends", {})):
         console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)  # a reason is one line, greppable
+    if "tuning" in info:
+        console.print("\n[bold]Tuning[/] (environment, read at h3_init):")
+        for line in tuning_lines(info["tuning"]):
+            console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     dev = info.get("device")
     if dev:
         console.print(f"The transformer runs on: {escape(dev['description'])}; the text encoder and the decoders "

@@ -16,7 +16,7 @@
  */
 #include "ctest.h"
 #include "backend/backend.h"
-#include "backend/cpu/cpu_fp8.h"
+#include "core/fp8.h"
 #include "backend/cpu/ops.h"
 #include "core/schedule.h"
 
@@ -1567,7 +1567,7 @@ int main(void)
         }
     }
     h3_backend *gpu = NULL;
-    rc = h3_backend_cuda_open(0, &gpu);
+    rc = h3_backend_cuda_open(0, NULL, &gpu);
     if (rc == 0 && gpu) {
         bk b = {"cuda", gpu, true};
         CHECK(gpu->act_dtype == H3_DT_BF16 && strcmp(gpu->ops->name, "cuda") == 0);

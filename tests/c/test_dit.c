@@ -5,6 +5,7 @@
  * 3 threads, errors for bad input and bad checkpoints. Agreement with diffusers is tests/test_dit.py.
  */
 #include "ctest.h"
+#include "backend/cpu/ops.h" /* h3_attention: the CPU kernel this file checks */
 #include "models/dit.h"
 
 #include <stdlib.h>

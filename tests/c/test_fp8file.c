@@ -2,7 +2,7 @@
    conversion's edges, the atomic safetensors writer, and h3-tiny's file written, checked and refused when altered.
    tests/test_quantize.py checks the values against torch. */
 #include "ctest.h"
-#include "backend/cpu/cpu_fp8.h"
+#include "core/fp8.h"
 #include "models/dit_fp8file.h"
 #include "models/dit_internal.h"
 

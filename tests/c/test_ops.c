@@ -2,7 +2,9 @@
 #include "ctest.h"
 #include "backend/cpu/ops.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void test_linear(h3_pool *p1, h3_pool *p3, int64_t M, int64_t N, int64_t Kd, h3_dtype dt)
 {
@@ -72,6 +74,43 @@ static void test_attention(h3_pool *p1, h3_pool *p3, int64_t Lq, int64_t Lk, int
     free(Q), free(Kx), free(V), free(O1), free(O3), free(ref), free(s);
 }
 
+/* h3_to_f32 (core/host.c: F16C where h3_host_simd, else the baseline loop; test_c.py runs this file
+   both ways) against values computed from the definitions: every f16 and bf16 bit pattern, from an
+   odd start so the 8-wide loops and their tails both run. */
+static void test_to_f32(void)
+{
+    const int64_t n = 65536 + 5;
+    uint16_t *h = malloc(2 * (size_t)(n + 1));
+    float *f = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) h[i + 1] = (uint16_t)i;
+    for (int dt = 0; dt < 2; dt++) {
+        h3_to_f32(h + 1, dt ? H3_DT_BF16 : H3_DT_F16, f, n);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t v = (uint16_t)i;
+            const int sign = v >> 15;
+            float want;
+            if (dt) { /* bf16: the upper half of an f32 */
+                uint32_t u = (uint32_t)v << 16;
+                memcpy(&want, &u, 4);
+            } else {
+                const int e = (v >> 10) & 31, m = v & 1023;
+                want = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(1024 + m), e - 25);
+                if (sign) want = -want;
+            }
+            const bool ok = isnan(want) ? isnan(f[i]) && (signbit(f[i]) != 0) == sign
+                                        : memcmp(&want, &f[i], 4) == 0;
+            bad += !ok;
+        }
+        CHECK_MSG(bad == 0, "h3_to_f32 %s: %d of %lld values differ", dt ? "bf16" : "f16", bad, (long long)n);
+    }
+    float x[9] = {1, -2, 3.5f, NAN, INFINITY, -0.0f, 1e-40f, 7, 8}, y[9];
+    h3_to_f32(x, H3_DT_F32, y, 9);
+    CHECK(memcmp(x, y, sizeof x) == 0);
+    free(h);
+    free(f);
+}
+
 int main(void)
 {
     ctest_rng = 88172645463325252ull;
@@ -88,6 +127,7 @@ int main(void)
     test_attention(p1, p3, 70, 200, 4, 2, 24, false);
     test_attention(p1, p3, 100, 100, 4, 1, 16, true);
     test_attention(p1, p3, 7, 7, 2, 2, 128, true);
+    test_to_f32();
     /* bf16 round trip and rounding */
     CHECK(h3_f32_to_bf16(1.0f) == 0x3F80);
     CHECK(h3_bf16_to_f32(h3_f32_to_bf16(3.140625f)) == 3.140625f);

@@ -1,4 +1,4 @@
-/* The streamer (runtime/streamer.c): bytes read into the slots are the file's, in any pass order, with
+/* The streamer (core/streamer.c): bytes read into the slots are the file's, in any pass order, with
    repeats, after an abandoned pass, with one slot (no thread) or several, owned or caller slots, one reader
    or several per item (pieces smaller than a tensor); a slot is not refilled before its item is done (a GPU
    marks an item done one get later); a caller's partial read of a tensor, also from a shard no item reads;
@@ -6,7 +6,7 @@
    file is whole; bad arguments are refused with a message. */
 #include "ctest.h"
 #include "core/internal.h"
-#include "runtime/streamer.h"
+#include "core/streamer.h"
 
 #include <stdlib.h>
 #include <unistd.h>

@@ -530,6 +530,7 @@ int main(int argc, char **argv)
     }
 
     char why[512];
+    h3_cudnn_set_lib(getenv("H3_CUDNN_LIB")); /* libh3 passes it at create; this check calls cuDNN directly */
     const bool have_cudnn = h3_cudnn_sdpa_available(why, sizeof why) != 0;
     printf("cudnn: %s%s\n", have_cudnn ? "" : "not available: ", why);
 

@@ -120,7 +120,7 @@ def test_h3tiny_plain_copies_are_byte_identical(monkeypatch):
     assert ring_plan(budget, other, block, "default") == (True, 0)
     assert ring_plan(budget, other, block, "default", packing=False) == (False, 0)
     with Context(root, device="cuda") as cr, Context(root, device="cuda", vram=budget / GIB) as cp:
-        monkeypatch.setenv("H3_STREAM_PACK", "0")  # read when a transformer opens: cp's opens in its first call
+        monkeypatch.setenv("H3_STREAM_PACK", "0")  # read at h3_init: cs streams plain, cp (opened before) packed
         with Context(root, device="cuda", vram=budget / GIB) as cs:
             lat, (v0, a0), (v1, a1) = denoise_both(cr, cs, 7, 16, 12, 33, 3, 4)
             s = tr.profile(cs)["stream"]

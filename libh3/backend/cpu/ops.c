@@ -6,51 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 static const h3_kernels *g_k;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-
-/*
- * CPUID directly rather than __builtin_cpu_supports: the builtin needs compiler-rt's __cpu_model,
- * which not every toolchain links into a shared library. AVX also needs the OS to save the YMM
- * state (OSXSAVE + XGETBV), or the first AVX instruction faults.
- */
-unsigned h3_cpu_x86_features(void)
-{
-    unsigned f = 0;
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    bool osxsave = c & (1u << 27), avx = c & (1u << 28);
-    if (c & (1u << 12)) f |= H3_CPU_FMA;
-    if (c & (1u << 29)) f |= H3_CPU_F16C;
-    bool ymm = false;
-    if (osxsave && avx) {
-        unsigned lo, hi;
-        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-        ymm = (lo & 6u) == 6u;
-        if (ymm && (lo & 0xE0u) == 0xE0u) f |= H3_CPU_ZMM_OS;
-    }
-    if (!ymm) return 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
-        if (b & (1u << 5)) f |= H3_CPU_AVX2;
-        if ((b & (1u << 16)) && (f & H3_CPU_ZMM_OS)) f |= H3_CPU_AVX512F;
-    }
-#endif
-    return f;
-}
 
 static void pick_kernels(void)
 {
     g_k = &h3_kernels_generic;
-    const char *no = getenv("H3_NO_SIMD");
-    if (no && no[0] && strcmp(no, "0") != 0) return;
 #if defined(__x86_64__) || defined(__i386__)
-    unsigned need = H3_CPU_AVX2 | H3_CPU_FMA | H3_CPU_F16C;
-    if ((h3_cpu_x86_features() & need) == need) g_k = &h3_kernels_avx2;
+    if (h3_host_simd()) g_k = &h3_kernels_avx2;
 #endif
 }
 
@@ -61,19 +24,6 @@ static const h3_kernels *K(void)
 }
 
 const char *h3_kernels_variant(void) { return K()->name; }
-
-void h3_to_f32(const void *src, h3_dtype dt, float *dst, int64_t n) { K()->to_f32(src, dt, dst, n); }
-
-uint16_t h3_f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu)) return (uint16_t)((u >> 16) | 0x40); /* NaN */
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float h3_silu(float x) { return x / (1.0f + expf(-x)); }
 
 void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n) { K()->silu_mul(gate, up, out, n); }
 double h3_sumsq(const float *x, int64_t n) { return K()->sumsq(x, n); }

@@ -1,6 +1,6 @@
 /*
- * CPU compute layer shared by every stage: a thread pool and the kernels the models are made
- * of. Kernels are deterministic: work is split over output rows/columns only, never over a
+ * CPU compute layer: the kernels the CPU backend is made of (the pool and the conversions
+ * they share with every layer are core/host.h). Kernels are deterministic: work is split over output rows/columns only, never over a
  * reduction, so results are identical for any thread count.
  *
  * SIMD: kernels.inc is compiled twice (ops_generic.c at the baseline ISA, ops_avx2.c with
@@ -10,59 +10,10 @@
 #ifndef H3_OPS_H
 #define H3_OPS_H
 
-#include "core/internal.h"
-
-/* ---- thread pool ----------------------------------------------------------------------- */
-
-typedef struct h3_pool h3_pool;
-
-H3_INTERNAL h3_pool *h3_pool_create(int threads);
-H3_INTERNAL void h3_pool_destroy(h3_pool *p);
-H3_INTERNAL int h3_pool_threads(const h3_pool *p);
-
-/*
- * Run fn(arg, begin, end, thread) over [0, n) in chunks of at least `grain` items, on all
- * threads (the caller included). `thread` is in [0, threads) and indexes per-thread scratch.
- * Chunks must write disjoint outputs. Calls from inside a task run serially.
- */
-typedef void (*h3_task_fn)(void *arg, int64_t begin, int64_t end, int thread);
-H3_INTERNAL void h3_parallel_for(h3_pool *p, int64_t n, int64_t grain, h3_task_fn fn, void *arg);
-
-/* Per-thread scratch of at least `bytes` (64-byte aligned), valid until the next call for the
-   same thread and slot. NULL on allocation failure. Slots: 0, 1 GEMM tiles, 2 attention, 3 of
-   thread 0: the weight matrix h3_linear packs once and shares with all its tasks. */
-H3_INTERNAL void *h3_pool_scratch(h3_pool *p, int thread, int slot, size_t bytes);
-#define H3_SCRATCH_SLOTS 4
-
-/* ---- weights --------------------------------------------------------------------------- */
-
-/* A weight matrix [rows, cols] (row = one output feature) stored as F32, BF16 or F16. */
-typedef struct h3_mat {
-    const void *data;
-    h3_dtype dtype;
-    int64_t rows, cols;
-} h3_mat;
-
-/* Convert n values of a float dtype to f32. */
-H3_INTERNAL void h3_to_f32(const void *src, h3_dtype dt, float *dst, int64_t n);
-static inline float h3_bf16_to_f32(uint16_t v)
-{
-    union {
-        uint32_t u;
-        float f;
-    } x = {(uint32_t)v << 16};
-    return x.f;
-}
-H3_INTERNAL uint16_t h3_f32_to_bf16(float f); /* round to nearest even */
+#include "core/host.h" /* the pool, h3_mat, conversions, h3_linear */
 
 /* ---- kernels --------------------------------------------------------------------------- */
 
-/*
- * Y[M, N] = X[M, K] . W^T + bias   (W is [N, K]; bias f32 [N] or NULL).
- * ldx/ldy are row strides in elements. Y must not alias X. Returns 0 or -H3_E_NOMEM.
- */
-H3_INTERNAL int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W,
-                           const float *bias, float *Y, int64_t ldy);
 /* h3_linear without its few-rows shortcut (dot products for M <= 6): every M sums in the blocked
    order of the micro-kernel, and rows of X may overlap (ldx < K). The convolutions of the audio
    decoder rely on both: a clip of a few frames sums exactly as a long one does. */
@@ -83,7 +34,6 @@ H3_INTERNAL int h3_attention(h3_pool *p, const float *Q, int64_t ldq, const floa
    the default (64 MiB). For tests of the grouping; not thread-safe. */
 H3_INTERNAL void h3_attention_pack_budget(size_t bytes);
 
-H3_INTERNAL float h3_silu(float x);
 /* out[i] = up[i] * SiLU(gate[i]) (SwiGLU), vectorised; in place on either input allowed. */
 H3_INTERNAL void h3_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 /* out[r] = SiLU(gate[r]) * up[r] for `rows` rows of n values (strides in floats; out may alias gate). */
@@ -99,10 +49,6 @@ H3_INTERNAL void h3_gated_add(float *x, const float *g, const float *y, int64_t 
 H3_INTERNAL void h3_rope_half(const float *t, const float *c, const float *s, int64_t half, float *o);
 H3_INTERNAL float h3_gelu_tanh(float x);
 H3_INTERNAL float h3_fma_loop(int64_t iters);
-
-/* x86 features usable by this process (CPU and OS support), H3_CPU_* bits; 0 elsewhere. */
-enum { H3_CPU_AVX2 = 1, H3_CPU_FMA = 2, H3_CPU_F16C = 4, H3_CPU_AVX512F = 8, H3_CPU_ZMM_OS = 16 };
-H3_INTERNAL unsigned h3_cpu_x86_features(void);
 
 /* Name of the kernel variant in use ("avx2" or "generic"). */
 H3_INTERNAL const char *h3_kernels_variant(void);
@@ -130,7 +76,6 @@ typedef struct h3_kernels {
     void (*attn_block)(h3_pool *p, int thread, const float *Q, int64_t ldq, const float *Kp, const float *Vp,
                        int64_t q0, int64_t q1, int64_t Lk, int64_t Lq, int D, float scale, bool causal,
                        float *O, int64_t ldo);
-    void (*to_f32)(const void *src, h3_dtype dt, float *dst, int64_t n);
     void (*silu_mul)(const float *gate, const float *up, float *out, int64_t n);
     double (*sumsq)(const float *x, int64_t n);
     void (*scale_mod)(const float *x, int64_t n, float inv, const float *w, const float *scale, const float *shift,

@@ -797,7 +797,9 @@ static int create(Backend *b, int ord)
     if (!(b->lt_ws = dev_alloc(b, b->lt_ws_bytes, "the cuBLASLt workspace"))) return -H3_E_NOMEM;
     int rc = gemm_init(b);
     if (rc) return rc;
-    const char *impl = getenv("H3_CUDA_ATTENTION");
+    /* The knobs come from libh3 (h3_backend_host, read once by h3_init), never from getenv here. */
+    const char *impl = b->host.cuda_attention;
+    h3_cudnn_set_lib(b->host.cudnn_lib);
     if (!impl || !*impl || !strcmp(impl, "auto"))
         b->attn_impl = ATTN_AUTO;
     else if (!strcmp(impl, "own"))
@@ -808,7 +810,7 @@ static int create(Backend *b, int ord)
         return fail(b, H3_E_INVALID, "cuda: H3_CUDA_ATTENTION=%s (expected auto, own or cudnn)", impl);
     /* H3_CUDA_ROWS=scalar keeps the row kernels on their element-at-a-time versions and the
        transformer's residual add apart from the next norm (the path before vectorisation). */
-    const char *rows = getenv("H3_CUDA_ROWS");
+    const char *rows = b->host.cuda_rows;
     if (rows && *rows && strcmp(rows, "scalar") && strcmp(rows, "auto"))
         return fail(b, H3_E_INVALID, "cuda: H3_CUDA_ROWS=%s (expected auto or scalar)", rows);
     b->rows_scalar = rows && !strcmp(rows, "scalar");
@@ -847,7 +849,11 @@ extern "C" __attribute__((visibility("default"))) int h3_backend_cuda_create(con
     if (!b) return host->err(H3_E_NOMEM, "cuda: out of host memory creating the backend");
     memcpy(&b->host, host, sizeof(h3_backend_host));
     b->host.struct_size = sizeof(h3_backend_host);
+    if (host->struct_size < offsetof(h3_backend_host, cudnn_lib) + sizeof host->cudnn_lib)
+        b->host.cuda_attention = b->host.cuda_rows = b->host.cudnn_lib = NULL; /* a host without knobs */
     int rc = create(b, device_ordinal);
+    /* The knob strings are the host's, valid during this call only. */
+    b->host.cuda_attention = b->host.cuda_rows = b->host.cudnn_lib = NULL;
     if (rc) {
         release_all(b);
         return rc;

@@ -136,7 +136,7 @@ int wpack_decode(Backend *b, cudaStream_t st, const uint8_t *image, const struct
 #define E4M3_MAX 448.0f /* e4m3's largest finite value */
 
 /* The scale that maps [-amax, amax] onto e4m3: amax / 448 correctly rounded, or 1 when amax is 0 or
-   not finite (x / 1 then saturates). The host copy of the rule is backend/cpu/cpu_fp8.c's. */
+   not finite (x / 1 then saturates). The host copy of the rule is core/fp8.c's. */
 static __device__ __forceinline__ float e4m3_scale(float amax)
 {
     return amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;

@@ -47,6 +47,10 @@ extern "C" {
    8.9.7 is older than 9.0"). `why` may be NULL. The answer for a device is cached. */
 int h3_cudnn_sdpa_available(char *why, size_t cap);
 
+/* Where to try libcudnn.so.9 first (H3_CUDNN_LIB as libh3 read it; NULL or "": the loader's search
+   only). cuDNN is loaded once per process, so only a path given before the first load counts. */
+void h3_cudnn_set_lib(const char *path);
+
 /* Attention on stream `s` (see above). 0 on success (queued on `s`), else a negative H3_E_* code
    (H3_E_UNSUPPORTED: cuDNN missing or no engine for this shape; H3_E_INVALID: bad arguments;
    H3_E_NOMEM: no device memory for cuDNN's workspace) with the reason in `err` (may be NULL).

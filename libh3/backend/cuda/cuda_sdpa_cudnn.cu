@@ -88,6 +88,8 @@ extern "C" int h3_cudnn_sdpa_available(char *why, size_t cap)
     return 0;
 }
 
+extern "C" void h3_cudnn_set_lib(const char *) {}
+
 extern "C" int h3_cudnn_sdpa(cudaStream_t, const void *, const void *, const void *, void *, int64_t, int64_t, int, int,
                              int, int64_t, int64_t, int64_t, int64_t, float, int, char *err, size_t cap)
 {
@@ -166,6 +168,7 @@ struct State {
     bool load_tried = false;
     bool loaded = false;
     std::string load_msg; /* the description, or why loading failed */
+    std::string lib_path; /* H3_CUDNN_LIB (h3_cudnn_set_lib), tried first */
     std::map<int, Device> devices;
     std::map<Key, Entry> cache;
     uint64_t clock = 0;
@@ -253,8 +256,8 @@ void load_cudnn(State &st)
     st.load_tried = true;
     void *h = nullptr;
     std::string note; /* what happened to H3_CUDNN_LIB, when it was set but not used */
-    const char *env = getenv("H3_CUDNN_LIB");
-    if (env && env[0]) {
+    const char *env = st.lib_path.c_str();
+    if (env[0]) {
         dlerror();
         h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         if (!h) note = std::string("H3_CUDNN_LIB=") + env + ": " + dl_error();
@@ -610,6 +613,17 @@ int sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, c
 }
 
 } /* namespace */
+
+extern "C" void h3_cudnn_set_lib(const char *path)
+{
+    try {
+        State &st = state();
+        std::lock_guard<std::mutex> lock(st.mu);
+        if (!st.load_tried) st.lib_path = path ? path : "";
+    } catch (...) {
+        /* out of memory copying a path: the loader's search still runs */
+    }
+}
 
 extern "C" int h3_cudnn_sdpa_available(char *why, size_t cap)
 {

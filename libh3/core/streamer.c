@@ -3,7 +3,7 @@
  * thread (and, per item, its helpers), the consumer computing on item n while the reader fills
  * n + 1.
  */
-#include "runtime/streamer.h"
+#include "core/streamer.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
-/* fp8 (e4m3) quantisation on the host, bit for bit the CUDA backend's (see cpu_fp8.h). */
-#include "backend/cpu/cpu_fp8.h"
+/* fp8 (e4m3) quantisation on the host, bit for bit the CUDA backend's (see fp8.h). */
+#include "core/fp8.h"
 
 #include <math.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * an atomic counter, so load balances itself while outputs stay independent of which thread
  * computed them (tasks write disjoint outputs and never split a reduction).
  */
-#include "backend/cpu/ops.h"
+#include "core/host.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -12,10 +12,10 @@
  * The arithmetic assumes IEEE single precision evaluated in single precision (FLT_EVAL_METHOD 0:
  * every SSE, NEON and AArch64 target; not the x87).
  */
-#ifndef H3_CPU_FP8_H
-#define H3_CPU_FP8_H
+#ifndef H3_FP8_H
+#define H3_FP8_H
 
-#include "backend/cpu/ops.h"
+#include "core/host.h"
 
 /* Largest finite e4m3 value: the scale maps a row's amax onto it. */
 #define H3_FP8_MAX 448.0f
@@ -28,4 +28,4 @@ H3_INTERNAL uint8_t h3_e4m3_from_f32(float x);
 H3_INTERNAL int h3_fp8_quantize(h3_pool *p, const void *w, h3_dtype dt, int64_t rows, int64_t cols, uint8_t *q,
                                 float *scale);
 
-#endif /* H3_CPU_FP8_H */
+#endif /* H3_FP8_H */

@@ -1,0 +1,126 @@
+/* The one reader of libh3's environment variables (see core/tuning.h and docs/environment.md). */
+#include "core/tuning.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Set and not empty. */
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && v[0] ? v : NULL;
+}
+
+static void copy(char *dst, size_t cap, const char *v) { snprintf(dst, cap, "%s", v ? v : ""); }
+
+static bool g_no_simd;
+static pthread_once_t g_no_simd_once = PTHREAD_ONCE_INIT;
+static void read_no_simd(void)
+{
+    const char *v = env("H3_NO_SIMD");
+    g_no_simd = v && strcmp(v, "0") != 0;
+}
+bool h3_env_no_simd(void)
+{
+    pthread_once(&g_no_simd_once, read_no_simd);
+    return g_no_simd;
+}
+
+static char g_cuda_lib[4096];
+static pthread_once_t g_cuda_lib_once = PTHREAD_ONCE_INIT;
+static void read_cuda_lib(void) { copy(g_cuda_lib, sizeof g_cuda_lib, env("H3_CUDA_LIB")); }
+const char *h3_env_cuda_lib(void)
+{
+    pthread_once(&g_cuda_lib_once, read_cuda_lib);
+    return g_cuda_lib;
+}
+
+/* The exact-path flags: a variable set to a value other than 0 turns its switch on, set to 0 turns
+   it off; `inverted`: the variable names the fast path (H3_DIT_PRECOMPUTE=0 -> per-step). */
+static const struct {
+    const char *name;
+    unsigned flag;
+    bool inverted;
+} k_flag_vars[] = {{"H3_DIT_PRECOMPUTE", H3_OPT_DIT_PER_STEP, true},
+                   {"H3_DIT_KEEP_ADALN", H3_OPT_KEEP_ADALN, false},
+                   {"H3_TEXT_PREFETCH", H3_OPT_NO_TEXT_PREFETCH, true},
+                   {"H3_DROP_PAGE_CACHE", H3_OPT_DROP_PAGE_CACHE, false},
+                   {"H3_STAGES_CPU", H3_OPT_STAGES_CPU, false},
+                   {"H3_FP8_ATTENTION", H3_OPT_FP8_ATTENTION, false}};
+#define N_FLAG_VARS (sizeof k_flag_vars / sizeof *k_flag_vars)
+
+/* "0" -> 0, "1" -> 1, anything else (or unset) -> -1: the tri-state switches of the text encoder. */
+static int tri(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : -1;
+}
+
+void h3_tuning_read(h3_tuning *t)
+{
+    memset(t, 0, sizeof *t);
+    for (size_t i = 0; i < N_FLAG_VARS; i++) {
+        const char *v = env(k_flag_vars[i].name);
+        if (!v) continue;
+        bool on = strcmp(v, "0") != 0;
+        if (k_flag_vars[i].inverted) on = !on;
+        if (on)
+            t->flags_on |= k_flag_vars[i].flag;
+        else
+            t->flags_off |= k_flag_vars[i].flag;
+    }
+    t->text_stream = tri("H3_TEXT_STREAM");
+    t->text_keep = tri("H3_TEXT_KEEP");
+    const char *r = env("H3_TEXT_READERS");
+    if (r) {
+        int n = atoi(r);
+        t->text_readers = n < 1 ? 1 : n > 16 ? 16 : n;
+    }
+    const char *p = getenv("H3_STREAM_PACK");
+    t->stream_pack = !(p && !strcmp(p, "0"));
+    copy(t->cuda_attention, sizeof t->cuda_attention, env("H3_CUDA_ATTENTION"));
+    copy(t->cuda_rows, sizeof t->cuda_rows, env("H3_CUDA_ROWS"));
+    copy(t->cudnn_lib, sizeof t->cudnn_lib, env("H3_CUDNN_LIB"));
+    t->no_simd = h3_env_no_simd();
+    copy(t->cuda_lib, sizeof t->cuda_lib, h3_env_cuda_lib());
+}
+
+static void kv_str(h3_buf *b, const char *k, const char *v)
+{
+    h3_buf_printf(b, ", \"%s\": ", k);
+    if (v && v[0])
+        h3_buf_json_str(b, v);
+    else
+        h3_buf_printf(b, "null");
+}
+
+static void kv_tri(h3_buf *b, const char *k, int v)
+{
+    h3_buf_printf(b, ", \"%s\": %s", k, v < 0 ? "null" : v ? "true" : "false");
+}
+
+void h3_tuning_json(h3_buf *b, const h3_tuning *t)
+{
+    h3_buf_printf(b, "{\"H3_NO_SIMD\": %s", t->no_simd ? "true" : "null");
+    kv_str(b, "H3_CUDA_LIB", t->cuda_lib);
+    for (size_t i = 0; i < N_FLAG_VARS; i++) {
+        unsigned f = k_flag_vars[i].flag;
+        /* the variable's own sense: H3_DIT_PRECOMPUTE=0 turns H3_OPT_DIT_PER_STEP on */
+        int v = (t->flags_on & f) ? 1 : (t->flags_off & f) ? 0 : -1;
+        if (v >= 0 && k_flag_vars[i].inverted) v = !v;
+        kv_tri(b, k_flag_vars[i].name, v);
+    }
+    kv_tri(b, "H3_TEXT_STREAM", t->text_stream);
+    if (t->text_readers)
+        h3_buf_printf(b, ", \"H3_TEXT_READERS\": %d", t->text_readers);
+    else
+        h3_buf_printf(b, ", \"H3_TEXT_READERS\": null");
+    kv_tri(b, "H3_TEXT_KEEP", t->text_keep);
+    h3_buf_printf(b, ", \"H3_STREAM_PACK\": %s", t->stream_pack ? "null" : "false");
+    kv_str(b, "H3_CUDA_ATTENTION", t->cuda_attention);
+    kv_str(b, "H3_CUDA_ROWS", t->cuda_rows);
+    kv_str(b, "H3_CUDNN_LIB", t->cudnn_lib);
+    h3_buf_printf(b, "}");
+}

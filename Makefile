@@ -229,3 +229,29 @@ build/sdpa_check: tests/cuda/sdpa_check.cu $(CUDA_OBJ) $(CUDA_HDR) libh3/backend
 	$(NVCC) $(NVCC_BASE) $(NVCCFLAGS) -cudart static -o $@ $< $(CUDA_OBJ) -L$(CUDA_LIBDIR) -L$(CUBLAS_LIBDIR) \
 	  -l:libcublasLt.so.13 -lrt -lpthread -ldl
 # ---- CUDA backend (end) ---------------------------------------------------------------------
+
+# ---- Metal kernels in emulation (shaders/metal, tests/metal_emu) ------------------------------
+# The .metal kernels compile as C++17 against shaders/metal/msl_emu.h and run in the fiber emulator
+# (tests/metal_emu/msl_emu.cpp); `make test-metal-emu` runs the emulator's own checks and the
+# kernels' conformance to the ops' double references. g++ (or any C++17 compiler) is enough.
+METAL_CXX      ?= g++
+METAL_CXXFLAGS ?= -std=c++17 -O2 -g -Wall -Wextra
+METAL_EMU_DIR   = build/metal_emu
+METAL_SRC       = $(wildcard shaders/metal/*.metal) shaders/metal/h3_metal.h shaders/metal/msl_emu.h
+$(METAL_EMU_DIR)/msl_emu.o: tests/metal_emu/msl_emu.cpp shaders/metal/msl_emu.h
+	@mkdir -p $(dir $@)
+	$(METAL_CXX) $(METAL_CXXFLAGS) -c -o $@ $<
+# -Wno-attributes: g++ does not know MSL's [[buffer(n)]], [[host_name(...)]], ... and ignores them.
+$(METAL_EMU_DIR)/kernels_emu.o: tests/metal_emu/kernels_emu.cpp tests/metal_emu/kernels_emu.h $(METAL_SRC)
+	@mkdir -p $(dir $@)
+	$(METAL_CXX) $(METAL_CXXFLAGS) -Wno-attributes -c -o $@ $<
+$(METAL_EMU_DIR)/test_msl_emu: tests/metal_emu/test_msl_emu.cpp $(METAL_EMU_DIR)/msl_emu.o shaders/metal/msl_emu.h
+	$(METAL_CXX) $(METAL_CXXFLAGS) -Wno-attributes -o $@ $< $(METAL_EMU_DIR)/msl_emu.o
+$(METAL_EMU_DIR)/test_metal_kernels: tests/metal_emu/test_metal_kernels.cpp tests/metal_emu/kernels_emu.h \
+                                     $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o
+	$(METAL_CXX) $(METAL_CXXFLAGS) -o $@ $< $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o
+.PHONY: test-metal-emu
+test-metal-emu: $(METAL_EMU_DIR)/test_msl_emu $(METAL_EMU_DIR)/test_metal_kernels
+	$(METAL_EMU_DIR)/test_msl_emu
+	$(METAL_EMU_DIR)/test_metal_kernels
+# ---- Metal kernels in emulation (end) ---------------------------------------------------------

@@ -19,10 +19,13 @@
  *  - the math functions the kernels call, in float.
  *
  * Semantics the emulator enforces (each breach is reported by the dispatch, never a hang): a barrier
- * completes when every thread of the threadgroup reached the same barrier (a thread that returned
- * first, or one waiting elsewhere, is a deadlock); a SIMD-group function completes when every lane
- * of the simdgroup that has not returned called the same function at the same place; simdgroup
- * matrix functions need all 32 lanes with the same arguments.
+ * completes when every thread of the threadgroup reached a barrier (a thread that returned first,
+ * or one waiting at a SIMD-group function, is a deadlock); a SIMD-group function completes when
+ * every lane of the simdgroup that has not returned called it, and lanes calling different ones
+ * (simd_sum here, simd_max there) is an error; simdgroup matrix functions need all 32 lanes with the
+ * same arguments. Calls are matched by count and function, not by source line: two different
+ * barriers reached by all threads the same number of times pass here (the C++ compiler may
+ * duplicate a call, so its return address cannot name the MSL call).
  */
 #ifndef H3_MSL_EMU_H
 #define H3_MSL_EMU_H
@@ -275,7 +278,7 @@ template <typename T, int C, int R> simdgroup_matrix<T, C, R> make_filled_simdgr
 namespace h3emu_detail {
 /* Every lane must pass the same source, stride and transpose; lane 0's are used. */
 struct mload_in {
-    const float *src;
+    const volatile float *src;
     ulong epr;
     ulong2 origin;
     bool transpose;
@@ -291,7 +294,7 @@ inline const char *mload_f(h3emu::lane_slot *s, uint32_t)
     }
     simdgroup_float8x8 m;
     /* origin (x = column, y = row) of the 8x8 block within the source matrix */
-    const float *p = a->src + a->origin.y * a->epr + a->origin.x;
+    const volatile float *p = a->src + a->origin.y * a->epr + a->origin.x;
     for (int r = 0; r < 8; r++)
         for (int c = 0; c < 8; c++) m.e[r][c] = a->transpose ? p[c * a->epr + r] : p[r * a->epr + c];
     for (int l = 0; l < h3emu::SIMD_WIDTH; l++) *(simdgroup_float8x8 *)s[l].out = m;
@@ -299,7 +302,7 @@ inline const char *mload_f(h3emu::lane_slot *s, uint32_t)
 }
 struct mstore_in {
     const simdgroup_float8x8 *m;
-    float *dst;
+    volatile float *dst;
     ulong epr;
     ulong2 origin;
     bool transpose;
@@ -313,7 +316,7 @@ inline const char *mstore_f(h3emu::lane_slot *s, uint32_t)
             b->transpose != a->transpose || memcmp(b->m, a->m, sizeof *a->m) != 0)
             return "simdgroup_store: lanes of one simdgroup passed different arguments or matrices";
     }
-    float *p = a->dst + a->origin.y * a->epr + a->origin.x;
+    volatile float *p = a->dst + a->origin.y * a->epr + a->origin.x;
     for (int r = 0; r < 8; r++)
         for (int c = 0; c < 8; c++) (a->transpose ? p[c * a->epr + r] : p[r * a->epr + c]) = a->m->e[r][c];
     return nullptr;
@@ -341,14 +344,14 @@ inline const char *mma_f(h3emu::lane_slot *s, uint32_t)
 }
 } // namespace h3emu_detail
 
-__attribute__((noinline)) static inline void simdgroup_load(simdgroup_float8x8 &d, const float *src,
+__attribute__((noinline)) static inline void simdgroup_load(simdgroup_float8x8 &d, const volatile float *src,
                                                             ulong elements_per_row = 8, ulong2 matrix_origin = 0,
                                                             bool transpose_matrix = false)
 {
     h3emu_detail::mload_in in = {src, elements_per_row, matrix_origin, transpose_matrix};
     h3emu::simd_collective(&h3emu_detail::mload_f, H3EMU_SITE, &in, &d, true);
 }
-__attribute__((noinline)) static inline void simdgroup_store(simdgroup_float8x8 a, float *dst,
+__attribute__((noinline)) static inline void simdgroup_store(simdgroup_float8x8 a, volatile float *dst,
                                                              ulong elements_per_row = 8, ulong2 matrix_origin = 0,
                                                              bool transpose_matrix = false)
 {
@@ -383,10 +386,13 @@ template <typename T> __attribute__((noinline)) T simd_shuffle_xor(T x, ushort m
 }
 } // namespace metal
 
-/* Address spaces and function qualifiers: plain C++ here. */
+/* Address spaces and function qualifiers: plain C++ here. `threadgroup` becomes `volatile`, not
+   nothing, because the same word names the [[threadgroup(0)]] attribute of a kernel's threadgroup
+   memory parameter: [[volatile(0)]] is still an attribute (unknown, ignored), where [[(0)]] would not
+   parse. The fibers share that memory; volatile changes nothing else. */
 #define device
 #define constant const
-#define threadgroup
+#define threadgroup volatile
 #define thread
 #define kernel
 

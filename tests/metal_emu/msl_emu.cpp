@@ -49,13 +49,11 @@ struct fiber {
     fstate st;
     ids id;
     lane_slot slot;
-    const void *site;
 };
 
 struct simd_state {
     int arrived;
     simd_op op;
-    const void *site;
     bool need_all;
 };
 
@@ -69,7 +67,6 @@ struct runtime {
     int n;           /* threads in the group */
     int cur;         /* fiber running, -1: the scheduler */
     int bar_arrived; /* threads waiting at the barrier */
-    const void *bar_site;
     std::string err;
     thread_fn fn;
     void *ctx;
@@ -237,7 +234,6 @@ void complete_simd(int sg)
     }
     s.arrived = 0;
     s.op = nullptr;
-    s.site = nullptr;
 }
 
 uint current_lane() { return R.fibers[(size_t)R.cur].id.thread_index_in_simdgroup; }
@@ -246,11 +242,7 @@ void barrier(const void *site)
 {
     fiber &f = R.fibers[(size_t)R.cur];
     R.st.barriers++;
-    if (R.bar_arrived == 0) {
-        R.bar_site = site;
-    } else if (R.bar_site != site && R.err.empty()) {
-        R.err = "threads of one threadgroup wait at different threadgroup_barrier calls (divergent control flow)";
-    }
+    (void)site; /* see simd_collective */
     if (++R.bar_arrived == R.n) { /* the last one releases the group */
         for (int i = 0; i < R.n; i++)
             if (R.fibers[(size_t)i].st == AT_BARRIER) R.fibers[(size_t)i].st = RUNNABLE;
@@ -266,9 +258,12 @@ void simd_collective(simd_op op, const void *site, const void *in, void *out, bo
     fiber &f = R.fibers[(size_t)R.cur];
     const int sg = (int)f.id.simdgroup_index_in_threadgroup, base = sg * SIMD_WIDTH;
     simd_state &s = R.simd[(size_t)sg];
+    /* Calls are matched by function, not by call site: the C++ compiler may duplicate one source
+       call (tail duplication, loop versioning), so two return addresses can be the same MSL call. */
+    (void)site;
     if (s.arrived == 0) {
-        s.op = op, s.site = site, s.need_all = need_all;
-    } else if ((s.op != op || s.site != site) && R.err.empty()) {
+        s.op = op, s.need_all = need_all;
+    } else if (s.op != op && R.err.empty()) {
         R.err = "lanes of one simdgroup called different SIMD-group functions (divergent control flow)";
     }
     f.slot.in = in, f.slot.out = out;

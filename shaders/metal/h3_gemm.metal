@@ -1,0 +1,87 @@
+/*
+ * linear: y[M, N] = x[M, K] W^T (+ bias f32 [N]), libh3's `linear` (backend.h). x f32 or bf16,
+ * W f32, bf16 or f16 as stored, y f32 or bf16; the products and sums in f32.
+ *
+ * A threadgroup of 4 simdgroups computes a 32 x 32 tile of y; each simdgroup a 16 x 16 quarter as
+ * 2 x 2 simdgroup_float8x8 accumulators. K advances in steps of 16: the threadgroup stages the
+ * 32 x 16 blocks of x and W in threadgroup memory as f32 (zeros past the edges, so odd M, N, K need
+ * no other case), and each simdgroup multiplies 8 x 8 blocks, W's loaded transposed. The tile goes
+ * through threadgroup memory once more to add the bias, convert and write only the rows and
+ * columns inside y. The order of the sums is fixed by the tiling: the same bits on every run.
+ */
+#ifndef H3_METAL_H
+#ifdef H3_MSL_EMU
+#include "msl_emu.h"
+#else
+#include <metal_stdlib>
+#endif
+using namespace metal;
+#include "h3_metal.h"
+#endif
+
+template <typename TX, typename TW, typename TY>
+kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[buffer(1)]],
+                       device const float *bias [[buffer(2)]], device TY *y [[buffer(3)]],
+                       constant h3m_linear_args &a [[buffer(4)]], threadgroup float *tg [[threadgroup(0)]],
+                       uint3 tgp [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                       uint sg [[simdgroup_index_in_threadgroup]])
+{
+    threadgroup float *xs = tg;                   /* [H3M_BM][H3M_BK] */
+    threadgroup float *ws = tg + H3M_BM * H3M_BK; /* [H3M_BN][H3M_BK] */
+    threadgroup float *cs = tg;                   /* [H3M_BM][H3M_BN], after the K loop */
+    const long m0 = (long)tgp.y * H3M_BM, n0 = (long)tgp.x * H3M_BN;
+    const uint sr = sg / 2, sc = sg % 2;
+    simdgroup_float8x8 acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (int k0 = 0; k0 < a.K; k0 += H3M_BK) {
+        for (uint e = tid; e < H3M_BM * H3M_BK; e += H3M_GEMM_THREADS) {
+            const uint r = e / H3M_BK, c = e % H3M_BK;
+            const long m = m0 + r, n = n0 + r;
+            const int k = k0 + (int)c;
+            xs[e] = m < a.M && k < a.K ? h3m_ld(x, m * a.ldx + k) : 0.0f;
+            ws[e] = n < a.N && k < a.K ? h3m_ld(w, n * a.K + k) : 0.0f;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        for (int kk = 0; kk < H3M_BK; kk += 8) {
+            simdgroup_float8x8 af[2], bf[2];
+            for (int i = 0; i < 2; i++) simdgroup_load(af[i], xs + (sr * 16 + i * 8) * H3M_BK + kk, H3M_BK);
+            /* the block of W holds [n][k]; B[k][n] of the product is its transpose */
+            for (int j = 0; j < 2; j++) simdgroup_load(bf[j], ws + (sc * 16 + j * 8) * H3M_BK + kk, H3M_BK, 0, true);
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++) simdgroup_multiply_accumulate(acc[i][j], af[i], bf[j], acc[i][j]);
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) simdgroup_store(acc[i][j], cs + (sr * 16 + i * 8) * H3M_BN + sc * 16 + j * 8, H3M_BN);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint e = tid; e < H3M_BM * H3M_BN; e += H3M_GEMM_THREADS) {
+        const long m = m0 + e / H3M_BN, n = n0 + e % H3M_BN;
+        if (m < a.M && n < a.N) {
+            float v = cs[e];
+            if (a.has_bias) v += bias[n];
+            h3m_st(y, m * a.ldy + n, v);
+        }
+    }
+}
+
+#define H3M_LINEAR(name, TX, TW, TY)                                                                              \
+    template [[host_name(name)]] kernel void h3m_linear<TX, TW, TY>(                                              \
+        device const TX *x [[buffer(0)]], device const TW *w [[buffer(1)]], device const float *bias [[buffer(2)]], \
+        device TY *y [[buffer(3)]], constant h3m_linear_args &a [[buffer(4)]],                                     \
+        threadgroup float *tg [[threadgroup(0)]], uint3 tgp [[threadgroup_position_in_grid]],                      \
+        uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+/* h3m_linear_<x>_<W>_<y> */
+H3M_LINEAR("h3m_linear_f32_f32_f32", float, float, float)
+H3M_LINEAR("h3m_linear_f32_bf16_f32", float, bfloat, float)
+H3M_LINEAR("h3m_linear_f32_f16_f32", float, half, float)
+H3M_LINEAR("h3m_linear_f32_f32_bf16", float, float, bfloat)
+H3M_LINEAR("h3m_linear_f32_bf16_bf16", float, bfloat, bfloat)
+H3M_LINEAR("h3m_linear_f32_f16_bf16", float, half, bfloat)
+H3M_LINEAR("h3m_linear_bf16_f32_f32", bfloat, float, float)
+H3M_LINEAR("h3m_linear_bf16_bf16_f32", bfloat, bfloat, float)
+H3M_LINEAR("h3m_linear_bf16_f16_f32", bfloat, half, float)
+H3M_LINEAR("h3m_linear_bf16_f32_bf16", bfloat, float, bfloat)
+H3M_LINEAR("h3m_linear_bf16_bf16_bf16", bfloat, bfloat, bfloat)
+H3M_LINEAR("h3m_linear_bf16_f16_bf16", bfloat, half, bfloat)

@@ -1,0 +1,104 @@
+/*
+ * What the Metal kernels (the .metal files here) share: the argument blocks the host passes as
+ * `constant` buffers (plain int/float fields, the same layout in C, Objective-C, MSL and the
+ * emulation), and the kernels' small helpers (loads and stores in any storage type, the reduction
+ * over a threadgroup, erf).
+ *
+ * On Apple the host builds one library from source (newLibraryWithSource) by concatenating this
+ * header and the .metal files; a file's #include of it is then skipped by its include guard. The
+ * kernels need MSL 3.1 (bfloat) and a compile without fast math (MTLCompileOptions mathMode safe,
+ * or fastMathEnabled = NO): the op tolerances assume IEEE exp, sqrt and division.
+ */
+#ifndef H3_METAL_H
+#define H3_METAL_H
+
+/* linear: y[M, N] = x[M, K] W^T (+ bias), W [N, K] row-major. Tiles of H3M_BM x H3M_BN outputs per
+   threadgroup of H3M_GEMM_THREADS threads; grid (ceil(N / H3M_BN), ceil(M / H3M_BM)). */
+#define H3M_BM 32
+#define H3M_BN 32
+#define H3M_BK 16
+#define H3M_GEMM_THREADS 128
+#define H3M_GEMM_TG_BYTES (H3M_BM * H3M_BN * 4)
+typedef struct h3m_linear_args {
+    int M, N, K, ldx, ldy, has_bias;
+} h3m_linear_args;
+
+/* attention: one simdgroup per query row, H3M_ATT_ROWS rows per threadgroup (H3M_ATT_ROWS * 32
+   threads); grid (ceil(Lq / H3M_ATT_ROWS), heads). Head dims up to H3M_ATT_MAX_D. */
+#define H3M_ATT_ROWS 4
+#define H3M_ATT_MAX_D 256
+typedef struct h3m_attn_args {
+    int Lq, Lk, heads, kv_heads, D, ldq, ldk, ldv, ldo, causal;
+    float scale;
+} h3m_attn_args;
+
+/* norm_mod: one threadgroup per output row (any multiple of 32 threads, at most 1024); threadgroup
+   memory 32 floats. */
+typedef struct h3m_norm_args {
+    int n, ldx, ldy, has_rows, has_w, has_mod, stride, slot;
+    float eps;
+} h3m_norm_args;
+
+/* gated_add: grid (ceil(n / threads), rows). gated_add_norm: one threadgroup per row as norm_mod. */
+typedef struct h3m_gate_args {
+    int n, ldx, ldy, ldo, has_gate, gate_stride, gate_slot, has_w, norm_stride, norm_slot;
+    float eps;
+} h3m_gate_args;
+
+/* qk_norm_rope: one simdgroup per (row, head): q heads, then k heads, then v heads (copied);
+   H3M_QKV_HEADS simdgroups per threadgroup, grid (ceil(units / H3M_QKV_HEADS), rows), threadgroup
+   memory H3M_QKV_HEADS * D floats. Head dims up to H3M_QKV_MAX_D. */
+#define H3M_QKV_HEADS 4
+#define H3M_QKV_MAX_D 256
+typedef struct h3m_qkv_args {
+    int heads, kv_heads, D, half_, hs, ldqin, ldkin, ldvin, ldq, ldk, ldv, has_qn, has_kn, has_rope, has_v;
+    float eps;
+} h3m_qkv_args;
+
+/* rope (no norm, f32 in place) and the element-wise ops: grid (ceil(work / threads), rows). */
+typedef struct h3m_rope_args {
+    int heads, D, half_, ld;
+} h3m_rope_args;
+typedef struct h3m_ew_args {
+    int n, lda, ldb, ldy, tanh_approx;
+} h3m_ew_args;
+
+#if defined(__METAL_VERSION__) || defined(H3_MSL_EMU)
+
+/* Loads give f32 whatever the storage type; stores round once (to nearest even). */
+template <typename T> inline float h3m_ld(device const T *p, long i) { return float(p[i]); }
+template <typename T> inline void h3m_st(device T *p, long i, float v) { p[i] = T(v); }
+
+/* Sum of one value per thread over the threadgroup, the same total in every thread: each
+   simdgroup's sum, then those in simdgroup order (red: 32 floats of threadgroup memory). */
+inline float h3m_tg_sum(float v, threadgroup float *red, uint lane, uint sg, uint nsg)
+{
+    v = simd_sum(v);
+    if (lane == 0) red[sg] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float t = 0.0f;
+    for (uint s = 0; s < nsg; s++) t += red[s];
+    threadgroup_barrier(mem_flags::mem_threadgroup); /* red is free again */
+    return t;
+}
+
+/* MSL has no erf. Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7), odd in x. */
+inline float h3m_erf(float x)
+{
+    const float ax = fabs(x);
+    const float t = 1.0f / (1.0f + 0.3275911f * ax);
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    const float r = 1.0f - poly * exp(-ax * ax);
+    return x < 0.0f ? -r : r;
+}
+
+/* libh3's SiLU (x / (1 + e^-x), h3_silu) and GELUs (the backend's `gelu`). */
+inline float h3m_silu(float x) { return x / (1.0f + exp(-x)); }
+inline float h3m_gelu_tanh(float x)
+{
+    return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+inline float h3m_gelu_erf(float x) { return 0.5f * x * (1.0f + h3m_erf(x * 0.7071067811865476f)); }
+
+#endif
+#endif /* H3_METAL_H */

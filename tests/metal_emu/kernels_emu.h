@@ -1,0 +1,29 @@
+/* Launchers of the Metal kernels under the emulator (kernels_emu.cpp): the role the Objective-C
+   host's encoders will have on Apple - grid, threadgroup size and threadgroup memory per kernel,
+   the dtype picking the instantiation. Each returns NULL or the emulator's message. */
+#ifndef H3_KERNELS_EMU_H
+#define H3_KERNELS_EMU_H
+#include "../../shaders/metal/h3_metal.h"
+#include <stdint.h>
+
+enum { EMU_F32 = 0, EMU_BF16 = 1, EMU_F16 = 2 };
+
+const char *emu_linear(const void *x, int xdt, const void *w, int wdt, const float *bias, void *y, int ydt,
+                       const h3m_linear_args *a);
+const char *emu_attention(const void *q, const void *k, const void *v, int qdt, void *o, int odt,
+                          const h3m_attn_args *a);
+const char *emu_norm_mod(const void *x, int xdt, const int64_t *rows, const float *w, const float *tab,
+                         const int32_t *ent, void *y, int ydt, int64_t rows_out, const h3m_norm_args *a);
+const char *emu_gated_add(float *x, const void *y, int ydt, const float *tab, const int32_t *ent, int64_t rows,
+                          const h3m_gate_args *a);
+const char *emu_gated_add_norm(float *x, const void *y, int ydt, const float *gtab, const int32_t *gent,
+                               const float *w, const float *ntab, const int32_t *nent, void *out, int odt,
+                               int64_t rows, const h3m_gate_args *a);
+const char *emu_qk_norm_rope(const void *qin, const void *kin, const void *vin, int idt, const float *qn,
+                             const float *kn, const float *cs, const float *sn, void *q, void *k, void *v, int odt,
+                             int64_t rows, const h3m_qkv_args *a);
+const char *emu_rope(float *x, const float *cs, const float *sn, int64_t rows, const h3m_rope_args *a);
+const char *emu_swiglu(const void *gate, const void *up, void *out, int dt, int64_t rows, const h3m_ew_args *a);
+const char *emu_gelu(const float *x, float *y, int64_t rows, const h3m_ew_args *a);
+const char *emu_mul(const float *x, const float *b, float *y, int64_t rows, const h3m_ew_args *a);
+#endif

@@ -1,6 +1,8 @@
 /*
  * linear: y[M, N] = x[M, K] W^T (+ bias f32 [N]), libh3's `linear` (backend.h). x f32 or bf16,
- * W f32, bf16 or f16 as stored, y f32 or bf16; the products and sums in f32.
+ * W f32, bf16 or f16 as stored, y f32 or bf16; the products and sums in f32. The same kernel is
+ * `conv_gemm` (rows of x closer than K apart: overlapping windows) and, gathering its x tiles from
+ * the padded video, `conv3d`.
  *
  * A threadgroup of 4 simdgroups computes a 32 x 32 tile of y; each simdgroup a 16 x 16 quarter as
  * 2 x 2 simdgroup_float8x8 accumulators. K advances in steps of 16: the threadgroup stages the
@@ -19,12 +21,11 @@ using namespace metal;
 #include "h3_metal.h"
 #endif
 
-template <typename TX, typename TW, typename TY>
-kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[buffer(1)]],
-                       device const float *bias [[buffer(2)]], device TY *y [[buffer(3)]],
-                       constant h3m_linear_args &a [[buffer(4)]], threadgroup float *tg [[threadgroup(0)]],
-                       uint3 tgp [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
-                       uint sg [[simdgroup_index_in_threadgroup]])
+/* The tile loop, shared by linear (x read as rows) and conv3d (x gathered from the video as its
+   im2col rows would hold it): XL::at(m, k) gives x[m][k] as f32, for m < M and k < K only. */
+template <typename XL, typename TW, typename TY>
+inline void h3m_gemm_tile(thread const XL &xl, device const TW *w, device const float *bias, device TY *y, int M,
+                          int N, int K, int ldy, int has_bias, threadgroup float *tg, uint3 tgp, uint tid, uint sg)
 {
     threadgroup float *xs = tg;                   /* [H3M_BM][H3M_BK] */
     threadgroup float *ws = tg + H3M_BM * H3M_BK; /* [H3M_BN][H3M_BK] */
@@ -34,13 +35,13 @@ kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[bu
     simdgroup_float8x8 acc[2][2];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-    for (int k0 = 0; k0 < a.K; k0 += H3M_BK) {
+    for (int k0 = 0; k0 < K; k0 += H3M_BK) {
         for (uint e = tid; e < H3M_BM * H3M_BK; e += H3M_GEMM_THREADS) {
             const uint r = e / H3M_BK, c = e % H3M_BK;
             const long m = m0 + r, n = n0 + r;
             const int k = k0 + (int)c;
-            xs[e] = m < a.M && k < a.K ? h3m_ld(x, m * a.ldx + k) : 0.0f;
-            ws[e] = n < a.N && k < a.K ? h3m_ld(w, n * a.K + k) : 0.0f;
+            xs[e] = m < M && k < K ? xl.at(m, k) : 0.0f;
+            ws[e] = n < N && k < K ? h3m_ld(w, n * K + k) : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int kk = 0; kk < H3M_BK; kk += 8) {
@@ -58,12 +59,61 @@ kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[bu
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (uint e = tid; e < H3M_BM * H3M_BN; e += H3M_GEMM_THREADS) {
         const long m = m0 + e / H3M_BN, n = n0 + e % H3M_BN;
-        if (m < a.M && n < a.N) {
+        if (m < M && n < N) {
             float v = cs[e];
-            if (a.has_bias) v += bias[n];
-            h3m_st(y, m * a.ldy + n, v);
+            if (has_bias) v += bias[n];
+            h3m_st(y, m * ldy + n, v);
         }
     }
+}
+
+/* Rows of x, `ldx` apart; ldx < K gives overlapping windows (conv_gemm's 1-D convolutions). */
+template <typename TX> struct h3m_rows_x {
+    device const TX *x;
+    long ldx;
+    float at(long m, int k) const { return h3m_ld(x, m * ldx + k); }
+};
+
+template <typename TX, typename TW, typename TY>
+kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[buffer(1)]],
+                       device const float *bias [[buffer(2)]], device TY *y [[buffer(3)]],
+                       constant h3m_linear_args &a [[buffer(4)]], threadgroup float *tg [[threadgroup(0)]],
+                       uint3 tgp [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                       uint sg [[simdgroup_index_in_threadgroup]])
+{
+    const h3m_rows_x<TX> xl = {x, a.ldx};
+    h3m_gemm_tile(xl, w, bias, y, a.M, a.N, a.K, a.ldy, a.has_bias, tg, tgp, tid, sg);
+}
+
+/* x~ of conv3d (backend.h): pad_t zero frames before the video, rows and columns reflect-padded;
+   row m of the implicit im2col matrix is output position (t, i, j), column k is (dt, dy, dx, c). */
+struct h3m_conv3d_x {
+    device const float *x;
+    h3m_conv3d_args g;
+    float at(long m, int k) const
+    {
+        const int j = (int)(m % g.Wo), i = (int)(m / g.Wo % g.Ho), t = (int)(m / ((long)g.Wo * g.Ho));
+        const int c = k % g.cin, dx = k / g.cin % g.kw, dy = k / (g.cin * g.kw) % g.kh, dt = k / (g.cin * g.kw * g.kh);
+        const int tt = t * g.st + dt - g.pad_t;
+        if (tt < 0) return 0.0f;
+        int yy = i * g.sh + dy - g.pad_top, xx = j * g.sw + dx - g.pad_left;
+        yy = yy < 0 ? -yy : (yy >= g.H ? 2 * (g.H - 1) - yy : yy);
+        xx = xx < 0 ? -xx : (xx >= g.W ? 2 * (g.W - 1) - xx : xx);
+        return x[(((long)tt * g.H + yy) * g.W + xx) * g.cin + c];
+    }
+};
+
+/* conv3d: y [To][Ho][Wo][cout] = bias + W x~ windows, W [cout, kt*kh*kw*cin] f32 (the GEMM of
+   linear over the gathered windows, so its sums are conv_gemm's at every size). */
+kernel void h3m_conv3d(device const float *x [[buffer(0)]], device const float *w [[buffer(1)]],
+                       device const float *bias [[buffer(2)]], device float *y [[buffer(3)]],
+                       constant h3m_conv3d_args &g [[buffer(4)]], threadgroup float *tg [[threadgroup(0)]],
+                       uint3 tgp [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                       uint sg [[simdgroup_index_in_threadgroup]])
+{
+    const h3m_conv3d_x xl = {x, g};
+    const int M = g.To * g.Ho * g.Wo, K = g.kt * g.kh * g.kw * g.cin;
+    h3m_gemm_tile(xl, w, bias, y, M, g.cout, K, g.cout, g.has_bias, tg, tgp, tid, sg);
 }
 
 #define H3M_LINEAR(name, TX, TW, TY)                                                                              \

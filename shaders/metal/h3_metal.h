@@ -63,6 +63,32 @@ typedef struct h3m_ew_args {
     int n, lda, ldb, ldy, tanh_approx;
 } h3m_ew_args;
 
+/* conv3d (the GEMM's tiling and grid over M = To * Ho * Wo rows, N = cout): backend.h's
+   h3_bconv3d plus the output sizes. */
+typedef struct h3m_conv3d_args {
+    int T, H, W, cin, cout, kt, kh, kw, st, sh, sw, pad_t, pad_top, pad_left, To, Ho, Wo, has_bias;
+} h3m_conv3d_args;
+
+/* snake / snake_aa into a phased destination (h3_bphased): one thread per (channel, destination
+   row), grid (ceil(C / 32), d * phase_rows), 32 threads. */
+typedef struct h3m_phased_args {
+    int L, C, d, phase_rows, margin, aa;
+} h3m_phased_args;
+
+/* conv1_clamp: one simdgroup per row, H3M_ATT_ROWS rows per threadgroup. layernorm: one
+   threadgroup per row. group_norm: one threadgroup per (group, frame): grid (groups, frames). */
+typedef struct h3m_conv1_args {
+    int M, K, ldx;
+} h3m_conv1_args;
+typedef struct h3m_ln_args {
+    int n, ldx, ldy, has_w, has_b;
+    float eps;
+} h3m_ln_args;
+typedef struct h3m_gn_args {
+    int pixels, C, groups, silu;
+    float eps;
+} h3m_gn_args;
+
 #if defined(__METAL_VERSION__) || defined(H3_MSL_EMU)
 
 /* Loads give f32 whatever the storage type; stores round once (to nearest even). */

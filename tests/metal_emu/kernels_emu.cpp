@@ -11,6 +11,7 @@ using namespace metal;
 #include "../../shaders/metal/h3_attention.metal"
 #include "../../shaders/metal/h3_rows.metal"
 #include "../../shaders/metal/h3_eltwise.metal"
+#include "../../shaders/metal/h3_decoders.metal"
 #include "kernels_emu.h"
 
 static uint cdiv(int64_t a, int64_t b) { return (uint)((a + b - 1) / b); }
@@ -174,4 +175,51 @@ const char *emu_mul(const float *x, const float *b, float *y, int64_t rows, cons
 {
     return h3emu::dispatch({cdiv(a->n, 256), (uint)rows, 1}, {256, 1, 1}, 0,
                            [&](const h3emu::ids &t, void *) { h3m_mul(x, b, y, *a, t.thread_position_in_grid); });
+}
+
+const char *emu_conv3d(const float *x, const float *w, const float *bias, float *y, const h3m_conv3d_args *g)
+{
+    const int64_t M = (int64_t)g->To * g->Ho * g->Wo;
+    return h3emu::dispatch({cdiv(g->cout, H3M_BN), cdiv(M, H3M_BM), 1}, {H3M_GEMM_THREADS, 1, 1}, H3M_GEMM_TG_BYTES,
+                           [&](const h3emu::ids &t, void *tg) {
+                               h3m_conv3d(x, w, bias, y, *g, (float *)tg, t.threadgroup_position_in_grid,
+                                          t.thread_index_in_threadgroup, t.simdgroup_index_in_threadgroup);
+                           });
+}
+
+const char *emu_snake(const float *x, const float *a, const float *rb, const float *fup, const float *fdown, float *dst,
+                      const h3m_phased_args *p)
+{
+    return h3emu::dispatch({cdiv(p->C, 32), (uint)((int64_t)p->d * p->phase_rows), 1}, {32, 1, 1}, 0,
+                           [&](const h3emu::ids &t, void *) {
+                               h3m_snake(x, a, rb, fup, fdown, dst, *p, t.thread_position_in_grid);
+                           });
+}
+
+const char *emu_conv1_clamp(const float *x, const float *w, float *y, const h3m_conv1_args *a)
+{
+    return h3emu::dispatch({cdiv(a->M, H3M_ATT_ROWS), 1, 1}, {H3M_ATT_ROWS * 32, 1, 1}, 0,
+                           [&](const h3emu::ids &t, void *) {
+                               h3m_conv1_clamp(x, w, y, *a, t.threadgroup_position_in_grid,
+                                               t.thread_index_in_simdgroup, t.simdgroup_index_in_threadgroup);
+                           });
+}
+
+const char *emu_layernorm(const float *x, const float *w, const float *b, float *y, int64_t rows, const h3m_ln_args *a)
+{
+    return h3emu::dispatch({(uint)rows, 1, 1}, {row_threads(a->n), 1, 1}, 32 * 4, [&](const h3emu::ids &t, void *tg) {
+        h3m_layernorm(x, w, b, y, *a, (float *)tg, t.threadgroup_position_in_grid, t.thread_index_in_threadgroup,
+                      t.threads_per_threadgroup, t.thread_index_in_simdgroup, t.simdgroup_index_in_threadgroup,
+                      t.simdgroups_per_threadgroup);
+    });
+}
+
+const char *emu_group_norm(const float *x, const float *w, const float *b, float *y, int frames, const h3m_gn_args *a)
+{
+    if (a->groups < 1 || a->C % a->groups) return "group_norm: channels not a multiple of groups";
+    return h3emu::dispatch({(uint)a->groups, (uint)frames, 1}, {256, 1, 1}, 32 * 4, [&](const h3emu::ids &t, void *tg) {
+        h3m_group_norm(x, w, b, y, *a, (float *)tg, t.threadgroup_position_in_grid, t.thread_index_in_threadgroup,
+                       t.threads_per_threadgroup, t.thread_index_in_simdgroup, t.simdgroup_index_in_threadgroup,
+                       t.simdgroups_per_threadgroup);
+    });
 }

@@ -26,4 +26,10 @@ const char *emu_rope(float *x, const float *cs, const float *sn, int64_t rows, c
 const char *emu_swiglu(const void *gate, const void *up, void *out, int dt, int64_t rows, const h3m_ew_args *a);
 const char *emu_gelu(const float *x, float *y, int64_t rows, const h3m_ew_args *a);
 const char *emu_mul(const float *x, const float *b, float *y, int64_t rows, const h3m_ew_args *a);
+const char *emu_conv3d(const float *x, const float *w, const float *bias, float *y, const h3m_conv3d_args *g);
+const char *emu_snake(const float *x, const float *a, const float *rb, const float *fup, const float *fdown, float *dst,
+                      const h3m_phased_args *p);
+const char *emu_conv1_clamp(const float *x, const float *w, float *y, const h3m_conv1_args *a);
+const char *emu_layernorm(const float *x, const float *w, const float *b, float *y, int64_t rows, const h3m_ln_args *a);
+const char *emu_group_norm(const float *x, const float *w, const float *b, float *y, int frames, const h3m_gn_args *a);
 #endif

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #define TOL_F32 1e-5
@@ -515,6 +516,237 @@ static void t_mul(int64_t rows, int64_t n)
     expect(pad_ok, "mul wrote past the row");
 }
 
+/* ---- the decoders' ops ---- */
+
+/* conv_gemm: linear over windows of k * cin floats, `ld` apart (ld = cin: overlapping). */
+static void t_conv_gemm(int64_t M, int cin, int cout, int k, int64_t ld, int wdt, bool bias)
+{
+    const int64_t K = (int64_t)k * cin, nx = (M - 1) * ld + K;
+    mat X = mk(EMU_F32, 1, nx, nx, 1.0f, true), W = mk(wdt, cout, K, K, 0.5f, true);
+    std::vector<float> bh((size_t)cout);
+    for (auto &b : bh) b = rnd(1.0f);
+    mat Y = mk(EMU_F32, M, cout, cout + 2, 1.0f, false);
+    std::vector<double> ref((size_t)(M * cout));
+    for (int64_t m = 0; m < M; m++)
+        for (int o = 0; o < cout; o++) {
+            double s = bias ? bh[(size_t)o] : 0.0;
+            for (int64_t i = 0; i < K; i++) s += (double)X.v[(size_t)(m * ld + i)] * W.v[(size_t)(o * K + i)];
+            ref[(size_t)(m * cout + o)] = s;
+        }
+    h3m_linear_args a = {(int)M, cout, (int)K, (int)ld, (int)Y.ld, bias};
+    const char *e = emu_linear(X.p(), EMU_F32, W.p(), wdt, bias ? bh.data() : nullptr, Y.p(), EMU_F32, &a);
+    bool pad_ok;
+    std::vector<float> y = Y.read(&pad_ok);
+    char what[160];
+    snprintf(what, sizeof what, "%lld rows, %d -> %d, kernel %d, row stride %lld, W %s%s", (long long)M, cin, cout, k,
+             (long long)ld, dn(wdt), bias ? " +bias" : "");
+    report("conv_gemm", what, rel_l2(y.data(), ref.data(), y.size()), TOL_F32, e);
+    expect(pad_ok, "conv_gemm wrote past the row");
+}
+
+static int len3(int n, int pad, int k, int s) { return n + pad < k || s < 1 ? 0 : (n + pad - k) / s + 1; }
+static int refl(int i, int n) { return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i; }
+
+/* {T, H, W, cin, cout, kt, kh, kw, st, sh, sw, pad_t, pad_top, pad_bottom, pad_left, pad_right}, as in
+   test_backend_ops.c */
+static void t_conv3d(const int gg[16], const char *name)
+{
+    h3m_conv3d_args g = {gg[0], gg[1], gg[2], gg[3], gg[4], gg[5], gg[6], gg[7], gg[8], gg[9], gg[10], gg[11], gg[12],
+                         gg[14], 0, 0, 0, 1};
+    g.To = len3(g.T, g.pad_t, g.kt, g.st), g.Ho = len3(g.H, gg[12] + gg[13], g.kh, g.sh);
+    g.Wo = len3(g.W, gg[14] + gg[15], g.kw, g.sw);
+    const int64_t nx = (int64_t)g.T * g.H * g.W * g.cin, K = (int64_t)g.kt * g.kh * g.kw * g.cin;
+    const int64_t M = (int64_t)g.To * g.Ho * g.Wo, ny = M * g.cout;
+    std::vector<float> x((size_t)nx), w((size_t)(K * g.cout)), bias((size_t)g.cout), y((size_t)ny, NAN);
+    for (auto &v : x) v = rnd(1.0f);
+    for (auto &v : w) v = rnd(1.0f) / (float)sqrt((double)K);
+    for (auto &v : bias) v = rnd(0.5f);
+    std::vector<double> ref((size_t)ny);
+    for (int64_t m = 0; m < M; m++) {
+        const int to = (int)(m / ((int64_t)g.Ho * g.Wo)), yo = (int)(m / g.Wo % g.Ho), xo = (int)(m % g.Wo);
+        for (int o = 0; o < g.cout; o++) {
+            double s = bias[(size_t)o];
+            for (int dt = 0; dt < g.kt; dt++) {
+                const int ti = to * g.st + dt - g.pad_t;
+                if (ti < 0) continue;
+                for (int dy = 0; dy < g.kh; dy++)
+                    for (int dx = 0; dx < g.kw; dx++) {
+                        const int yi = refl(yo * g.sh + dy - g.pad_top, g.H), xi = refl(xo * g.sw + dx - g.pad_left, g.W);
+                        const float *xp = x.data() + (((int64_t)ti * g.H + yi) * g.W + xi) * g.cin;
+                        const float *wp = w.data() + (int64_t)o * K + (((int64_t)dt * g.kh + dy) * g.kw + dx) * g.cin;
+                        for (int c = 0; c < g.cin; c++) s += (double)wp[c] * xp[c];
+                    }
+            }
+            ref[(size_t)(m * g.cout + o)] = s;
+        }
+    }
+    const char *e = emu_conv3d(x.data(), w.data(), bias.data(), y.data(), &g);
+    std::vector<float> y1 = y;
+    std::fill(y.begin(), y.end(), NAN);
+    if (!e) e = emu_conv3d(x.data(), w.data(), bias.data(), y.data(), &g);
+    char what[160];
+    snprintf(what, sizeof what, "%s %dx%dx%dx%d->%d k%dx%dx%d s%dx%dx%d", name, g.T, g.H, g.W, g.cin, g.cout, g.kt, g.kh,
+             g.kw, g.st, g.sh, g.sw);
+    report("conv3d", what, rel_l2(y1.data(), ref.data(), y1.size()), TOL_F32, e, y == y1);
+}
+
+/* snake (aa = false) and snake_aa into a phased destination; the rows outside the data must be 0. */
+static void t_snake(int64_t L, int C, int d, int64_t margin, bool aa)
+{
+    std::vector<float> a((size_t)C), rb((size_t)C), fup(12), fdn(12);
+    for (int c = 0; c < C; c++) {
+        if (aa)
+            a[(size_t)c] = 0.5f + fabsf(rnd(2.0f)), rb[(size_t)c] = 0.2f + fabsf(rnd(1.0f));
+        else
+            a[(size_t)c] = 0.3f + fabsf(rnd(2.0f)), rb[(size_t)c] = 1.0f / (a[(size_t)c] + 1e-9f);
+    }
+    for (int k = 0; k < 12; k++) fup[(size_t)k] = rnd(0.3f), fdn[(size_t)k] = rnd(0.3f);
+    mat X = mk(EMU_F32, L, C, C, 2.0f, true);
+    const int64_t phase_rows = (L + d - 1) / d + margin + 2, n = (int64_t)d * phase_rows * C;
+    std::vector<float> dst((size_t)n, NAN);
+    std::vector<double> ref((size_t)n, 0.0);
+    if (aa) {
+        const int64_t NZ = 2 * L;
+        std::vector<double> z((size_t)(NZ * C));
+        for (int64_t t = 0; t < NZ; t++) {
+            const int par = (int)((t + 15) & 1);
+            const int64_t s0 = (t + 15 - par) / 2 - 5;
+            for (int c = 0; c < C; c++) {
+                double acc = 0;
+                for (int j = 0; j < 6; j++) {
+                    int64_t r = s0 - j;
+                    r = r < 0 ? 0 : (r > L - 1 ? L - 1 : r);
+                    acc += (double)X.v[(size_t)(r * C + c)] * fup[(size_t)(par + 2 * j)];
+                }
+                const double u = 2.0 * acc, s = sin((double)a[(size_t)c] * u);
+                z[(size_t)(t * C + c)] = u + (double)rb[(size_t)c] * s * s;
+            }
+        }
+        for (int64_t m = 0; m < L; m++)
+            for (int c = 0; c < C; c++) {
+                double acc = 0;
+                for (int k = 0; k < 12; k++) {
+                    int64_t t = 2 * m + k - 5;
+                    t = t < 0 ? 0 : (t > NZ - 1 ? NZ - 1 : t);
+                    acc += z[(size_t)(t * C + c)] * fdn[(size_t)k];
+                }
+                ref[(size_t)(((m % d) * phase_rows + margin + m / d) * C + c)] = acc;
+            }
+    } else {
+        for (int64_t m = 0; m < L; m++)
+            for (int c = 0; c < C; c++) {
+                const double x = X.v[(size_t)(m * C + c)], s = sin((double)a[(size_t)c] * x);
+                ref[(size_t)(((m % d) * phase_rows + margin + m / d) * C + c)] = x + (double)rb[(size_t)c] * s * s;
+            }
+    }
+    h3m_phased_args p = {(int)L, C, d, (int)phase_rows, (int)margin, aa};
+    const char *e = emu_snake((const float *)X.p(), a.data(), rb.data(), fup.data(), fdn.data(), dst.data(), &p);
+    bool zeros = true;
+    for (int r = 0; r < d; r++) {
+        const int64_t rows = r < L ? (L - r + d - 1) / d : 0;
+        for (int64_t q = 0; q < phase_rows; q++)
+            if (q < margin || q >= margin + rows)
+                for (int c = 0; c < C; c++) zeros = zeros && dst[(size_t)((r * phase_rows + q) * C + c)] == 0.0f;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "L %lld, C %d, %d phase%s, margin %lld", (long long)L, C, d, d == 1 ? "" : "s",
+             (long long)margin);
+    report(aa ? "snake_aa" : "snake", what, rel_l2(dst.data(), ref.data(), dst.size()), TOL_F32, e);
+    expect(zeros, "snake: margins or phase tails are not zero");
+}
+
+static void t_conv1_clamp(int64_t M, int cin, int k)
+{
+    const int64_t K = (int64_t)k * cin, nx = (M - 1) * cin + K, nan_at = nx / 2;
+    std::vector<float> x((size_t)nx), w((size_t)K), y((size_t)M, 12345.0f);
+    for (auto &v : x) v = rnd(1.0f);
+    for (auto &v : w) v = rnd(0.6f);
+    x[(size_t)nan_at] = NAN;
+    h3m_conv1_args a = {(int)M, (int)K, cin};
+    const char *e = emu_conv1_clamp(x.data(), w.data(), y.data(), &a);
+    std::vector<float> yf;
+    std::vector<double> ref;
+    bool nan_ok = true;
+    for (int64_t m = 0; m < M; m++) {
+        if (nan_at >= m * cin && nan_at < m * cin + K) {
+            nan_ok = nan_ok && isnan(y[(size_t)m]);
+            continue;
+        }
+        double s = 0;
+        for (int64_t i = 0; i < K; i++) s += (double)x[(size_t)(m * cin + i)] * w[(size_t)i];
+        ref.push_back(s < -1 ? -1 : (s > 1 ? 1 : s));
+        yf.push_back(y[(size_t)m]);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%lld rows, %d channels, kernel %d, one NaN", (long long)M, cin, k);
+    report("conv1_clamp", what, rel_l2(yf.data(), ref.data(), yf.size()), TOL_F32, e);
+    expect(nan_ok, "conv1_clamp: NaN did not pass through");
+}
+
+static void t_layernorm(int64_t rows, int64_t n, bool affine, bool inplace)
+{
+    mat X = mk(EMU_F32, rows, n, n + 1, 3.0f, true), Y = mk(EMU_F32, rows, n, n, 1.0f, false);
+    for (int64_t r = 0; r < rows; r++) X.set(r * X.ld, X.v[(size_t)(r * X.ld)] + 2.0f); /* a non-zero mean */
+    std::vector<float> w((size_t)n), bb((size_t)n);
+    for (int64_t i = 0; i < n; i++) w[(size_t)i] = rnd(1.0f) + 1.0f, bb[(size_t)i] = rnd(1.0f);
+    std::vector<double> ref((size_t)(rows * n));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = X.v.data() + r * X.ld;
+        double m = 0, var = 0;
+        for (int64_t i = 0; i < n; i++) m += x[i];
+        m /= (double)n;
+        for (int64_t i = 0; i < n; i++) var += (x[i] - m) * (x[i] - m);
+        var /= (double)n;
+        for (int64_t i = 0; i < n; i++)
+            ref[(size_t)(r * n + i)] = (x[i] - m) / sqrt(var + 1e-5) * (affine ? w[(size_t)i] : 1.0) + (affine ? bb[(size_t)i] : 0.0);
+    }
+    mat &out = inplace ? X : Y;
+    h3m_ln_args a = {(int)n, (int)X.ld, (int)out.ld, affine, affine, 1e-5f};
+    const char *e = emu_layernorm((const float *)X.p(), affine ? w.data() : nullptr, affine ? bb.data() : nullptr,
+                                  (float *)out.p(), rows, &a);
+    std::vector<float> y = out.read();
+    char what[160];
+    snprintf(what, sizeof what, "%lld x %lld%s%s", (long long)rows, (long long)n, affine ? " w, b" : "",
+             inplace ? " in place" : "");
+    report("layernorm", what, rel_l2(y.data(), ref.data(), y.size()), TOL_F32, e);
+}
+
+static void t_gn(int frames, int64_t pixels, int C, int groups, bool silu, bool inplace)
+{
+    const int64_t n = frames * pixels * C;
+    std::vector<float> x((size_t)n), w((size_t)C), bb((size_t)C), y((size_t)n, NAN);
+    for (int64_t i = 0; i < n; i++) x[(size_t)i] = rnd(2.0f) + (float)(i % C % 3);
+    for (int c = 0; c < C; c++) w[(size_t)c] = rnd(1.0f) + 1.0f, bb[(size_t)c] = rnd(1.0f);
+    std::vector<double> ref((size_t)n);
+    const int cg = C / groups;
+    for (int f = 0; f < frames; f++)
+        for (int g = 0; g < groups; g++) {
+            double m = 0, v = 0;
+            for (int64_t p = 0; p < pixels; p++)
+                for (int c = g * cg; c < (g + 1) * cg; c++) m += x[(size_t)((f * pixels + p) * C + c)];
+            m /= (double)(pixels * cg);
+            for (int64_t p = 0; p < pixels; p++)
+                for (int c = g * cg; c < (g + 1) * cg; c++) {
+                    const double d = x[(size_t)((f * pixels + p) * C + c)] - m;
+                    v += d * d;
+                }
+            v /= (double)(pixels * cg);
+            for (int64_t p = 0; p < pixels; p++)
+                for (int c = g * cg; c < (g + 1) * cg; c++) {
+                    const int64_t i = (f * pixels + p) * C + c;
+                    const double o = (x[(size_t)i] - m) / sqrt(v + 1e-6) * w[(size_t)c] + bb[(size_t)c];
+                    ref[(size_t)i] = silu ? o / (1.0 + exp(-o)) : o;
+                }
+        }
+    h3m_gn_args a = {(int)pixels, C, groups, silu, 1e-6f};
+    float *out = inplace ? x.data() : y.data();
+    const char *e = emu_group_norm(x.data(), w.data(), bb.data(), out, frames, &a);
+    char what[160];
+    snprintf(what, sizeof what, "%d frames x %lld px x %d ch / %d groups%s%s", frames, (long long)pixels, C, groups,
+             silu ? " + SiLU" : "", inplace ? " in place" : "");
+    report("group_norm", what, rel_l2(out, ref.data(), (size_t)n), TOL_F32, e);
+}
+
 int main()
 {
     const int F = EMU_F32, B = EMU_BF16;
@@ -607,6 +839,47 @@ int main()
     t_rope(1, 2, 16, 8);
     t_rope(17, 16, 72, 36);
     t_rope(9, 3, 20, 6);
+
+    /* the decoders' ops: conv_gemm's windows (overlapping, 1x1, rows apart, past a tile), conv3d's
+       geometries (causal, strided down, 2-D, temporal-only, several tiles), the activations into
+       phased buffers, conv_post, the norms */
+    for (int wdt : {EMU_F32, EMU_BF16}) {
+        t_conv_gemm(1, 4, 5, 3, 4, wdt, true);
+        t_conv_gemm(37, 8, 16, 7, 8, wdt, true);
+        t_conv_gemm(333, 13, 6, 5, 13, wdt, false);
+        t_conv_gemm(129, 32, 64, 1, 32, wdt, true);
+        t_conv_gemm(50, 12, 9, 3, 40, wdt, true);
+        t_conv_gemm(700, 64, 32, 9, 64, wdt, true);
+    }
+    {
+        const int g1[16] = {3, 5, 7, 3, 5, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, 1}, g2[16] = {5, 9, 6, 13, 17, 3, 3, 3, 2, 2, 2, 2, 0, 1, 0, 1};
+        const int g3[16] = {1, 4, 3, 20, 7, 1, 3, 3, 1, 1, 1, 0, 1, 1, 1, 1}, g4[16] = {4, 5, 5, 6, 6, 3, 3, 3, 2, 1, 1, 2, 0, 0, 0, 0};
+        const int g5[16] = {2, 50, 41, 40, 24, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, 1};
+        t_conv3d(g1, "causal");
+        t_conv3d(g2, "down");
+        t_conv3d(g3, "2-D");
+        t_conv3d(g4, "t-down");
+        t_conv3d(g5, "blocks");
+    }
+    t_snake(1, 3, 1, 3, true);
+    t_snake(5, 8, 2, 1, true);
+    t_snake(300, 13, 3, 5, true);
+    t_snake(257, 40, 1, 0, true);
+    t_snake(1000, 64, 5, 2, true);
+    t_snake(1, 1, 1, 3, false);
+    t_snake(37, 13, 1, 0, false);
+    t_snake(101, 11, 3, 9, false);
+    t_snake(29, 8, 9, 3, false);
+    t_conv1_clamp(1, 8, 7);
+    t_conv1_clamp(500, 8, 7);
+    t_conv1_clamp(77, 3, 5);
+    t_layernorm(1, 5, true, false);
+    t_layernorm(7, 64, false, true);
+    t_layernorm(333, 130, true, false);
+    t_layernorm(3, 6200, true, true);
+    t_gn(3, 37, 12, 4, true, false);
+    t_gn(2, 1, 30, 3, false, true);
+    t_gn(1, 4096, 64, 32, true, true);
 
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

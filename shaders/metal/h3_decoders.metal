@@ -1,0 +1,140 @@
+/*
+ * The decoders' and the audio encoder's ops, libh3's (backend.h): snake and snake_aa (BigVGAN's and
+ * DAC's activations into a phased, zero-margined buffer), conv1_clamp (conv_post and the clamp),
+ * layernorm and group_norm (+ SiLU). conv_gemm and conv3d are the GEMM of h3_gemm.metal. The
+ * statistics are f32 sums in a fixed order (Metal has no double): mean, then the variance around
+ * it, each over the threadgroup as h3m_tg_sum adds.
+ */
+#ifndef H3_METAL_H
+#ifdef H3_MSL_EMU
+#include "msl_emu.h"
+#else
+#include <metal_stdlib>
+#endif
+using namespace metal;
+#include "h3_metal.h"
+#endif
+
+#define H3M_AA_TAPS 12 /* H3_AA_TAPS: the 2x resampling filters' length */
+
+/* One value of the 2x-upsampled signal of channel c at position t (a transposed convolution by
+   fup with the edges replicated), through SnakeBeta: u + rb sin^2(a u). */
+inline float h3m_aa_up(device const float *x, int L, int C, int c, long t, device const float *fup, float a, float rb)
+{
+    const int par = (int)((t + 15) & 1);
+    const long s0 = (t + 15 - par) / 2 - 5;
+    float acc = 0.0f;
+    for (int j = 0; j < H3M_AA_TAPS / 2; j++) {
+        long r = s0 - j;
+        r = r < 0 ? 0 : (r > L - 1 ? L - 1 : r);
+        acc += x[r * C + c] * fup[par + 2 * j];
+    }
+    const float u = 2.0f * acc, s = sin(a * u);
+    return u + rb * (s * s);
+}
+
+/* Destination row q of phase r holds output row m = (q - margin) * d + r, or zeros. snake_aa
+   (aa != 0): the upsampled, activated signal low-passed by fdown and taken every second value;
+   snake: v + rb sin^2(a v) of x's row m. */
+kernel void h3m_snake(device const float *x [[buffer(0)]], device const float *av [[buffer(1)]],
+                      device const float *rbv [[buffer(2)]], device const float *fup [[buffer(3)]],
+                      device const float *fdown [[buffer(4)]], device float *dst [[buffer(5)]],
+                      constant h3m_phased_args &p [[buffer(6)]], uint3 gid [[thread_position_in_grid]])
+{
+    const int c = (int)gid.x;
+    const long row = gid.y;
+    if (c >= p.C || row >= (long)p.d * p.phase_rows) return;
+    const int r = (int)(row / p.phase_rows);
+    const long q = row % p.phase_rows;
+    const long rows = r < p.L ? (p.L - r + p.d - 1) / p.d : 0;
+    float out = 0.0f;
+    if (q >= p.margin && q < p.margin + rows) {
+        const long m = (q - p.margin) * p.d + r;
+        const float a = av[c], rb = rbv[c];
+        if (p.aa) {
+            const long nz = 2 * (long)p.L;
+            for (int k = 0; k < H3M_AA_TAPS; k++) {
+                long t = 2 * m + k - 5;
+                t = t < 0 ? 0 : (t > nz - 1 ? nz - 1 : t);
+                out += h3m_aa_up(x, p.L, p.C, c, t, fup, a, rb) * fdown[k];
+            }
+        } else {
+            const float v = x[m * p.C + c], s = sin(a * v);
+            out = v + rb * (s * s);
+        }
+    }
+    dst[row * p.C + c] = out;
+}
+
+/* y[m] = clamp(w . x_m, -1, 1), x_m the K floats at x + m * ldx; NaN passes (the comparisons
+   leave it alone, as torch.clamp does). One simdgroup per row. */
+kernel void h3m_conv1_clamp(device const float *x [[buffer(0)]], device const float *w [[buffer(1)]],
+                            device float *y [[buffer(2)]], constant h3m_conv1_args &a [[buffer(3)]],
+                            uint3 tgp [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]],
+                            uint sg [[simdgroup_index_in_threadgroup]])
+{
+    const long m = (long)tgp.x * H3M_ATT_ROWS + sg;
+    if (m >= a.M) return;
+    float s = 0.0f;
+    for (int i = (int)lane; i < a.K; i += 32) s += w[i] * x[m * a.ldx + i];
+    s = simd_sum(s);
+    if (lane == 0) y[m] = s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
+}
+
+/* y = LayerNorm(x) * w + b per row (y may be x: each thread rewrites only what it read). */
+kernel void h3m_layernorm(device const float *x [[buffer(0)]], device const float *w [[buffer(1)]],
+                          device const float *b [[buffer(2)]], device float *y [[buffer(3)]],
+                          constant h3m_ln_args &a [[buffer(4)]], threadgroup float *red [[threadgroup(0)]],
+                          uint3 tgp [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                          uint3 ntg [[threads_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                          uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]])
+{
+    const long r = tgp.x;
+    const int n = a.n;
+    device const float *xr = x + r * a.ldx;
+    float s = 0.0f;
+    for (int i = (int)tid; i < n; i += (int)ntg.x) s += xr[i];
+    const float mean = h3m_tg_sum(s, red, lane, sg, nsg) / (float)n;
+    float v = 0.0f;
+    for (int i = (int)tid; i < n; i += (int)ntg.x) {
+        const float d = xr[i] - mean;
+        v += d * d;
+    }
+    const float inv = 1.0f / sqrt(h3m_tg_sum(v, red, lane, sg, nsg) / (float)n + a.eps);
+    for (int i = (int)tid; i < n; i += (int)ntg.x) {
+        float o = (xr[i] - mean) * inv;
+        if (a.has_w) o *= w[i];
+        if (a.has_b) o += b[i];
+        y[r * a.ldy + i] = o;
+    }
+}
+
+/* GroupNorm of each frame (x, y [frames][pixels][C]), then SiLU when asked: threadgroup
+   (group, frame) normalises the pixels x C/groups values of its group. y may be x. */
+kernel void h3m_group_norm(device const float *x [[buffer(0)]], device const float *w [[buffer(1)]],
+                           device const float *b [[buffer(2)]], device float *y [[buffer(3)]],
+                           constant h3m_gn_args &a [[buffer(4)]], threadgroup float *red [[threadgroup(0)]],
+                           uint3 tgp [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                           uint3 ntg [[threads_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                           uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]])
+{
+    const int g = (int)tgp.x, cg = a.C / a.groups;
+    const long f = tgp.y, count = (long)a.pixels * cg;
+    device const float *xf = x + f * a.pixels * a.C + (long)g * cg;
+    float s = 0.0f;
+    for (long e = tid; e < count; e += ntg.x) s += xf[(e / cg) * a.C + e % cg];
+    const float mean = h3m_tg_sum(s, red, lane, sg, nsg) / (float)count;
+    float v = 0.0f;
+    for (long e = tid; e < count; e += ntg.x) {
+        const float d = xf[(e / cg) * a.C + e % cg] - mean;
+        v += d * d;
+    }
+    const float inv = 1.0f / sqrt(h3m_tg_sum(v, red, lane, sg, nsg) / (float)count + a.eps);
+    device float *yf = y + f * a.pixels * a.C + (long)g * cg;
+    for (long e = tid; e < count; e += ntg.x) {
+        const long i = (e / cg) * a.C + e % cg;
+        const int c = g * cg + (int)(e % cg);
+        const float o = (xf[i] - mean) * inv * w[c] + b[c];
+        yf[i] = a.silu ? h3m_silu(o) : o;
+    }
+}

@@ -254,4 +254,27 @@ $(METAL_EMU_DIR)/test_metal_kernels: tests/metal_emu/test_metal_kernels.cpp test
 test-metal-emu: $(METAL_EMU_DIR)/test_msl_emu $(METAL_EMU_DIR)/test_metal_kernels
 	$(METAL_EMU_DIR)/test_msl_emu
 	$(METAL_EMU_DIR)/test_metal_kernels
+# The strict check: clang compiles the kernels with device / constant / threadgroup as distinct
+# address spaces (shaders/metal/msl_emu.h under H3_MSL_STRICT), so a pointer of one address space
+# handed to another fails as in MSL; tests/metal_emu/strict_bad.metal's three cases must fail.
+# Stock clang cannot take two MSL spellings, so a copy is compiled with them rewritten:
+# [[threadgroup(0)]] (the address-space macro would eat the word) and the explicit instantiations'
+# [[host_name(...)]] (Apple's compiler only). Syntax only: nothing runs.
+METAL_CLANG    ?= clang++
+METAL_STRICT    = build/metal_strict
+METAL_STRICT_FLAGS = -x c++ -std=c++17 -fsyntax-only -Wall -Wextra -Wno-unknown-attributes -DH3_MSL_EMU -DH3_MSL_STRICT
+.PHONY: test-metal-strict
+test-metal-strict: $(METAL_SRC) tests/metal_emu/strict_bad.metal
+	@command -v $(METAL_CLANG) >/dev/null || { echo "test-metal-strict: $(METAL_CLANG) not found"; exit 2; }
+	@mkdir -p $(METAL_STRICT)
+	@cp shaders/metal/msl_emu.h shaders/metal/h3_metal.h $(METAL_STRICT)/
+	@for f in $(wildcard shaders/metal/*.metal) tests/metal_emu/strict_bad.metal; do \
+	  sed -e 's/\[\[threadgroup(/[[h3_threadgroup(/g' -e 's/\[\[host_name([^)]*)\]\]//g' $$f > $(METAL_STRICT)/$${f##*/}; done
+	@for f in $(notdir $(wildcard shaders/metal/*.metal)); do \
+	  $(METAL_CLANG) $(METAL_STRICT_FLAGS) $(METAL_STRICT)/$$f || exit 1; echo "strict: $$f compiles"; done
+	@$(METAL_CLANG) $(METAL_STRICT_FLAGS) $(METAL_STRICT)/strict_bad.metal || exit 1
+	@for c in TG_AS_DEVICE DEVICE_AS_THREAD DEVICE_AS_TG; do \
+	  if $(METAL_CLANG) $(METAL_STRICT_FLAGS) -DH3_BAD_$$c $(METAL_STRICT)/strict_bad.metal 2>$(METAL_STRICT)/bad.log; then \
+	    echo "strict: H3_BAD_$$c compiled: address spaces are not checked"; exit 1; fi; \
+	  echo "strict: H3_BAD_$$c refused: $$(grep -m1 error: $(METAL_STRICT)/bad.log | sed 's/.*error: //')"; done
 # ---- Metal kernels in emulation (end) ---------------------------------------------------------

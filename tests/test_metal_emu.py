@@ -43,3 +43,13 @@ def test_metal_kernels_in_emulation():
     for op in ("linear", "attention", "norm_mod", "gated_add", "gated_add_norm", "qk_norm_rope", "rope", "swiglu",
                "gelu", "mul", "conv_gemm", "conv3d", "snake", "snake_aa", "conv1_clamp", "layernorm", "group_norm"):
         assert seen.get(op, 0) >= 2, f"{op}: {seen.get(op, 0)} cases"
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("METAL_CLANG", "clang++")) is None, reason="no clang++")
+def test_metal_kernels_strict_address_spaces():
+    # clang with distinct address spaces: every kernel compiles, and the three mixed-address-space kernels do not.
+    proc = subprocess.run(["make", "-s", "-C", str(ROOT), "test-metal-strict"], capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert len(re.findall(r"^strict: h3_\w+\.metal compiles$", out, re.M)) >= 5, out
+    assert len(re.findall(r"^strict: H3_BAD_\w+ refused: ", out, re.M)) == 3, out

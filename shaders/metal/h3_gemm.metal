@@ -89,9 +89,10 @@ kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[bu
    row m of the implicit im2col matrix is output position (t, i, j), column k is (dt, dy, dx, c). */
 struct h3m_conv3d_x {
     device const float *x;
-    h3m_conv3d_args g;
+    constant h3m_conv3d_args *gp;
     float at(long m, int k) const
     {
+        constant h3m_conv3d_args &g = *gp;
         const int j = (int)(m % g.Wo), i = (int)(m / g.Wo % g.Ho), t = (int)(m / ((long)g.Wo * g.Ho));
         const int c = k % g.cin, dx = k / g.cin % g.kw, dy = k / (g.cin * g.kw) % g.kh, dt = k / (g.cin * g.kw * g.kh);
         const int tt = t * g.st + dt - g.pad_t;
@@ -111,7 +112,7 @@ kernel void h3m_conv3d(device const float *x [[buffer(0)]], device const float *
                        uint3 tgp [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
                        uint sg [[simdgroup_index_in_threadgroup]])
 {
-    const h3m_conv3d_x xl = {x, g};
+    const h3m_conv3d_x xl = {x, &g};
     const int M = g.To * g.Ho * g.Wo, K = g.kt * g.kh * g.kw * g.cin;
     h3m_gemm_tile(xl, w, bias, y, M, g.cout, K, g.cout, g.has_bias, tg, tgp, tid, sg);
 }

@@ -39,6 +39,13 @@ namespace metal {
 typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned long ulong;
+#ifdef H3_MSL_STRICT
+/* The strict check never runs: 16-bit types stand in for half (clang has no _Float16 on every
+   target) and for bfloat (a class's conversions cannot be called on a device object; clang 14 has
+   no __bf16 on x86), distinct types so each instantiation stays one. */
+typedef __fp16 half;
+typedef short bfloat;
+#else
 typedef _Float16 half;
 
 /* bfloat: the upper 16 bits of an f32; float -> bfloat rounds to nearest even (NaN stays NaN). */
@@ -62,6 +69,7 @@ struct bfloat {
         return f;
     }
 };
+#endif
 
 struct uint3 {
     uint x, y, z;
@@ -344,6 +352,20 @@ inline const char *mma_f(h3emu::lane_slot *s, uint32_t)
 }
 } // namespace h3emu_detail
 
+#ifdef H3_MSL_STRICT
+/* The strict check compiles, it never runs: declarations per address space, as MSL overloads them. */
+#define H3EMU_AS(n) __attribute__((address_space(n)))
+void simdgroup_load(simdgroup_float8x8 &d, const H3EMU_AS(1) float *src, ulong elements_per_row = 8,
+                    ulong2 matrix_origin = 0, bool transpose_matrix = false);
+void simdgroup_load(simdgroup_float8x8 &d, const H3EMU_AS(3) float *src, ulong elements_per_row = 8,
+                    ulong2 matrix_origin = 0, bool transpose_matrix = false);
+void simdgroup_store(simdgroup_float8x8 a, H3EMU_AS(1) float *dst, ulong elements_per_row = 8,
+                     ulong2 matrix_origin = 0, bool transpose_matrix = false);
+void simdgroup_store(simdgroup_float8x8 a, H3EMU_AS(3) float *dst, ulong elements_per_row = 8,
+                     ulong2 matrix_origin = 0, bool transpose_matrix = false);
+void simdgroup_multiply_accumulate(simdgroup_float8x8 &d, const simdgroup_float8x8 &a, const simdgroup_float8x8 &b,
+                                   const simdgroup_float8x8 &c);
+#else
 __attribute__((noinline)) static inline void simdgroup_load(simdgroup_float8x8 &d, const volatile float *src,
                                                             ulong elements_per_row = 8, ulong2 matrix_origin = 0,
                                                             bool transpose_matrix = false)
@@ -370,6 +392,8 @@ __attribute__((noinline)) static inline void simdgroup_multiply_accumulate(simdg
     d = r;
 }
 
+#endif
+
 } // namespace metal
 
 namespace h3emu {
@@ -390,9 +414,19 @@ template <typename T> __attribute__((noinline)) T simd_shuffle_xor(T x, ushort m
    nothing, because the same word names the [[threadgroup(0)]] attribute of a kernel's threadgroup
    memory parameter: [[volatile(0)]] is still an attribute (unknown, ignored), where [[(0)]] would not
    parse. The fibers share that memory; volatile changes nothing else. */
+#ifdef H3_MSL_STRICT
+/* The strict check (clang, `make test-metal-strict`): device, constant and threadgroup are distinct
+   address spaces, so handing a pointer of one to a parameter of another fails to compile as it
+   does in MSL; thread is the default one. The build renames the [[threadgroup(0)]] attribute
+   first (the macro would swallow it). */
+#define device H3EMU_AS(1)
+#define constant const H3EMU_AS(2)
+#define threadgroup H3EMU_AS(3)
+#else
 #define device
 #define constant const
 #define threadgroup volatile
+#endif
 #define thread
 #define kernel
 

@@ -174,6 +174,12 @@ struct stats {
 };
 stats last_stats();
 
+/* Resume runnable fibers from the last thread to the first (default: first to last). Between two
+   waits a thread runs alone, so a kernel that reads another thread's threadgroup or device writes
+   without a barrier sees them in one order and not in the other: running a kernel both ways and
+   comparing the bits exposes the missing barrier. */
+void set_reverse_order(bool on);
+
 } // namespace h3emu
 
 /* ---- MSL functions over the runtime ---- */

@@ -223,3 +223,5 @@ const char *emu_group_norm(const float *x, const float *w, const float *b, float
                        t.simdgroups_per_threadgroup);
     });
 }
+
+void h3emu_reverse(bool on) { h3emu::set_reverse_order(on); }

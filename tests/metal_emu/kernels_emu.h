@@ -32,4 +32,6 @@ const char *emu_snake(const float *x, const float *a, const float *rb, const flo
 const char *emu_conv1_clamp(const float *x, const float *w, float *y, const h3m_conv1_args *a);
 const char *emu_layernorm(const float *x, const float *w, const float *b, float *y, int64_t rows, const h3m_ln_args *a);
 const char *emu_group_norm(const float *x, const float *w, const float *b, float *y, int frames, const h3m_gn_args *a);
+/* the emulator's thread order for the next dispatches (h3emu::set_reverse_order) */
+void h3emu_reverse(bool on);
 #endif

@@ -72,6 +72,7 @@ struct runtime {
     void *ctx;
     void *tgmem;
     stats st;
+    bool reverse; /* resume fibers from the last thread to the first */
 #ifdef H3EMU_UCONTEXT
     ucontext_t sched;
 #else
@@ -282,6 +283,8 @@ void simd_collective(simd_op op, const void *site, const void *in, void *out, bo
 
 stats last_stats() { return R.st; }
 
+void set_reverse_order(bool on) { R.reverse = on; }
+
 /* Messages stay valid for the life of the process (a run after a failed one keeps the old text). */
 static const char *keep(const std::string &m) { return strdup(m.c_str()); }
 
@@ -341,7 +344,8 @@ const char *run(thread_fn fn, void *ctx, uint3 grid, uint3 tpg, size_t tgmem_byt
                 int done = 0;
                 while (done < R.n) {
                     bool progress = false;
-                    for (int i = 0; i < R.n; i++) {
+                    for (int ii = 0; ii < R.n; ii++) {
+                        const int i = R.reverse ? R.n - 1 - ii : ii;
                         if (R.fibers[(size_t)i].st != RUNNABLE) continue;
                         progress = true;
                         resume(i);

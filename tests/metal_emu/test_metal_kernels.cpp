@@ -7,7 +7,9 @@
  *
  * Tolerances are test_backend_ops.c's relative L2 errors: 1e-5 where every operand and output is
  * f32 (weights may be stored bf16 or f16: their values are exact in f32), 4e-3 where activations or
- * outputs are bf16 (as the CUDA backend's bf16 paths). Each kernel also gives the same bits twice.
+ * outputs are bf16 (as the CUDA backend's bf16 paths). linear, attention, norm_mod and conv3d also
+ * run a second time with the emulator resuming threads in the opposite order, and must give the
+ * same bits: a read of another thread's write without a barrier between would differ.
  *
  * One line per case with the measured rel-L2; exit status 1 on any failure.
  */
@@ -171,7 +173,9 @@ static void t_linear(int64_t M, int64_t N, int64_t K, int wdt, int xdt, int ydt,
     bool pad_ok;
     std::vector<float> y = Y.read(&pad_ok);
     poison(Y);
+    h3emu_reverse(true);
     if (!e) e = emu_linear(X.p(), xdt, W.p(), wdt, bias ? bh.data() : nullptr, Y.p(), ydt, &a);
+    h3emu_reverse(false);
     const bool same = Y.read() == y;
     char what[160];
     snprintf(what, sizeof what, "%lldx%lldx%lld W %s X %s Y %s%s%s", (long long)M, (long long)N, (long long)K, dn(wdt),
@@ -216,7 +220,9 @@ static void t_attention(int64_t Lq, int64_t Lk, int H, int KVH, int D, bool caus
     bool pad_ok;
     std::vector<float> o = O.read(&pad_ok);
     poison(O);
+    h3emu_reverse(true);
     if (!e) e = emu_attention(Q.p(), K.p(), V.p(), adt, O.p(), odt, &a);
+    h3emu_reverse(false);
     const bool same = O.read() == o;
     char what[160];
     snprintf(what, sizeof what, "Lq %lld Lk %lld heads %d/%d D %d%s%s QKV %s O %s", (long long)Lq, (long long)Lk, H, KVH,
@@ -260,9 +266,11 @@ static void t_norm(int64_t rows_in, int64_t rows_out, int64_t n, bool gather, bo
                                  mod ? tab.data() : nullptr, mod ? ent.data() : nullptr, Y.p(), ydt, rows_out, &a);
     std::vector<float> y = Y.read();
     poison(Y);
+    h3emu_reverse(true);
     if (!e)
         e = emu_norm_mod(X.p(), xdt, gather ? idx.data() : nullptr, w ? wh.data() : nullptr, mod ? tab.data() : nullptr,
                          mod ? ent.data() : nullptr, Y.p(), ydt, rows_out, &a);
+    h3emu_reverse(false);
     const bool same = Y.read() == y;
     char what[160];
     snprintf(what, sizeof what, "%lld->%lld rows x %lld%s%s%s x %s y %s", (long long)rows_in, (long long)rows_out,
@@ -583,7 +591,9 @@ static void t_conv3d(const int gg[16], const char *name)
     const char *e = emu_conv3d(x.data(), w.data(), bias.data(), y.data(), &g);
     std::vector<float> y1 = y;
     std::fill(y.begin(), y.end(), NAN);
+    h3emu_reverse(true);
     if (!e) e = emu_conv3d(x.data(), w.data(), bias.data(), y.data(), &g);
+    h3emu_reverse(false);
     char what[160];
     snprintf(what, sizeof what, "%s %dx%dx%dx%d->%d k%dx%dx%d s%dx%dx%d", name, g.T, g.H, g.W, g.cin, g.cout, g.kt, g.kh,
              g.kw, g.st, g.sh, g.sw);

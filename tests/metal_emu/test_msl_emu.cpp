@@ -115,6 +115,13 @@ kernel void k_nonuniform_load(device const float *A, device float *C, uint lane)
     simdgroup_store(a, C);
 }
 
+/* reads a neighbour's slot without a barrier: what it sees depends on the thread order */
+kernel void k_missing_barrier(device int *out, threadgroup int *tg, uint tid, uint n)
+{
+    tg[tid] = (int)tid;
+    out[tid] = tg[(tid + 1) % n];
+}
+
 /* ---- checks ---- */
 
 static void t_barrier()
@@ -241,12 +248,31 @@ static void t_faults()
     EXPECT(e && strstr(e, "1024"), "1025 threads per threadgroup must be refused");
 }
 
+static void t_order()
+{
+    static int fwd[64], rev[64];
+    for (int pass = 0; pass < 2; pass++) {
+        h3emu::set_reverse_order(pass == 1);
+        int *out = pass ? rev : fwd;
+        const char *e = h3emu::dispatch({1, 1, 1}, {64, 1, 1}, 64 * sizeof(int), [&](const h3emu::ids &t, void *tg) {
+            k_missing_barrier(out, (int *)tg, t.thread_index_in_threadgroup, 64);
+        });
+        EXPECT(!e, "missing barrier: %s", e ? e : "");
+    }
+    h3emu::set_reverse_order(false);
+    /* first to last: thread 0 reads slot 1 before thread 1 wrote it (the 0xFF fill); last to first:
+       it reads 1 */
+    EXPECT(fwd[0] == -1 && rev[0] == 1, "a missing barrier must show as different results (%d, %d)", fwd[0], rev[0]);
+    printf("missing barrier: thread 0 reads %d first to last, %d last to first\n", fwd[0], rev[0]);
+}
+
 int main()
 {
     t_barrier();
     t_simd();
     t_mma();
     t_faults();
+    t_order();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

@@ -247,9 +247,14 @@ $(METAL_EMU_DIR)/kernels_emu.o: tests/metal_emu/kernels_emu.cpp tests/metal_emu/
 	$(METAL_CXX) $(METAL_CXXFLAGS) -Wno-attributes -c -o $@ $<
 $(METAL_EMU_DIR)/test_msl_emu: tests/metal_emu/test_msl_emu.cpp $(METAL_EMU_DIR)/msl_emu.o shaders/metal/msl_emu.h
 	$(METAL_CXX) $(METAL_CXXFLAGS) -Wno-attributes -o $@ $< $(METAL_EMU_DIR)/msl_emu.o
+# libh3's step function, which the euler kernel must reproduce bit for bit.
+$(METAL_EMU_DIR)/schedule.o: libh3/core/schedule.c libh3/core/schedule.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Ilibh3 -c -o $@ $<
 $(METAL_EMU_DIR)/test_metal_kernels: tests/metal_emu/test_metal_kernels.cpp tests/metal_emu/kernels_emu.h \
-                                     $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o
-	$(METAL_CXX) $(METAL_CXXFLAGS) -o $@ $< $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o
+                                     $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o $(METAL_EMU_DIR)/schedule.o
+	$(METAL_CXX) $(METAL_CXXFLAGS) -o $@ $< $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o \
+	  $(METAL_EMU_DIR)/schedule.o -lm
 .PHONY: test-metal-emu
 test-metal-emu: $(METAL_EMU_DIR)/test_msl_emu $(METAL_EMU_DIR)/test_metal_kernels
 	$(METAL_EMU_DIR)/test_msl_emu

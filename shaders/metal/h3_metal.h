@@ -89,6 +89,17 @@ typedef struct h3m_gn_args {
     float eps;
 } h3m_gn_args;
 
+/* The step's and the speed knobs' element-wise ops over n values (grid ceil(n / threads)), and
+   the row copies (grid (ceil(cols / threads), rows)): h3_knobs.metal. */
+typedef struct h3m_knob_args {
+    int n, has_b;
+    float r, t, sigma, sigma_next;
+} h3m_knob_args;
+typedef struct h3m_rowop_args {
+    int n, lda, ldb, ldy;
+    float div;
+} h3m_rowop_args;
+
 #if defined(__METAL_VERSION__) || defined(H3_MSL_EMU)
 
 /* Loads give f32 whatever the storage type; stores round once (to nearest even). */

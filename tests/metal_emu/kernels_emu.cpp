@@ -12,6 +12,7 @@ using namespace metal;
 #include "../../shaders/metal/h3_rows.metal"
 #include "../../shaders/metal/h3_eltwise.metal"
 #include "../../shaders/metal/h3_decoders.metal"
+#include "../../shaders/metal/h3_knobs.metal"
 #include "kernels_emu.h"
 
 static uint cdiv(int64_t a, int64_t b) { return (uint)((a + b - 1) / b); }
@@ -225,3 +226,45 @@ const char *emu_group_norm(const float *x, const float *w, const float *b, float
 }
 
 void h3emu_reverse(bool on) { h3emu::set_reverse_order(on); }
+
+const char *emu_euler(float *x, const float *v, const h3m_knob_args *a)
+{
+    return h3emu::dispatch({cdiv(a->n, 256), 1, 1}, {256, 1, 1}, 0,
+                           [&](const h3emu::ids &t, void *) { h3m_euler(x, v, *a, t.thread_position_in_grid); });
+}
+const char *emu_extrapolate(float *out, const float *x, const float *b, const h3m_knob_args *a)
+{
+    return h3emu::dispatch({cdiv(a->n, 256), 1, 1}, {256, 1, 1}, 0, [&](const h3emu::ids &t, void *) {
+        h3m_extrapolate(out, x, b, *a, t.thread_position_in_grid);
+    });
+}
+const char *emu_sub(float *out, const float *x, const float *b, const h3m_knob_args *a)
+{
+    return h3emu::dispatch({cdiv(a->n, 256), 1, 1}, {256, 1, 1}, 0,
+                           [&](const h3emu::ids &t, void *) { h3m_sub(out, x, b, *a, t.thread_position_in_grid); });
+}
+const char *emu_pool_pairs(const float *src, const int64_t *pairs, float *dst, int64_t rows, const h3m_rowop_args *a)
+{
+    return h3emu::dispatch({cdiv(a->n, 256), (uint)rows, 1}, {256, 1, 1}, 0, [&](const h3emu::ids &t, void *) {
+        h3m_pool_pairs(src, (const long *)pairs, dst, *a, t.thread_position_in_grid);
+    });
+}
+const char *emu_unpool_pairs(const float *red, const float *base, const int64_t *pairs, float *full, int64_t rows,
+                             const h3m_rowop_args *a)
+{
+    return h3emu::dispatch({cdiv(a->n, 256), (uint)rows, 1}, {256, 1, 1}, 0, [&](const h3emu::ids &t, void *) {
+        h3m_unpool_pairs(red, base, (const long *)pairs, full, *a, t.thread_position_in_grid);
+    });
+}
+const char *emu_scatter_rows(const float *src, const int64_t *idx, float *dst, int64_t rows, const h3m_rowop_args *a)
+{
+    const int has_idx = idx != nullptr;
+    return h3emu::dispatch({cdiv(a->n, 256), (uint)rows, 1}, {256, 1, 1}, 0, [&](const h3emu::ids &t, void *) {
+        h3m_scatter_rows(src, (const long *)idx, dst, *a, has_idx, t.thread_position_in_grid);
+    });
+}
+const char *emu_add_div(float *y, const float *x, int64_t rows, const h3m_rowop_args *a)
+{
+    return h3emu::dispatch({cdiv(a->n, 256), (uint)rows, 1}, {256, 1, 1}, 0,
+                           [&](const h3emu::ids &t, void *) { h3m_add_div(y, x, *a, t.thread_position_in_grid); });
+}

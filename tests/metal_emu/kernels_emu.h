@@ -32,6 +32,14 @@ const char *emu_snake(const float *x, const float *a, const float *rb, const flo
 const char *emu_conv1_clamp(const float *x, const float *w, float *y, const h3m_conv1_args *a);
 const char *emu_layernorm(const float *x, const float *w, const float *b, float *y, int64_t rows, const h3m_ln_args *a);
 const char *emu_group_norm(const float *x, const float *w, const float *b, float *y, int frames, const h3m_gn_args *a);
+const char *emu_euler(float *x, const float *v, const h3m_knob_args *a);
+const char *emu_extrapolate(float *out, const float *x, const float *b, const h3m_knob_args *a);
+const char *emu_sub(float *out, const float *x, const float *b, const h3m_knob_args *a);
+const char *emu_pool_pairs(const float *src, const int64_t *pairs, float *dst, int64_t rows, const h3m_rowop_args *a);
+const char *emu_unpool_pairs(const float *red, const float *base, const int64_t *pairs, float *full, int64_t rows,
+                             const h3m_rowop_args *a);
+const char *emu_scatter_rows(const float *src, const int64_t *idx, float *dst, int64_t rows, const h3m_rowop_args *a);
+const char *emu_add_div(float *y, const float *x, int64_t rows, const h3m_rowop_args *a);
 /* the emulator's thread order for the next dispatches (h3emu::set_reverse_order) */
 void h3emu_reverse(bool on);
 #endif

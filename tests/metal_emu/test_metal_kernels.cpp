@@ -15,6 +15,11 @@
  */
 #include "kernels_emu.h"
 
+/* libh3's own step (libh3/core/schedule.c, linked in) is what euler must reproduce bit for bit; its
+   error reporter is the only other symbol it needs. */
+extern "C" void h3_sched_euler(float *x, const float *v, int64_t n, float t, float sigma, float sigma_next);
+extern "C" int h3_err(int code, const char *fmt, ...) { (void)fmt; return -code; }
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -757,6 +762,148 @@ static void t_gn(int frames, int64_t pixels, int C, int groups, bool silu, bool 
     report("group_norm", what, rel_l2(out, ref.data(), (size_t)n), TOL_F32, e);
 }
 
+/* ---- the step and the speed knobs: the CPU's bits (euler against libh3's function; the others against
+   the CPU's statements, libh3/backend/cpu/cpu_extra.c and cpu_models.c, replicated here) ---- */
+static void report_bits(const char *op, const char *what, bool same, const char *e)
+{
+    checks++;
+    const bool ok = !e && same;
+    if (e)
+        printf("metal %-14s %-50s emulator: %s  FAIL\n", op, what, e);
+    else
+        printf("metal %-14s %-50s %s\n", op, what, same ? "bit-identical" : "BITS DIFFER  FAIL");
+    if (!ok) failures++;
+}
+
+static void t_knobs(int64_t n)
+{
+    std::vector<float> x((size_t)n), v((size_t)n), b((size_t)n), want((size_t)n), got((size_t)n);
+    for (int64_t i = 0; i < n; i++) x[(size_t)i] = rnd(2.0f), v[(size_t)i] = rnd(1.5f), b[(size_t)i] = rnd(2.0f);
+    char what[96];
+    snprintf(what, sizeof what, "%lld values", (long long)n);
+    /* euler: libh3's h3_sched_euler itself */
+    const float t = 0.6180339f, sigma = 0.7316f, sigma_next = 0.4129f;
+    {
+        want = x;
+        h3_sched_euler(want.data(), v.data(), n, t, sigma, sigma_next);
+        got = x;
+        h3m_knob_args a = {(int)n, 0, 0.0f, t, sigma, sigma_next};
+        const char *e = emu_euler(got.data(), v.data(), &a);
+        report_bits("euler", what, got == want, e);
+    }
+    /* extrapolate out = a + r (a - b), in place over a; then without b (a copy) */
+    {
+        const float r = 0.37f;
+        for (int64_t i = 0; i < n; i++) {
+            const float d = x[(size_t)i] - b[(size_t)i], p = r * d;
+            want[(size_t)i] = x[(size_t)i] + p;
+        }
+        got = x;
+        h3m_knob_args a = {(int)n, 1, r, 0, 0, 0};
+        const char *e = emu_extrapolate(got.data(), got.data(), b.data(), &a);
+        report_bits("extrapolate", what, got == want, e);
+        std::vector<float> cp((size_t)n, NAN);
+        a.has_b = 0;
+        e = emu_extrapolate(cp.data(), x.data(), nullptr, &a);
+        report_bits("extrapolate", "copy (b = NULL)", cp == x, e);
+        for (int64_t i = 0; i < n; i++) want[(size_t)i] = x[(size_t)i] - b[(size_t)i];
+        got = b;
+        e = emu_sub(got.data(), x.data(), got.data(), &a); /* out = b */
+        report_bits("sub", what, got == want, e);
+    }
+}
+
+static void t_rowops(int64_t rows, int64_t n)
+{
+    const int64_t ld = n + 3, full_rows = 2 * rows + 1;
+    mat S = mk(EMU_F32, full_rows, n, ld, 1.5f, true);
+    /* pairs over a permutation of the full rows: (2j, 2j+1) mostly, every fifth a single row */
+    std::vector<int64_t> pairs((size_t)(2 * rows));
+    std::vector<int64_t> perm((size_t)full_rows);
+    for (int64_t i = 0; i < full_rows; i++) perm[(size_t)i] = (i * 7 + 3) % full_rows; /* 7 and 2 rows + 1 coprime? checked below */
+    std::vector<bool> used((size_t)full_rows, false);
+    for (int64_t i = 0; i < full_rows; i++) used[(size_t)perm[(size_t)i]] = true;
+    bool perm_ok = true;
+    for (bool u : used) perm_ok = perm_ok && u;
+    if (!perm_ok)
+        for (int64_t i = 0; i < full_rows; i++) perm[(size_t)i] = i;
+    for (int64_t j = 0; j < rows; j++) {
+        pairs[(size_t)(2 * j)] = perm[(size_t)(2 * j)];
+        pairs[(size_t)(2 * j + 1)] = j % 5 == 4 ? -1 : perm[(size_t)(2 * j + 1)];
+    }
+    const float *sv = S.v.data();
+    char what[96];
+    snprintf(what, sizeof what, "%lld pairs x %lld, strided", (long long)rows, (long long)n);
+    /* pool */
+    std::vector<float> pooled((size_t)(rows * n)), got((size_t)(rows * (n + 1)), NAN);
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t p0 = pairs[(size_t)(2 * j)], p1 = pairs[(size_t)(2 * j + 1)];
+            if (p1 < 0) {
+                pooled[(size_t)(j * n + i)] = sv[p0 * ld + i];
+            } else {
+                const float s = sv[p0 * ld + i] + sv[p1 * ld + i];
+                pooled[(size_t)(j * n + i)] = s * 0.5f;
+            }
+        }
+    h3m_rowop_args a = {(int)n, (int)ld, 0, (int)(n + 1), 0.0f};
+    const char *e = emu_pool_pairs(sv, pairs.data(), got.data(), rows, &a);
+    bool same = true;
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t i = 0; i < n; i++) same = same && got[(size_t)(j * (n + 1) + i)] == pooled[(size_t)(j * n + i)];
+    for (int64_t j = 0; j < rows; j++) same = same && isnan(got[(size_t)(j * (n + 1) + n)]);
+    report_bits("pool_pairs", what, same, e);
+    /* unpool: red = pooled + noise, base = pooled */
+    std::vector<float> red((size_t)(rows * n)), full(S.v.begin(), S.v.end()), fwant = full;
+    for (size_t i = 0; i < red.size(); i++) red[i] = pooled[i] + rnd(0.1f);
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t p0 = pairs[(size_t)(2 * j)], p1 = pairs[(size_t)(2 * j + 1)];
+            const float y = red[(size_t)(j * n + i)];
+            if (p1 < 0) {
+                fwant[(size_t)(p0 * ld + i)] = y;
+            } else {
+                const float d = y - pooled[(size_t)(j * n + i)];
+                fwant[(size_t)(p0 * ld + i)] = fwant[(size_t)(p0 * ld + i)] + d;
+                fwant[(size_t)(p1 * ld + i)] = fwant[(size_t)(p1 * ld + i)] + d;
+            }
+        }
+    h3m_rowop_args u = {(int)n, (int)n, (int)n, (int)ld, 0.0f};
+    e = emu_unpool_pairs(red.data(), pooled.data(), pairs.data(), full.data(), rows, &u);
+    same = true;
+    for (size_t i = 0; i < full.size(); i++) same = same && (full[i] == fwant[i] || (isnan(full[i]) && isnan(fwant[i])));
+    report_bits("unpool_pairs", what, same, e);
+    /* scatter_rows, copy, add_div */
+    std::vector<float> dst((size_t)(full_rows * ld), NAN), dwant = dst;
+    std::vector<int64_t> idx((size_t)rows);
+    for (int64_t j = 0; j < rows; j++) idx[(size_t)j] = perm[(size_t)j];
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t i = 0; i < n; i++) dwant[(size_t)(idx[(size_t)j] * ld + i)] = red[(size_t)(j * n + i)];
+    h3m_rowop_args c = {(int)n, (int)n, 0, (int)ld, 0.0f};
+    e = emu_scatter_rows(red.data(), idx.data(), dst.data(), rows, &c);
+    same = true;
+    for (size_t i = 0; i < dst.size(); i++) same = same && (dst[i] == dwant[i] || (isnan(dst[i]) && isnan(dwant[i])));
+    report_bits("scatter_rows", what, same, e);
+    std::vector<float> cp((size_t)(rows * ld), NAN);
+    e = emu_scatter_rows(red.data(), nullptr, cp.data(), rows, &c);
+    same = true;
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t i = 0; i < ld; i++)
+            same = same && (i < n ? cp[(size_t)(j * ld + i)] == red[(size_t)(j * n + i)] : isnan(cp[(size_t)(j * ld + i)]));
+    report_bits("copy", what, same, e);
+    std::vector<float> y = cp, ywant = cp;
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t i = 0; i < n; i++) {
+            const float s = ywant[(size_t)(j * ld + i)] + pooled[(size_t)(j * n + i)];
+            ywant[(size_t)(j * ld + i)] = s / 3.0f;
+        }
+    h3m_rowop_args ad = {(int)n, (int)n, 0, (int)ld, 3.0f};
+    e = emu_add_div(y.data(), pooled.data(), rows, &ad);
+    same = true;
+    for (size_t i = 0; i < y.size(); i++) same = same && (y[i] == ywant[i] || (isnan(y[i]) && isnan(ywant[i])));
+    report_bits("add_div", what, same, e);
+}
+
 int main()
 {
     const int F = EMU_F32, B = EMU_BF16;
@@ -890,6 +1037,13 @@ int main()
     t_gn(3, 37, 12, 4, true, false);
     t_gn(2, 1, 30, 3, false, true);
     t_gn(1, 4096, 64, 32, true, true);
+
+    t_knobs(1);
+    t_knobs(100003);
+    t_rowops(7, 64);
+    t_rowops(333, 130);
+    /* long sequences: 20,000 query rows are 5,000 query blocks of one dispatch */
+    t_attention(20000, 33, 1, 1, 16, false, 0, F, F);
 
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

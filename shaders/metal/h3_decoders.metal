@@ -1,7 +1,8 @@
 /*
  * The decoders' and the audio encoder's ops, libh3's (backend.h): snake and snake_aa (BigVGAN's and
  * DAC's activations into a phased, zero-margined buffer), conv1_clamp (conv_post and the clamp),
- * layernorm and group_norm (+ SiLU). conv_gemm and conv3d are the GEMM of h3_gemm.metal. The
+ * layernorm and group_norm (+ SiLU), head_pool (the audio encoder's pre_block reduction), and the
+ * video decoder's data moves channels_last and unpatchify (exact: the CPU's bits). conv_gemm and conv3d are the GEMM of h3_gemm.metal. The
  * statistics are f32 sums in a fixed order (Metal has no double): mean, then the variance around
  * it, each over the threadgroup as h3m_tg_sum adds.
  */
@@ -137,4 +138,58 @@ kernel void h3m_group_norm(device const float *x [[buffer(0)]], device const flo
         const float o = (xf[i] - mean) * inv * w[c] + b[c];
         yf[i] = a.silu ? h3m_silu(o) : o;
     }
+}
+
+/* head_pool: m[i] = (sum over heads of x[h D + i]) / heads, then y[j] = the mean of m over
+   adaptive_avg_pool1d's window [floor(j D / n), ceil((j + 1) D / n)). */
+kernel void h3m_head_pool(device const float *x [[buffer(0)]], device float *y [[buffer(1)]],
+                          constant h3m_head_pool_args &a [[buffer(2)]], uint3 gid [[thread_position_in_grid]])
+{
+    const int j = (int)gid.x;
+    const long r = gid.y;
+    if (j >= a.n) return;
+    const int s0 = (int)(((long)j * a.D) / a.n), e0 = (int)(((long)(j + 1) * a.D + a.n - 1) / a.n);
+    device const float *xr = x + r * a.ldx;
+    float s = 0.0f;
+    for (int i = s0; i < e0; i++) {
+        float m = 0.0f;
+        for (int h = 0; h < a.heads; h++) m += xr[(long)h * a.D + i];
+        s += m / (float)a.heads;
+    }
+    y[r * a.ldy + j] = s / (float)(e0 - s0);
+}
+
+/* channels_last: column c of row (t ny + i) nx + j is x[c cs + min(t, t_avail - 1) ts + i rs + j]
+   * scale[c] + shift[c], the product rounded before the sum. */
+kernel void h3m_channels_last(device const float *x [[buffer(0)]], device const float *scale [[buffer(1)]],
+                              device const float *shift [[buffer(2)]], device float *y [[buffer(3)]],
+                              constant h3m_cl_args &a [[buffer(4)]], uint3 gid [[thread_position_in_grid]])
+{
+    const int c = (int)gid.x;
+    const long r = gid.y;
+    if (c >= a.C || r >= (long)a.nt * a.ny * a.nx) return;
+    long t = r / ((long)a.ny * a.nx);
+    const long i = (r / a.nx) % a.ny, j = r % a.nx;
+    if (t > a.t_avail - 1) t = a.t_avail - 1;
+    const float v = x[(long)c * a.cs + t * a.ts + i * a.rs + j];
+    const float p = v * scale[c];
+    y[r * a.ldy + c] = p + shift[c];
+}
+
+/* unpatchify: value (c, a, by, bx) of token tok0 + i goes to frame fmap[t pt + a] (dropped when
+   negative) of dst [frames][C][gh ps][gw ps]. */
+kernel void h3m_unpatchify(device const float *src [[buffer(0)]], device const int *fmap [[buffer(1)]],
+                           device float *dst [[buffer(2)]], constant h3m_unpatch_args &a [[buffer(3)]],
+                           uint3 gid [[thread_position_in_grid]])
+{
+    const int e = (int)gid.x;
+    const long i = gid.y;
+    const int cols = a.C * a.pt * a.ps * a.ps;
+    if (e >= cols) return;
+    const int bx = e % a.ps, by = e / a.ps % a.ps, pa = e / (a.ps * a.ps) % a.pt, c = e / (a.ps * a.ps * a.pt);
+    const long tok = a.tok0 + i, t = tok / ((long)a.gh * a.gw), yy = (tok / a.gw) % a.gh, xx = tok % a.gw;
+    const int f = fmap[t * a.pt + pa];
+    if (f < 0) return;
+    const long th = (long)a.gh * a.ps, tw = (long)a.gw * a.ps;
+    dst[(((long)f * a.C + c) * th + yy * a.ps + by) * tw + xx * a.ps + bx] = src[i * a.lds + e];
 }

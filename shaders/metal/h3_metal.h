@@ -100,6 +100,18 @@ typedef struct h3m_rowop_args {
     float div;
 } h3m_rowop_args;
 
+/* head_pool: one thread per (output column, row). channels_last: one thread per (channel, row).
+   unpatchify: one thread per (source column, token row). Grids (ceil(cols / threads), rows). */
+typedef struct h3m_head_pool_args {
+    int heads, D, n, ldx, ldy;
+} h3m_head_pool_args;
+typedef struct h3m_cl_args {
+    int C, cs, ts, rs, nt, t_avail, ny, nx, ldy;
+} h3m_cl_args;
+typedef struct h3m_unpatch_args {
+    int tok0, gh, gw, C, pt, ps, lds;
+} h3m_unpatch_args;
+
 #if defined(__METAL_VERSION__) || defined(H3_MSL_EMU)
 
 /* Loads give f32 whatever the storage type; stores round once (to nearest even). */

@@ -268,3 +268,23 @@ const char *emu_add_div(float *y, const float *x, int64_t rows, const h3m_rowop_
     return h3emu::dispatch({cdiv(a->n, 256), (uint)rows, 1}, {256, 1, 1}, 0,
                            [&](const h3emu::ids &t, void *) { h3m_add_div(y, x, *a, t.thread_position_in_grid); });
 }
+
+const char *emu_head_pool(const float *x, float *y, int64_t rows, const h3m_head_pool_args *a)
+{
+    return h3emu::dispatch({cdiv(a->n, 32), (uint)rows, 1}, {32, 1, 1}, 0,
+                           [&](const h3emu::ids &t, void *) { h3m_head_pool(x, y, *a, t.thread_position_in_grid); });
+}
+const char *emu_channels_last(const float *x, const float *scale, const float *shift, float *y, const h3m_cl_args *a)
+{
+    const int64_t rows = (int64_t)a->nt * a->ny * a->nx;
+    return h3emu::dispatch({cdiv(a->C, 32), (uint)rows, 1}, {32, 1, 1}, 0, [&](const h3emu::ids &t, void *) {
+        h3m_channels_last(x, scale, shift, y, *a, t.thread_position_in_grid);
+    });
+}
+const char *emu_unpatchify(const float *src, const int32_t *fmap, float *dst, int64_t rows, const h3m_unpatch_args *a)
+{
+    const int cols = a->C * a->pt * a->ps * a->ps;
+    return h3emu::dispatch({cdiv(cols, 64), (uint)rows, 1}, {64, 1, 1}, 0, [&](const h3emu::ids &t, void *) {
+        h3m_unpatchify(src, fmap, dst, *a, t.thread_position_in_grid);
+    });
+}

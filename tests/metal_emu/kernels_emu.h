@@ -40,6 +40,9 @@ const char *emu_unpool_pairs(const float *red, const float *base, const int64_t 
                              const h3m_rowop_args *a);
 const char *emu_scatter_rows(const float *src, const int64_t *idx, float *dst, int64_t rows, const h3m_rowop_args *a);
 const char *emu_add_div(float *y, const float *x, int64_t rows, const h3m_rowop_args *a);
+const char *emu_head_pool(const float *x, float *y, int64_t rows, const h3m_head_pool_args *a);
+const char *emu_channels_last(const float *x, const float *scale, const float *shift, float *y, const h3m_cl_args *a);
+const char *emu_unpatchify(const float *src, const int32_t *fmap, float *dst, int64_t rows, const h3m_unpatch_args *a);
 /* the emulator's thread order for the next dispatches (h3emu::set_reverse_order) */
 void h3emu_reverse(bool on);
 #endif

@@ -904,6 +904,90 @@ static void t_rowops(int64_t rows, int64_t n)
     report_bits("add_div", what, same, e);
 }
 
+static void t_head_pool(int64_t rows, int heads, int D, int out, int64_t xpad)
+{
+    mat X = mk(EMU_F32, rows, (int64_t)heads * D, (int64_t)heads * D + xpad, 1.0f, true);
+    mat Y = mk(EMU_F32, rows, out, out, 1.0f, false);
+    std::vector<double> ref((size_t)(rows * out)), mean((size_t)D);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int i = 0; i < D; i++) {
+            double s = 0;
+            for (int h = 0; h < heads; h++) s += X.v[(size_t)(r * X.ld + (int64_t)h * D + i)];
+            mean[(size_t)i] = s / heads;
+        }
+        for (int o = 0; o < out; o++) {
+            const int s0 = (int)floor((double)o * D / out), e0 = (int)ceil((double)(o + 1) * D / out);
+            double s = 0;
+            for (int i = s0; i < e0; i++) s += mean[(size_t)i];
+            ref[(size_t)(r * out + o)] = s / (e0 - s0);
+        }
+    }
+    h3m_head_pool_args a = {heads, D, out, (int)X.ld, (int)Y.ld};
+    const char *e = emu_head_pool((const float *)X.p(), (float *)Y.p(), rows, &a);
+    std::vector<float> y = Y.read();
+    char what[160];
+    snprintf(what, sizeof what, "%lld rows, %d heads x %d -> %d, row pad %lld", (long long)rows, heads, D, out,
+             (long long)xpad);
+    report("head_pool", what, rel_l2(y.data(), ref.data(), y.size()), TOL_F32, e);
+}
+
+static void t_channels_last(int C, int T, int nt, int t_avail, int ny, int nx, bool audio_layout)
+{
+    const int64_t rs = audio_layout ? 0 : nx + 2, ts = audio_layout ? 1 : ny * rs + 1, cs = audio_layout ? T : T * ts + 3;
+    std::vector<float> x((size_t)(C * cs + 8)), sc((size_t)C), sh((size_t)C);
+    for (auto &v : x) v = rnd(2.0f);
+    for (int c = 0; c < C; c++) sc[(size_t)c] = 0.5f + fabsf(rnd(1.5f)), sh[(size_t)c] = rnd(0.5f);
+    const int64_t rows = (int64_t)nt * ny * nx;
+    mat Y = mk(EMU_F32, rows, C, C + 3, 1.0f, false);
+    std::vector<float> want((size_t)(rows * C));
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = r / ((int64_t)ny * nx), i = (r / nx) % ny, j = r % nx;
+        if (t > t_avail - 1) t = t_avail - 1;
+        for (int c = 0; c < C; c++) {
+            const float p = x[(size_t)(c * cs + t * ts + i * rs + j)] * sc[(size_t)c];
+            want[(size_t)(r * C + c)] = p + sh[(size_t)c];
+        }
+    }
+    h3m_cl_args a = {C, (int)cs, (int)ts, (int)rs, nt, t_avail, ny, nx, (int)Y.ld};
+    const char *e = emu_channels_last(x.data(), sc.data(), sh.data(), (float *)Y.p(), &a);
+    bool pad_ok;
+    std::vector<float> y = Y.read(&pad_ok);
+    char what[160];
+    snprintf(what, sizeof what, "C %d, %d of %d frames, %d x %d%s", C, t_avail, nt, ny, nx,
+             audio_layout ? " (audio layout)" : " strided");
+    report_bits("channels_last", what, pad_ok && y == want, e);
+}
+
+static void t_unpatchify(int64_t tok0, int64_t rows, int gh, int gw, int C, int pt, int ps)
+{
+    const int cols = C * pt * ps * ps;
+    const int nt = (int)((tok0 + rows + (int64_t)gh * gw - 1) / ((int64_t)gh * gw));
+    std::vector<int32_t> fmap((size_t)(nt * pt));
+    int frames = 0;
+    for (int f = 0; f < nt * pt; f++) fmap[(size_t)f] = f % 3 == 1 ? -1 : frames++;
+    mat S = mk(EMU_F32, rows, cols, cols + 5, 1.0f, true);
+    const int64_t th = (int64_t)gh * ps, tw = (int64_t)gw * ps, nd = (int64_t)frames * C * th * tw;
+    std::vector<uint32_t> dst((size_t)(nd + 1), 0xFFFFFFFFu), want = dst;
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t tok = tok0 + i, t = tok / ((int64_t)gh * gw), yy = (tok / gw) % gh, xx = tok % gw;
+        for (int c = 0; c < C; c++)
+            for (int a = 0; a < pt; a++) {
+                const int f = fmap[(size_t)(t * pt + a)];
+                if (f < 0) continue;
+                for (int by = 0; by < ps; by++)
+                    for (int bx = 0; bx < ps; bx++)
+                        memcpy(&want[(size_t)((((int64_t)f * C + c) * th + yy * ps + by) * tw + xx * ps + bx)],
+                               &S.v[(size_t)(i * S.ld + ((c * pt + a) * ps + by) * ps + bx)], 4);
+            }
+    }
+    h3m_unpatch_args a = {(int)tok0, gh, gw, C, pt, ps, (int)S.ld};
+    const char *e = emu_unpatchify((const float *)S.p(), fmap.data(), (float *)dst.data(), rows, &a);
+    char what[160];
+    snprintf(what, sizeof what, "tokens %lld+%lld of %d x %d, C %d, pt %d, ps %d", (long long)tok0, (long long)rows, gh,
+             gw, C, pt, ps);
+    report_bits("unpatchify", what, dst == want, e);
+}
+
 int main()
 {
     const int F = EMU_F32, B = EMU_BF16;
@@ -1042,6 +1126,18 @@ int main()
     t_knobs(100003);
     t_rowops(7, 64);
     t_rowops(333, 130);
+    t_head_pool(1, 1, 5, 5, 0);
+    t_head_pool(13, 8, 64, 32, 3); /* the release's runs of 8 (256 -> 32) at a smaller width */
+    t_head_pool(7, 3, 7, 3, 0);    /* windows overlap: 7 -> 3 */
+    t_head_pool(5, 2, 5, 7, 1);    /* more outputs than inputs */
+    t_head_pool(33, 3, 40, 7, 1);
+    t_channels_last(5, 4, 6, 4, 3, 7, false);
+    t_channels_last(24, 3, 3, 3, 16, 16, false);
+    t_channels_last(32, 41, 41, 41, 1, 1, true);
+    t_unpatchify(0, 24, 2, 3, 3, 4, 2);
+    t_unpatchify(5, 37, 3, 5, 3, 2, 4);
+    t_unpatchify(0, 12, 4, 3, 5, 1, 3);
+
     /* long sequences: 20,000 query rows are 5,000 query blocks of one dispatch */
     t_attention(20000, 33, 1, 1, 16, false, 0, F, F);
 

@@ -41,7 +41,8 @@ def test_metal_kernels_in_emulation():
             assert err <= tol and "FAIL" not in m.group(5), line
             seen[op] = seen.get(op, 0) + 1
     for op in ("linear", "attention", "norm_mod", "gated_add", "gated_add_norm", "qk_norm_rope", "rope", "swiglu",
-               "gelu", "mul", "conv_gemm", "conv3d", "snake", "snake_aa", "conv1_clamp", "layernorm", "group_norm", "head_pool"):
+               "gelu", "mul", "conv_gemm", "conv3d", "snake", "snake_aa", "conv1_clamp", "layernorm", "group_norm", "head_pool",
+               "abs_diff_sum"):
         assert seen.get(op, 0) >= 2, f"{op}: {seen.get(op, 0)} cases"
     # the ops that must give the CPU's bits
     assert "BITS DIFFER" not in out

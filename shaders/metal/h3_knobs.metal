@@ -1,7 +1,7 @@
 /*
  * The sampler's step and the speed knobs' element-wise arithmetic (libh3's euler, extrapolate, sub,
- * pool_pairs, unpool_pairs) and the row moves (scatter_rows, copy, add_div), backend.h. These must
- * give the CPU's bits: every operation is its own statement, in the CPU's order, so a compile
+ * pool_pairs, unpool_pairs), the row moves (scatter_rows, copy, add_div) and the step cache's
+ * abs_diff_sum, backend.h. All but the last must give the CPU's bits: every operation is its own statement, in the CPU's order, so a compile
  * without fast math (which contracts only within one expression) rounds each one to f32 as the
  * CPU does; no multiply-add is fused.
  */
@@ -115,4 +115,64 @@ kernel void h3m_add_div(device float *y [[buffer(0)]], device const float *x [[b
     if (i >= a.n) return;
     const float s = y[r * a.ldy + i] + x[r * a.lda + i];
     y[r * a.ldy + i] = s / a.div;
+}
+
+/* ---- abs_diff_sum: sum |a - b| and sum |b| to double precision without double (Metal has none).
+   Each value is exact as an unevaluated pair hi + lo of floats (|a - b| too: the difference's
+   rounding error is recovered exactly), and the pairs add with error-free transformations, about
+   44 bits of precision. Blocks of H3M_ADS_BLOCK values, one threadgroup of H3M_ADS_THREADS each,
+   in a fixed order; the host adds the blocks' pairs in double, in block order. Needs fast math off
+   (it would simplify the error terms away). */
+
+/* s + e = a + b exactly (Knuth's TwoSum). */
+inline void h3m_two_sum(float a, float b, thread float &s, thread float &e)
+{
+    s = a + b;
+    const float bb = s - a;
+    e = (a - (s - bb)) + (b - bb);
+}
+/* (hi, lo) += (bh, bl) */
+inline void h3m_ff_add(thread float &hi, thread float &lo, float bh, float bl)
+{
+    float s, e;
+    h3m_two_sum(hi, bh, s, e);
+    e += lo + bl;
+    hi = s + e;
+    lo = e - (hi - s);
+}
+
+kernel void h3m_abs_diff_sum(device const float *x [[buffer(0)]], device const float *b [[buffer(1)]],
+                             device float *part [[buffer(2)]], constant h3m_knob_args &a [[buffer(3)]],
+                             threadgroup float *tg [[threadgroup(0)]], uint3 tgp [[threadgroup_position_in_grid]],
+                             uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                             uint sg [[simdgroup_index_in_threadgroup]])
+{
+    const long i0 = (long)tgp.x * H3M_ADS_BLOCK;
+    float dh = 0.0f, dl = 0.0f, rh = 0.0f, rl = 0.0f;
+    for (long i = i0 + tid; i < i0 + H3M_ADS_BLOCK && i < a.n; i += H3M_ADS_THREADS) {
+        float s, e;
+        h3m_two_sum(x[i], -b[i], s, e); /* a - b = s + e exactly; |s + e| has the sign of s */
+        if (s < 0.0f) s = -s, e = -e;
+        h3m_ff_add(dh, dl, s, e);
+        h3m_ff_add(rh, rl, fabs(b[i]), 0.0f);
+    }
+    for (ushort m = 16; m > 0; m >>= 1) { /* butterfly: lane 0 ends with the simdgroup's sum */
+        const float odh = simd_shuffle_xor(dh, m), odl = simd_shuffle_xor(dl, m);
+        const float orh = simd_shuffle_xor(rh, m), orl = simd_shuffle_xor(rl, m);
+        h3m_ff_add(dh, dl, odh, odl);
+        h3m_ff_add(rh, rl, orh, orl);
+    }
+    if (lane == 0) {
+        tg[4 * sg] = dh, tg[4 * sg + 1] = dl, tg[4 * sg + 2] = rh, tg[4 * sg + 3] = rl;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid == 0) {
+        float th = tg[0], tl = tg[1], uh = tg[2], ul = tg[3];
+        for (uint s = 1; s < H3M_ADS_THREADS / 32; s++) {
+            h3m_ff_add(th, tl, tg[4 * s], tg[4 * s + 1]);
+            h3m_ff_add(uh, ul, tg[4 * s + 2], tg[4 * s + 3]);
+        }
+        device float *p = part + 4 * (long)tgp.x;
+        p[0] = th, p[1] = tl, p[2] = uh, p[3] = ul;
+    }
 }

@@ -95,6 +95,9 @@ typedef struct h3m_knob_args {
     int n, has_b;
     float r, t, sigma, sigma_next;
 } h3m_knob_args;
+/* abs_diff_sum: one threadgroup per block; part [blocks][4] floats (diff hi, lo, ref hi, lo). */
+#define H3M_ADS_BLOCK 4096
+#define H3M_ADS_THREADS 256
 typedef struct h3m_rowop_args {
     int n, lda, ldb, ldy;
     float div;

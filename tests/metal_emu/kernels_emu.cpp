@@ -2,6 +2,7 @@
    this file sees the MSL model's macros (device, thread, kernel, ...): it includes nothing after
    the kernels. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #define H3_MSL_EMU 1
 #include "../../shaders/metal/msl_emu.h"
@@ -287,4 +288,29 @@ const char *emu_unpatchify(const float *src, const int32_t *fmap, float *dst, in
     return h3emu::dispatch({cdiv(cols, 64), (uint)rows, 1}, {64, 1, 1}, 0, [&](const h3emu::ids &t, void *) {
         h3m_unpatchify(src, fmap, dst, *a, t.thread_position_in_grid);
     });
+}
+
+const char *emu_abs_diff_sum(const float *x, const float *b, int64_t n, double *diff, double *ref)
+{
+    const uint blocks = cdiv(n, H3M_ADS_BLOCK);
+    float *part = (float *)malloc(sizeof(float) * 4 * (blocks ? blocks : 1));
+    if (!part) return "out of memory";
+    const h3m_knob_args a = {(int)n, 1, 0, 0, 0, 0};
+    const char *e = blocks ? h3emu::dispatch({blocks, 1, 1}, {H3M_ADS_THREADS, 1, 1}, 4 * (H3M_ADS_THREADS / 32) * 4,
+                                             [&](const h3emu::ids &t, void *tg) {
+                                                 h3m_abs_diff_sum(x, b, part, a, (float *)tg,
+                                                                  t.threadgroup_position_in_grid,
+                                                                  t.thread_index_in_threadgroup,
+                                                                  t.thread_index_in_simdgroup,
+                                                                  t.simdgroup_index_in_threadgroup);
+                                             })
+                           : nullptr;
+    double d = 0, r = 0;
+    for (uint k = 0; k < blocks; k++) {
+        d += (double)part[4 * k] + (double)part[4 * k + 1];
+        r += (double)part[4 * k + 2] + (double)part[4 * k + 3];
+    }
+    free(part);
+    *diff = d, *ref = r;
+    return e;
 }

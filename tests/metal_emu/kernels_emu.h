@@ -43,6 +43,8 @@ const char *emu_add_div(float *y, const float *x, int64_t rows, const h3m_rowop_
 const char *emu_head_pool(const float *x, float *y, int64_t rows, const h3m_head_pool_args *a);
 const char *emu_channels_last(const float *x, const float *scale, const float *shift, float *y, const h3m_cl_args *a);
 const char *emu_unpatchify(const float *src, const int32_t *fmap, float *dst, int64_t rows, const h3m_unpatch_args *a);
+/* the kernel's block partials, then (as the host will) their sum in double, in block order */
+const char *emu_abs_diff_sum(const float *x, const float *b, int64_t n, double *diff, double *ref);
 /* the emulator's thread order for the next dispatches (h3emu::set_reverse_order) */
 void h3emu_reverse(bool on);
 #endif

@@ -988,6 +988,35 @@ static void t_unpatchify(int64_t tok0, int64_t rows, int gh, int gw, int C, int 
     report_bits("unpatchify", what, dst == want, e);
 }
 
+/* abs_diff_sum: to double precision (the CPU's test holds every backend to 1e-12), the same bits
+   in either thread order. Values of mixed magnitudes, so f32 sums would be off by far more. */
+static void t_abs_diff_sum(int64_t n)
+{
+    std::vector<float> x((size_t)n), b((size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        const float m = i % 3 == 0 ? 1000.0f : (i % 3 == 1 ? 1.0f : 1e-3f);
+        b[(size_t)i] = rnd(m), x[(size_t)i] = b[(size_t)i] + rnd(m * 1e-3f);
+    }
+    long double rd = 0, rr = 0;
+    for (int64_t i = 0; i < n; i++) {
+        rd += fabsl((long double)x[(size_t)i] - (long double)b[(size_t)i]);
+        rr += fabsl((long double)b[(size_t)i]);
+    }
+    double d1, r1, d2, r2;
+    const char *e = emu_abs_diff_sum(x.data(), b.data(), n, &d1, &r1);
+    h3emu_reverse(true);
+    if (!e) e = emu_abs_diff_sum(x.data(), b.data(), n, &d2, &r2);
+    h3emu_reverse(false);
+    const double ed = fabs((double)((d1 - rd) / rd)), er = fabs((double)((r1 - rr) / rr));
+    char what[96];
+    snprintf(what, sizeof what, "%lld values (diff and ref sums)", (long long)n);
+    report("abs_diff_sum", what, ed > er ? ed : er, 1e-12, e, !e && d1 == d2 && r1 == r2);
+    /* what a plain f32 sum would give, to show the bound is not met by accident */
+    float fd = 0;
+    for (int64_t i = 0; i < n; i++) fd += fabsf(x[(size_t)i] - b[(size_t)i]);
+    printf("      (a plain f32 sum of the differences is off by %.3g)\n", fabs((double)((fd - rd) / rd)));
+}
+
 int main()
 {
     const int F = EMU_F32, B = EMU_BF16;
@@ -1124,6 +1153,8 @@ int main()
 
     t_knobs(1);
     t_knobs(100003);
+    t_abs_diff_sum(5);
+    t_abs_diff_sum(100003);
     t_rowops(7, 64);
     t_rowops(333, 130);
     t_head_pool(1, 1, 5, 5, 0);

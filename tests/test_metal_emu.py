@@ -28,7 +28,7 @@ def test_metal_kernels_in_emulation():
     # the emulator's checks, then the kernels'
     sums = re.findall(r"^(\d+) checks, (\d+) failures$", out, re.M)
     assert len(sums) == 2 and all(f == "0" for _, f in sums), out[-3000:]
-    assert int(sums[0][0]) >= 30 and int(sums[1][0]) >= 270, sums
+    assert int(sums[0][0]) >= 30 and int(sums[1][0]) >= 276, sums
     for fault in ("barrier under if (tid < 16)", "a thread returns before a barrier",
                   "simd_sum / simd_max in divergent branches", "simdgroup_load with half the lanes"):
         assert re.search(rf"^reported: {re.escape(fault)}\s+-> (deadlock|lanes|a simdgroup)", out, re.M), fault
@@ -47,7 +47,7 @@ def test_metal_kernels_in_emulation():
     # the ops that must give the CPU's bits
     assert "BITS DIFFER" not in out
     for op in ("euler", "extrapolate", "sub", "pool_pairs", "unpool_pairs", "scatter_rows", "copy", "add_div", "channels_last",
-               "unpatchify"):
+               "unpatchify", "vae_stitch"):
         assert len(re.findall(rf"^metal {op}\s+.*bit-identical$", out, re.M)) >= 2, op
     assert re.search(r"^metal attention\s+Lq 20000 ", out, re.M), "the long-sequence attention case did not run"
 
@@ -58,5 +58,5 @@ def test_metal_kernels_strict_address_spaces():
     proc = subprocess.run(["make", "-s", "-C", str(ROOT), "test-metal-strict"], capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    assert len(re.findall(r"^strict: h3_\w+\.metal compiles$", out, re.M)) >= 5, out
+    assert len(re.findall(r"^strict: h3_\w+\.metal compiles$", out, re.M)) >= 6, out
     assert len(re.findall(r"^strict: H3_BAD_\w+ refused: ", out, re.M)) == 3, out

@@ -2,7 +2,8 @@
  * The decoders' and the audio encoder's ops, libh3's (backend.h): snake and snake_aa (BigVGAN's and
  * DAC's activations into a phased, zero-margined buffer), conv1_clamp (conv_post and the clamp),
  * layernorm and group_norm (+ SiLU), head_pool (the audio encoder's pre_block reduction), and the
- * video decoder's data moves channels_last and unpatchify (exact: the CPU's bits). conv_gemm and conv3d are the GEMM of h3_gemm.metal. The
+ * video decoder's data moves channels_last and unpatchify, and its tile blend vae_stitch (these three
+ * exact: the CPU's bits). conv_gemm and conv3d are the GEMM of h3_gemm.metal. The
  * statistics are f32 sums in a fixed order (Metal has no double): mean, then the variance around
  * it, each over the threadgroup as h3m_tg_sum adds.
  */
@@ -192,4 +193,89 @@ kernel void h3m_unpatchify(device const float *src [[buffer(0)]], device const i
     if (f < 0) return;
     const long th = (long)a.gh * a.ps, tw = (long)a.gw * a.ps;
     dst[(((long)f * a.C + c) * th + yy * a.ps + by) * tw + xx * a.ps + bx] = src[i * a.lds + e];
+}
+
+/* ---- vae_stitch: diffusers' _stitch_tiles / _decode blend of one decoded tile (h3_bstitch). Every
+   weight and product is rounded as the CPU backend rounds it (libh3/backend/cpu/cpu_models.c), so
+   the pixels and the uint8 rgb are its bytes. A thread owns one canvas pixel of one channel and
+   walks the window's frames in order: the carry frames it reads (the previous window's overlap)
+   are read before the same thread overwrites them with this window's. */
+
+/* a (1 - p) + v p, each weight and product rounded */
+inline float h3m_fade(float a, float v, float p)
+{
+    const float wa = 1.0f - p;
+    const float s = a * wa;
+    const float t = v * p;
+    return s + t;
+}
+
+/* One finished value of frame g, channel co, canvas (y, x) to the outputs. */
+inline void h3m_stitch_emit(constant h3m_stitch_args &s, device uchar *rgb, device float *pixels,
+                            device const float *mean, device const float *sd, int g, int y, int x, int co, float v)
+{
+    if (g >= s.frames) return; /* frames of padded latents are cut */
+    if (s.raw && s.has_pixels) pixels[(((long)co * s.frames + g) * s.H + y) * s.W + x] = v;
+    if (s.raw && !s.has_rgb) return;
+    float f = v * sd[co];
+    f = f + mean[co];
+    f = f < 0.0f ? 0.0f : (f > 1.0f ? 1.0f : f);
+    const long o = (((long)g * s.H + y) * s.W + x) * s.C + co;
+    if (s.has_pixels && !s.raw) pixels[o] = f;
+    if (s.has_rgb) {
+        /* round half to even as numpy does: adding and removing 2^23 rounds 0 <= q < 2^23 */
+        float q = f * 255.0f;
+        q = q + 8388608.0f;
+        q = q - 8388608.0f;
+        rgb[o] = q >= 0.0f ? (uchar)q : (uchar)0; /* NaN -> 0 */
+    }
+}
+
+kernel void h3m_vae_stitch(device const float *tile [[buffer(0)]], device const float *above [[buffer(1)]],
+                           device const float *left [[buffer(2)]], device float *carry [[buffer(3)]],
+                           device uchar *rgb [[buffer(4)]], device float *pixels [[buffer(5)]],
+                           device const float *mean [[buffer(6)]], device const float *sd [[buffer(7)]],
+                           constant h3m_stitch_args &s [[buffer(8)]], uint3 gid [[thread_position_in_grid]])
+{
+    const int x = (int)gid.x, ry = (int)gid.y, co = (int)gid.z;
+    if (x >= s.own_w || ry >= s.own_h || co >= s.C) return;
+    const int y = s.y0 + ry, gx = s.x0 + x, K = s.K, C = s.C;
+    const long HW = (long)s.H * s.W, pix = (long)y * s.W + gx;
+    const bool last = s.window == s.windows - 1;
+    const float p_top = s.ov_top ? (float)ry / (float)s.ov_top : 0.0f;
+    for (int k = 0; k < K; k++) {
+        float v = tile[(((long)k * C + co) * s.th + ry) * s.tw + x];
+        if (ry < s.ov_top)
+            v = h3m_fade(above[((((long)s.slot_above * K + k) * C + co) * s.max_ovy + ry) * s.tw + x], v, p_top);
+        if (x < s.ov_left)
+            v = h3m_fade(left[((((long)s.slot_left * K + k) * C + co) * s.th + ry) * s.max_ovx + x], v,
+                         (float)x / (float)s.ov_left);
+        if (k < s.keep0) {
+            if (s.window > 0 && k < s.blend_t) {
+                const int o = s.keep1 - s.blend_t + k; /* the overlap's last frames */
+                v = h3m_fade(carry[((long)o * C + co) * HW + pix], v, (float)k / (float)s.blend_t);
+            }
+            h3m_stitch_emit(s, rgb, pixels, mean, sd, s.window * s.keep0 + k, y, gx, co, v);
+        } else if (last) {
+            h3m_stitch_emit(s, rgb, pixels, mean, sd, s.windows * s.keep0 + (k - s.keep0), y, gx, co, v);
+        } else {
+            carry[((long)(k - s.keep0) * C + co) * HW + pix] = v;
+        }
+    }
+}
+
+/* After h3m_vae_stitch: the tile's original bottom rows and right columns, kept for the tiles below
+   and to the right (the slots the blend read are this tile's to overwrite now). */
+kernel void h3m_vae_save_strips(device const float *tile [[buffer(0)]], device float *above [[buffer(1)]],
+                                device float *left [[buffer(2)]], constant h3m_stitch_args &s [[buffer(3)]],
+                                uint3 gid [[thread_position_in_grid]])
+{
+    const int x = (int)gid.x, y = (int)gid.y, kc = (int)gid.z;
+    if (x >= s.tw || y >= s.th || kc >= s.K * s.C) return;
+    const int k = kc / s.C, co = kc % s.C;
+    const float v = tile[(((long)k * s.C + co) * s.th + y) * s.tw + x];
+    if (s.ov_bottom && y >= s.th - s.ov_bottom)
+        above[((((long)s.slot_above * s.K + k) * s.C + co) * s.max_ovy + (y - (s.th - s.ov_bottom))) * s.tw + x] = v;
+    if (s.ov_right && x >= s.tw - s.ov_right)
+        left[((((long)s.slot_left * s.K + k) * s.C + co) * s.th + y) * s.max_ovx + (x - (s.tw - s.ov_right))] = v;
 }

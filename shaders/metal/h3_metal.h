@@ -115,6 +115,14 @@ typedef struct h3m_unpatch_args {
     int tok0, gh, gw, C, pt, ps, lds;
 } h3m_unpatch_args;
 
+/* vae_stitch (backend.h's h3_bstitch, flags for the optional outputs): h3m_vae_stitch, one thread
+   per owned pixel and channel, grid (ceil(own_w / 32), own_h, C), 32 threads; then
+   h3m_vae_save_strips, one thread per tile pixel, channel and frame, grid (ceil(tw / 32), th, C * K). */
+typedef struct h3m_stitch_args {
+    int C, K, keep0, keep1, blend_t, th, tw, max_ovy, max_ovx, H, W, frames, window, windows, y0, x0, own_h, own_w,
+        ov_top, ov_left, ov_bottom, ov_right, slot_above, slot_left, raw, has_rgb, has_pixels;
+} h3m_stitch_args;
+
 #if defined(__METAL_VERSION__) || defined(H3_MSL_EMU)
 
 /* Loads give f32 whatever the storage type; stores round once (to nearest even). */

@@ -5,7 +5,7 @@
  * the same source goes to the Metal compiler unchanged, so the kernels use only real MSL names and
  * syntax, and this header models exactly those (nothing more):
  *
- *  - scalar types uint/ushort/ulong, half (_Float16) and bfloat (MSL 3.1) as storage types (their
+ *  - scalar types uint/ushort/uchar/ulong, half (_Float16) and bfloat (MSL 3.1) as storage types (their
  *    arithmetic promotes to float here; the kernels convert them to float before computing, so the
  *    difference never shows), uint3 and ulong2;
  *  - address spaces device / constant / threadgroup / thread as plain macros (g++ has no address
@@ -38,6 +38,7 @@ namespace metal {
 
 typedef unsigned int uint;
 typedef unsigned short ushort;
+typedef unsigned char uchar;
 typedef unsigned long ulong;
 #ifdef H3_MSL_STRICT
 /* The strict check never runs: 16-bit types stand in for half (clang has no _Float16 on every

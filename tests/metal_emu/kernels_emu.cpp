@@ -314,3 +314,20 @@ const char *emu_abs_diff_sum(const float *x, const float *b, int64_t n, double *
     *diff = d, *ref = r;
     return e;
 }
+
+const char *emu_vae_stitch(const float *tile, float *above, float *left, float *carry, uint8_t *rgb, float *pixels,
+                           const float *mean, const float *sd, const h3m_stitch_args *s)
+{
+    if (s->ov_bottom > s->max_ovy || s->ov_right > s->max_ovx || s->own_w > s->tw || s->own_h > s->th)
+        return "vae_stitch: overlaps or owned area larger than the tile";
+    const char *e = h3emu::dispatch({cdiv(s->own_w, 32), (uint)s->own_h, (uint)s->C}, {32, 1, 1}, 0,
+                                    [&](const h3emu::ids &t, void *) {
+                                        h3m_vae_stitch(tile, above, left, carry, rgb, pixels, mean, sd, *s,
+                                                       t.thread_position_in_grid);
+                                    });
+    if (e) return e;
+    return h3emu::dispatch({cdiv(s->tw, 32), (uint)s->th, (uint)(s->K * s->C)}, {32, 1, 1}, 0,
+                           [&](const h3emu::ids &t, void *) {
+                               h3m_vae_save_strips(tile, above, left, *s, t.thread_position_in_grid);
+                           });
+}

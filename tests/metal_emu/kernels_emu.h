@@ -45,6 +45,9 @@ const char *emu_channels_last(const float *x, const float *scale, const float *s
 const char *emu_unpatchify(const float *src, const int32_t *fmap, float *dst, int64_t rows, const h3m_unpatch_args *a);
 /* the kernel's block partials, then (as the host will) their sum in double, in block order */
 const char *emu_abs_diff_sum(const float *x, const float *b, int64_t n, double *diff, double *ref);
+/* both kernels, in order (what the host encodes for one tile) */
+const char *emu_vae_stitch(const float *tile, float *above, float *left, float *carry, uint8_t *rgb, float *pixels,
+                           const float *mean, const float *sd, const h3m_stitch_args *s);
 /* the emulator's thread order for the next dispatches (h3emu::set_reverse_order) */
 void h3emu_reverse(bool on);
 #endif

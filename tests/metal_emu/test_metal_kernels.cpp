@@ -1017,6 +1017,108 @@ static void t_abs_diff_sum(int64_t n)
     printf("      (a plain f32 sum of the differences is off by %.3g)\n", fabs((double)((fd - rd) / rd)));
 }
 
+/* vae_stitch: test_backend_ops.c's case - a 13 x 17 canvas in 2 x 2 tiles of 9 x 11 (overlaps 5)
+   over three windows of keep0 = 5 own frames and keep1 = 3 shared (blend_t = 2), 16 frames kept:
+   every path of the blend. The reference re-derives the blend on the host with the same rounding;
+   pixels and rgb are compared byte for byte. */
+enum { VS_C = 3, VS_TH = 9, VS_TW = 11, VS_H = 13, VS_W = 17, VS_K0 = 5, VS_K1 = 3, VS_BT = 2, VS_WIN = 3,
+       VS_F = VS_WIN * VS_K0 + VS_K1 - 2, VS_OV = 5, VS_K = VS_K0 + VS_K1 };
+static const float vs_mean[3] = {0.485f, 0.456f, 0.406f}, vs_std[3] = {0.229f, 0.224f, 0.225f};
+static float vs_fade(float a, float v, float p)
+{
+    const float wa = 1.0f - p;
+    const float s = a * wa;
+    const float t = v * p;
+    return s + t;
+}
+static void vs_reference(std::vector<float> (&tiles)[VS_WIN][2][2], std::vector<float> &out)
+{
+    const int y0[2] = {0, VS_TH - VS_OV}, x0[2] = {0, VS_TW - VS_OV};
+    std::vector<float> carry((size_t)VS_K1 * VS_C * VS_H * VS_W);
+    for (int w = 0; w < VS_WIN; w++)
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) {
+                const float *t = tiles[w][i][j].data();
+                const int own_h = i == 0 ? VS_TH - VS_OV : VS_TH, own_w = j == 0 ? VS_TW - VS_OV : VS_TW;
+                for (int k = 0; k < VS_K; k++)
+                    for (int c = 0; c < VS_C; c++)
+                        for (int ry = 0; ry < own_h; ry++)
+                            for (int x = 0; x < own_w; x++) {
+                                float v = t[((k * VS_C + c) * VS_TH + ry) * VS_TW + x];
+                                if (i > 0 && ry < VS_OV)
+                                    v = vs_fade(tiles[w][0][j][(size_t)(((k * VS_C + c) * VS_TH + VS_TH - VS_OV + ry) * VS_TW + x)],
+                                                v, (float)ry / (float)VS_OV);
+                                if (j > 0 && x < VS_OV)
+                                    v = vs_fade(tiles[w][i][0][(size_t)(((k * VS_C + c) * VS_TH + ry) * VS_TW + VS_TW - VS_OV + x)],
+                                                v, (float)x / (float)VS_OV);
+                                const int64_t pix = (int64_t)(y0[i] + ry) * VS_W + x0[j] + x;
+                                float *cv = carry.data() + (int64_t)c * VS_H * VS_W + pix;
+                                if (k < VS_K0) {
+                                    if (w > 0 && k < VS_BT)
+                                        v = vs_fade(cv[(int64_t)(VS_K1 - VS_BT + k) * VS_C * VS_H * VS_W], v,
+                                                    (float)k / (float)VS_BT);
+                                } else if (w < VS_WIN - 1) {
+                                    cv[(int64_t)(k - VS_K0) * VS_C * VS_H * VS_W] = v;
+                                    continue;
+                                }
+                                const int g = w * VS_K0 + k;
+                                if (g < VS_F) out[(size_t)(((int64_t)g * VS_C + c) * VS_H * VS_W + pix)] = v;
+                            }
+            }
+}
+
+static void t_vae_stitch(bool raw)
+{
+    const int y0[2] = {0, VS_TH - VS_OV}, x0[2] = {0, VS_TW - VS_OV};
+    const size_t tile_n = (size_t)VS_K * VS_C * VS_TH * VS_TW;
+    std::vector<float> tiles[VS_WIN][2][2];
+    for (int w = 0; w < VS_WIN; w++)
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) {
+                tiles[w][i][j].resize(tile_n);
+                for (auto &v : tiles[w][i][j]) v = rnd(3.0f); /* some pixels clamp */
+            }
+    const int64_t canvas = (int64_t)VS_F * VS_C * VS_H * VS_W;
+    std::vector<float> blend((size_t)canvas), want_px((size_t)canvas);
+    std::vector<uint8_t> want_rgb((size_t)canvas);
+    vs_reference(tiles, blend);
+    for (int g = 0; g < VS_F; g++)
+        for (int c = 0; c < VS_C; c++)
+            for (int64_t p = 0; p < VS_H * VS_W; p++) {
+                const float v = blend[(size_t)(((int64_t)g * VS_C + c) * VS_H * VS_W + p)];
+                float f = v * vs_std[c];
+                f = f + vs_mean[c];
+                f = f < 0.0f ? 0.0f : (f > 1.0f ? 1.0f : f);
+                const int64_t hwc = ((int64_t)g * VS_H * VS_W + p) * VS_C + c;
+                if (raw)
+                    want_px[(size_t)(((int64_t)c * VS_F + g) * VS_H * VS_W + p)] = v;
+                else
+                    want_px[(size_t)hwc] = f;
+                want_rgb[(size_t)hwc] = (uint8_t)lrintf(f * 255.0f); /* round half to even, as numpy */
+            }
+    std::vector<float> above((size_t)2 * VS_K * VS_C * VS_OV * VS_TW, NAN), left((size_t)VS_K * VS_C * VS_TH * VS_OV, NAN);
+    std::vector<float> carry((size_t)VS_K1 * VS_C * VS_H * VS_W, NAN), px((size_t)canvas);
+    std::vector<uint8_t> rgb((size_t)canvas, 0xAB);
+    memset(px.data(), 0xFF, sizeof(float) * px.size());
+    const char *e = nullptr;
+    for (int w = 0; w < VS_WIN && !e; w++)
+        for (int i = 0; i < 2 && !e; i++)
+            for (int j = 0; j < 2 && !e; j++) {
+                h3m_stitch_args s = {VS_C, VS_K, VS_K0, VS_K1, VS_BT, VS_TH, VS_TW, VS_OV, VS_OV, VS_H, VS_W, VS_F,
+                                     w, VS_WIN, y0[i], x0[j], 0, 0, i ? VS_OV : 0, j ? VS_OV : 0, i ? 0 : VS_OV,
+                                     j ? 0 : VS_OV, j, 0, raw, 1, 1};
+                s.own_h = s.th - s.ov_bottom, s.own_w = s.tw - s.ov_right;
+                h3emu_reverse(((w + i + j) & 1) != 0); /* half the tiles in the other thread order */
+                e = emu_vae_stitch(tiles[w][i][j].data(), above.data(), left.data(), carry.data(), rgb.data(),
+                                   px.data(), vs_mean, vs_std, &s);
+            }
+    h3emu_reverse(false);
+    char what[160];
+    snprintf(what, sizeof what, "2 x 2 tiles, 3 windows, %s pixels + rgb", raw ? "raw" : "[0, 1]");
+    report_bits("vae_stitch", what,
+                memcmp(px.data(), want_px.data(), sizeof(float) * px.size()) == 0 && rgb == want_rgb, e);
+}
+
 int main()
 {
     const int F = EMU_F32, B = EMU_BF16;
@@ -1168,6 +1270,8 @@ int main()
     t_unpatchify(0, 24, 2, 3, 3, 4, 2);
     t_unpatchify(5, 37, 3, 5, 3, 2, 4);
     t_unpatchify(0, 12, 4, 3, 5, 1, 3);
+    t_vae_stitch(false);
+    t_vae_stitch(true);
 
     /* long sequences: 20,000 query rows are 5,000 query blocks of one dispatch */
     t_attention(20000, 33, 1, 1, 16, false, 0, F, F);

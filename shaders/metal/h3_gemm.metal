@@ -2,7 +2,7 @@
  * linear: y[M, N] = x[M, K] W^T (+ bias f32 [N]), libh3's `linear` (backend.h). x f32 or bf16,
  * W f32, bf16 or f16 as stored, y f32 or bf16; the products and sums in f32. The same kernel is
  * `conv_gemm` (rows of x closer than K apart: overlapping windows) and, gathering its x tiles from
- * the padded video, `conv3d`.
+ * the padded video, `conv3d`; over int8 weights with per-row scales, `h3m_linear_q8`.
  *
  * A threadgroup of 4 simdgroups computes a 32 x 32 tile of y; each simdgroup a 16 x 16 quarter as
  * 2 x 2 simdgroup_float8x8 accumulators. K advances in steps of 16: the threadgroup stages the
@@ -22,9 +22,10 @@ using namespace metal;
 #endif
 
 /* The tile loop, shared by linear (x read as rows) and conv3d (x gathered from the video as its
-   im2col rows would hold it): XL::at(m, k) gives x[m][k] as f32, for m < M and k < K only. */
-template <typename XL, typename TW, typename TY>
-inline void h3m_gemm_tile(thread const XL &xl, device const TW *w, device const float *bias, device TY *y, int M,
+   im2col rows would hold it): XL::at(m, k) gives x[m][k] as f32, for m < M and k < K only; WL::at(n,
+   k) gives W[n][k] as f32 (a stored value, or an int8 one times its row's scale). */
+template <typename XL, typename WL, typename TY>
+inline void h3m_gemm_tile(thread const XL &xl, thread const WL &wl, device const float *bias, device TY *y, int M,
                           int N, int K, int ldy, int has_bias, threadgroup float *tg, uint3 tgp, uint tid, uint sg)
 {
     threadgroup float *xs = tg;                   /* [H3M_BM][H3M_BK] */
@@ -41,7 +42,7 @@ inline void h3m_gemm_tile(thread const XL &xl, device const TW *w, device const 
             const long m = m0 + r, n = n0 + r;
             const int k = k0 + (int)c;
             xs[e] = m < M && k < K ? xl.at(m, k) : 0.0f;
-            ws[e] = n < N && k < K ? h3m_ld(w, n * K + k) : 0.0f;
+            ws[e] = n < N && k < K ? wl.at(n, k) : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int kk = 0; kk < H3M_BK; kk += 8) {
@@ -74,6 +75,21 @@ template <typename TX> struct h3m_rows_x {
     float at(long m, int k) const { return h3m_ld(x, m * ldx + k); }
 };
 
+/* W [N, K] row-major in its stored type. */
+template <typename TW> struct h3m_rows_w {
+    device const TW *w;
+    long K;
+    float at(long n, int k) const { return h3m_ld(w, n * K + k); }
+};
+/* int8 W with one f32 scale per row: the dequantised value (float)q * scale, rounded once, so the
+   sums are those of linear over the dequantised f32 weights (libh3's int8 contract). */
+struct h3m_q8_w {
+    device const char *q;
+    device const float *scale;
+    long K;
+    float at(long n, int k) const { return (float)q[n * K + k] * scale[n]; }
+};
+
 template <typename TX, typename TW, typename TY>
 kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[buffer(1)]],
                        device const float *bias [[buffer(2)]], device TY *y [[buffer(3)]],
@@ -82,7 +98,21 @@ kernel void h3m_linear(device const TX *x [[buffer(0)]], device const TW *w [[bu
                        uint sg [[simdgroup_index_in_threadgroup]])
 {
     const h3m_rows_x<TX> xl = {x, a.ldx};
-    h3m_gemm_tile(xl, w, bias, y, a.M, a.N, a.K, a.ldy, a.has_bias, tg, tgp, tid, sg);
+    const h3m_rows_w<TW> wl = {w, a.K};
+    h3m_gemm_tile(xl, wl, bias, y, a.M, a.N, a.K, a.ldy, a.has_bias, tg, tgp, tid, sg);
+}
+
+/* linear over int8 weights (q [N, K], scale [N]). */
+template <typename TX, typename TY>
+kernel void h3m_linear_q8(device const TX *x [[buffer(0)]], device const char *q [[buffer(1)]],
+                          device const float *scale [[buffer(2)]], device const float *bias [[buffer(3)]],
+                          device TY *y [[buffer(4)]], constant h3m_linear_args &a [[buffer(5)]],
+                          threadgroup float *tg [[threadgroup(0)]], uint3 tgp [[threadgroup_position_in_grid]],
+                          uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]])
+{
+    const h3m_rows_x<TX> xl = {x, a.ldx};
+    const h3m_q8_w wl = {q, scale, a.K};
+    h3m_gemm_tile(xl, wl, bias, y, a.M, a.N, a.K, a.ldy, a.has_bias, tg, tgp, tid, sg);
 }
 
 /* x~ of conv3d (backend.h): pad_t zero frames before the video, rows and columns reflect-padded;
@@ -114,7 +144,8 @@ kernel void h3m_conv3d(device const float *x [[buffer(0)]], device const float *
 {
     const h3m_conv3d_x xl = {x, &g};
     const int M = g.To * g.Ho * g.Wo, K = g.kt * g.kh * g.kw * g.cin;
-    h3m_gemm_tile(xl, w, bias, y, M, g.cout, K, g.cout, g.has_bias, tg, tgp, tid, sg);
+    const h3m_rows_w<float> wl = {w, K};
+    h3m_gemm_tile(xl, wl, bias, y, M, g.cout, K, g.cout, g.has_bias, tg, tgp, tid, sg);
 }
 
 #define H3M_LINEAR(name, TX, TW, TY)                                                                              \
@@ -136,3 +167,14 @@ H3M_LINEAR("h3m_linear_bf16_f16_f32", bfloat, half, float)
 H3M_LINEAR("h3m_linear_bf16_f32_bf16", bfloat, float, bfloat)
 H3M_LINEAR("h3m_linear_bf16_bf16_bf16", bfloat, bfloat, bfloat)
 H3M_LINEAR("h3m_linear_bf16_f16_bf16", bfloat, half, bfloat)
+
+#define H3M_LINEAR_Q8(name, TX, TY)                                                                               \
+    template [[host_name(name)]] kernel void h3m_linear_q8<TX, TY>(                                              \
+        device const TX *x [[buffer(0)]], device const char *q [[buffer(1)]], device const float *scale [[buffer(2)]], \
+        device const float *bias [[buffer(3)]], device TY *y [[buffer(4)]], constant h3m_linear_args &a [[buffer(5)]], \
+        threadgroup float *tg [[threadgroup(0)]], uint3 tgp [[threadgroup_position_in_grid]],                      \
+        uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]);
+H3M_LINEAR_Q8("h3m_linear_q8_f32_f32", float, float)
+H3M_LINEAR_Q8("h3m_linear_q8_f32_bf16", float, bfloat)
+H3M_LINEAR_Q8("h3m_linear_q8_bf16_f32", bfloat, float)
+H3M_LINEAR_Q8("h3m_linear_q8_bf16_bf16", bfloat, bfloat)

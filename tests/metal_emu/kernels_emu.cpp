@@ -331,3 +331,24 @@ const char *emu_vae_stitch(const float *tile, float *above, float *left, float *
                                h3m_vae_save_strips(tile, above, left, *s, t.thread_position_in_grid);
                            });
 }
+
+template <class TX, class TY>
+static const char *linear_q8_t(const void *x, const int8_t *q, const float *scale, const float *bias, void *y,
+                               const h3m_linear_args *a)
+{
+    return h3emu::dispatch({cdiv(a->N, H3M_BN), cdiv(a->M, H3M_BM), 1}, {H3M_GEMM_THREADS, 1, 1}, H3M_GEMM_TG_BYTES,
+                           [&](const h3emu::ids &t, void *tg) {
+                               h3m_linear_q8<TX, TY>((const TX *)x, (const char *)q, scale, bias, (TY *)y, *a,
+                                                     (float *)tg, t.threadgroup_position_in_grid,
+                                                     t.thread_index_in_threadgroup, t.simdgroup_index_in_threadgroup);
+                           });
+}
+const char *emu_linear_q8(const void *x, int xdt, const int8_t *q, const float *scale, const float *bias, void *y,
+                          int ydt, const h3m_linear_args *a)
+{
+    if (xdt == EMU_BF16)
+        return ydt == EMU_BF16 ? linear_q8_t<bfloat, bfloat>(x, q, scale, bias, y, a)
+                               : linear_q8_t<bfloat, float>(x, q, scale, bias, y, a);
+    return ydt == EMU_BF16 ? linear_q8_t<float, bfloat>(x, q, scale, bias, y, a)
+                           : linear_q8_t<float, float>(x, q, scale, bias, y, a);
+}

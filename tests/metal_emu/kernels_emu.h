@@ -48,6 +48,8 @@ const char *emu_abs_diff_sum(const float *x, const float *b, int64_t n, double *
 /* both kernels, in order (what the host encodes for one tile) */
 const char *emu_vae_stitch(const float *tile, float *above, float *left, float *carry, uint8_t *rgb, float *pixels,
                            const float *mean, const float *sd, const h3m_stitch_args *s);
+const char *emu_linear_q8(const void *x, int xdt, const int8_t *q, const float *scale, const float *bias, void *y,
+                          int ydt, const h3m_linear_args *a);
 /* the emulator's thread order for the next dispatches (h3emu::set_reverse_order) */
 void h3emu_reverse(bool on);
 #endif

@@ -1119,6 +1119,48 @@ static void t_vae_stitch(bool raw)
                 memcmp(px.data(), want_px.data(), sizeof(float) * px.size()) == 0 && rgb == want_rgb, e);
 }
 
+/* linear over int8 weights, quantised here as tests/c/backend_ops_int8.inc specifies (per row
+   s = max|w| / 127, q = w / s to nearest even): against a double reference over the dequantised
+   weights (float)q * s, and the same bits as the f32 linear over those weights (the contract). */
+static void t_linear_q8(int64_t M, int64_t N, int64_t K, int xdt, int ydt, bool bias)
+{
+    std::vector<float> w((size_t)(N * K)), s((size_t)N), deq((size_t)(N * K)), bh((size_t)N);
+    std::vector<int8_t> q((size_t)(N * K));
+    for (int64_t r = 0; r < N; r++) {
+        const float mag = ldexpf(1.0f, (int)(r % 7) - 3); /* row magnitudes 2^-3 .. 2^3 */
+        for (int64_t k = 0; k < K; k++) w[(size_t)(r * K + k)] = rnd(mag);
+    }
+    for (int64_t r = 0; r < N; r++) {
+        float m = 0.0f;
+        for (int64_t k = 0; k < K; k++) m = fmaxf(m, fabsf(w[(size_t)(r * K + k)]));
+        s[(size_t)r] = m / 127.0f;
+        for (int64_t k = 0; k < K; k++) {
+            float t = s[(size_t)r] > 0.0f ? w[(size_t)(r * K + k)] / s[(size_t)r] : 0.0f;
+            t = nearbyintf(t);
+            q[(size_t)(r * K + k)] = (int8_t)(t < -127.0f ? -127.0f : t > 127.0f ? 127.0f : t);
+            deq[(size_t)(r * K + k)] = (float)q[(size_t)(r * K + k)] * s[(size_t)r];
+        }
+    }
+    for (auto &b : bh) b = rnd(1.0f);
+    mat X = mk(xdt, M, K, K + 1, 1.0f, true), Y = mk(ydt, M, N, N, 1.0f, false), Y2 = mk(ydt, M, N, N, 1.0f, false);
+    std::vector<double> ref((size_t)(M * N));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = bias ? bh[(size_t)n] : 0.0;
+            for (int64_t k = 0; k < K; k++) acc += (double)X.v[(size_t)(m * X.ld + k)] * deq[(size_t)(n * K + k)];
+            ref[(size_t)(m * N + n)] = acc;
+        }
+    h3m_linear_args a = {(int)M, (int)N, (int)K, (int)X.ld, (int)Y.ld, bias};
+    const char *e = emu_linear_q8(X.p(), xdt, q.data(), s.data(), bias ? bh.data() : nullptr, Y.p(), ydt, &a);
+    if (!e) e = emu_linear(X.p(), xdt, deq.data(), EMU_F32, bias ? bh.data() : nullptr, Y2.p(), ydt, &a);
+    std::vector<float> y = Y.read();
+    char what[160];
+    snprintf(what, sizeof what, "%lldx%lldx%lld W int8 X %s Y %s%s", (long long)M, (long long)N, (long long)K, dn(xdt),
+             dn(ydt), bias ? " +bias" : "");
+    report("linear_q8", what, rel_l2(y.data(), ref.data(), y.size()),
+           xdt == EMU_BF16 || ydt == EMU_BF16 ? TOL_BF16 : TOL_F32, e, Y.raw == Y2.raw);
+}
+
 int main()
 {
     const int F = EMU_F32, B = EMU_BF16;
@@ -1136,6 +1178,10 @@ int main()
     t_linear(1, 5, 7, EMU_F32, B, B, true, 0, 0);
     t_linear(64, 256, 384, EMU_BF16, B, F, true, 0, 0);
     t_linear(1, 96, 1, EMU_F32, F, B, true, 0, 0); /* K = 1 */
+    t_linear_q8(1, 5, 7, F, F, true);
+    t_linear_q8(7, 64, 130, F, F, false);
+    t_linear_q8(333, 130, 300, F, F, true);
+    t_linear_q8(17, 33, 5, B, B, true);
 
     /* attention: L 1, 17, 300; head dims 14, 18, 64, 80, 128, 256; GQA; causal; Lq != Lk. */
     for (int adt : {F, B}) {

@@ -234,3 +234,57 @@ build/sdpa_check: tests/cuda/sdpa_check.cu $(CUDA_OBJ) $(CUDA_HDR) libh3/backend
 	$(NVCC) $(NVCC_BASE) $(NVCCFLAGS) -cudart static -o $@ $< $(CUDA_OBJ) -L$(CUDA_LIBDIR) -L$(CUBLAS_LIBDIR) \
 	  -l:libcublasLt.so.13 -lrt -lpthread -ldl
 # ---- CUDA backend (end) ---------------------------------------------------------------------
+
+# ---- Metal kernels in emulation (shaders/metal, tests/metal_emu) ------------------------------
+# The .metal kernels compile as C++17 against shaders/metal/msl_emu.h and run in the fiber emulator
+# (tests/metal_emu/msl_emu.cpp); `make test-metal-emu` runs the emulator's own checks and the
+# kernels' conformance to the ops' double references. g++ (or any C++17 compiler) is enough.
+METAL_CXX      ?= g++
+METAL_CXXFLAGS ?= -std=c++17 -O2 -g -Wall -Wextra
+METAL_EMU_DIR   = build/metal_emu
+METAL_SRC       = $(wildcard shaders/metal/*.metal) shaders/metal/h3_metal.h shaders/metal/msl_emu.h
+$(METAL_EMU_DIR)/msl_emu.o: tests/metal_emu/msl_emu.cpp shaders/metal/msl_emu.h
+	@mkdir -p $(dir $@)
+	$(METAL_CXX) $(METAL_CXXFLAGS) -c -o $@ $<
+# -Wno-attributes: g++ does not know MSL's [[buffer(n)]], [[host_name(...)]], ... and ignores them.
+$(METAL_EMU_DIR)/kernels_emu.o: tests/metal_emu/kernels_emu.cpp tests/metal_emu/kernels_emu.h $(METAL_SRC)
+	@mkdir -p $(dir $@)
+	$(METAL_CXX) $(METAL_CXXFLAGS) -Wno-attributes -c -o $@ $<
+$(METAL_EMU_DIR)/test_msl_emu: tests/metal_emu/test_msl_emu.cpp $(METAL_EMU_DIR)/msl_emu.o shaders/metal/msl_emu.h
+	$(METAL_CXX) $(METAL_CXXFLAGS) -Wno-attributes -o $@ $< $(METAL_EMU_DIR)/msl_emu.o
+# libh3's step function, which the euler kernel must reproduce bit for bit.
+$(METAL_EMU_DIR)/schedule.o: libh3/core/schedule.c libh3/core/schedule.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Ilibh3 -c -o $@ $<
+$(METAL_EMU_DIR)/test_metal_kernels: tests/metal_emu/test_metal_kernels.cpp tests/metal_emu/kernels_emu.h \
+                                     $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o $(METAL_EMU_DIR)/schedule.o
+	$(METAL_CXX) $(METAL_CXXFLAGS) -o $@ $< $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o \
+	  $(METAL_EMU_DIR)/schedule.o -lm
+.PHONY: test-metal-emu
+test-metal-emu: $(METAL_EMU_DIR)/test_msl_emu $(METAL_EMU_DIR)/test_metal_kernels
+	$(METAL_EMU_DIR)/test_msl_emu
+	$(METAL_EMU_DIR)/test_metal_kernels
+# The strict check: clang compiles the kernels with device / constant / threadgroup as distinct
+# address spaces (shaders/metal/msl_emu.h under H3_MSL_STRICT), so a pointer of one address space
+# handed to another fails as in MSL; tests/metal_emu/strict_bad.metal's three cases must fail.
+# Stock clang cannot take two MSL spellings, so a copy is compiled with them rewritten:
+# [[threadgroup(0)]] (the address-space macro would eat the word) and the explicit instantiations'
+# [[host_name(...)]] (Apple's compiler only). Syntax only: nothing runs.
+METAL_CLANG    ?= clang++
+METAL_STRICT    = build/metal_strict
+METAL_STRICT_FLAGS = -x c++ -std=c++17 -fsyntax-only -Wall -Wextra -Wno-unknown-attributes -DH3_MSL_EMU -DH3_MSL_STRICT
+.PHONY: test-metal-strict
+test-metal-strict: $(METAL_SRC) tests/metal_emu/strict_bad.metal
+	@command -v $(METAL_CLANG) >/dev/null || { echo "test-metal-strict: $(METAL_CLANG) not found"; exit 2; }
+	@mkdir -p $(METAL_STRICT)
+	@cp shaders/metal/msl_emu.h shaders/metal/h3_metal.h $(METAL_STRICT)/
+	@for f in $(wildcard shaders/metal/*.metal) tests/metal_emu/strict_bad.metal; do \
+	  sed -e 's/\[\[threadgroup(/[[h3_threadgroup(/g' -e 's/\[\[host_name([^)]*)\]\]//g' $$f > $(METAL_STRICT)/$${f##*/}; done
+	@for f in $(notdir $(wildcard shaders/metal/*.metal)); do \
+	  $(METAL_CLANG) $(METAL_STRICT_FLAGS) $(METAL_STRICT)/$$f || exit 1; echo "strict: $$f compiles"; done
+	@$(METAL_CLANG) $(METAL_STRICT_FLAGS) $(METAL_STRICT)/strict_bad.metal || exit 1
+	@for c in TG_AS_DEVICE DEVICE_AS_THREAD DEVICE_AS_TG; do \
+	  if $(METAL_CLANG) $(METAL_STRICT_FLAGS) -DH3_BAD_$$c $(METAL_STRICT)/strict_bad.metal 2>$(METAL_STRICT)/bad.log; then \
+	    echo "strict: H3_BAD_$$c compiled: address spaces are not checked"; exit 1; fi; \
+	  echo "strict: H3_BAD_$$c refused: $$(grep -m1 error: $(METAL_STRICT)/bad.log | sed 's/.*error: //')"; done
+# ---- Metal kernels in emulation (end) ---------------------------------------------------------

@@ -866,8 +866,9 @@ typedef struct h3_request {
      * takes the one the model (model_index.json "h3ctl": {"schedule": NAME}) or a LoRA file (its
      * metadata "h3ctl_schedule", or a PDD file's head grid: "pdd") declares, else "h3". Naming one
      * that differs from a declared one fails with H3_E_INVALID. Or `sigmas` gives the grids
-     * themselves: 2 * n_sigmas floats, video then audio, each strictly decreasing from at most 1
-     * to a terminal 0 (n_sigmas - 1 evaluations; `steps` is then ignored); not with `schedule`.
+     * themselves: 2 * n_sigmas floats, video then audio, each in [0, 1] and strictly decreasing (a
+     * full render ends at 0; a segment may stop before, continuing from injected latents):
+     * n_sigmas - 1 evaluations, `steps` is then ignored; not with `schedule`.
      */
     const char *schedule;
     const float *sigmas;

@@ -146,8 +146,7 @@ int h3_sched_check(const float *sigmas, int n, const char *what)
             return h3_err(H3_E_INVALID, "%s sigmas must decrease strictly (%d: %g, %d: %g)", what, i - 1,
                           (double)sigmas[i - 1], i, (double)sigmas[i]);
     }
-    if (sigmas[n - 1] != 0)
-        return h3_err(H3_E_INVALID, "%s sigmas must end with 0, got %g", what, (double)sigmas[n - 1]);
+    /* A grid need not reach 0: a segment of one (a render continued from given latents) is valid. */
     return 0;
 }
 

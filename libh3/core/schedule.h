@@ -34,8 +34,8 @@ H3_INTERNAL int h3_sched_find(const char *name);
 /* The i-th name (NULL past the last) and the names joined by ", " (static storage). */
 H3_INTERNAL const char *h3_sched_name(int i);
 H3_INTERNAL const char *h3_sched_names(void);
-/* An explicit grid (a request's sigmas): n in 2..100000 values per modality, finite, strictly
-   decreasing, first <= 1, last 0. */
+/* An explicit grid (a request's sigmas): n in 2..100000 values per modality in [0, 1], strictly
+   decreasing (a full render ends at 0; a segment of a grid may stop before). */
 H3_INTERNAL int h3_sched_check(const float *sigmas, int n, const char *what);
 
 /* Standard normal noise, element `offset + i` of stream (seed, stream) for i < n (see schedule.c). */

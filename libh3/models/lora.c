@@ -871,7 +871,7 @@ int h3_lora_pdd_head(h3_lora *l, int audio, double sigma, double sigma_next, flo
     const void *pbias = h3_store_get_float(&l->files[pb->file], pb->b[m], tb->ndim, bshape, &db);
     if (!pw || !pbias) return -H3_E_SCHEMA;
     double *acc = h3_calloc((size_t)(rows * cols + rows), sizeof(double));
-    float *row = h3_malloc(sizeof(float) * (size_t)cols);
+    float *row = h3_malloc(sizeof(float) * (size_t)(cols > rows ? cols : rows)); /* a weight row or the bias */
     if (!acc || !row) {
         free(acc);
         free(row);

@@ -805,7 +805,9 @@ typedef struct h3_request {
      *    last velocity (the first and last steps always run). Exclusive with reuse.
      *  lora_paths / lora_scales / n_lora: LoRA files (safetensors, diffusers or ComfyUI / original
      *    key names) merged into the transformer's weights when it loads, each delta scaled by its
-     *    scale (NULL = 1 each) and by the file's alpha / rank where it records one.
+     *    scale (NULL = 1 each) and by the file's alpha / rank where it records one. The few-step
+     *    formats too (docs/few-step.md): Turbo's fused qkv, FastH3's .diff / .diff_b / .set_weight,
+     *    and a PDD file's interval output heads, applied per step.
      */
     int32_t reuse;
     int32_t core_reuse;

@@ -14,7 +14,14 @@
  * each hold one part, and diffusers' ff.net.0.proj holds fc1's halves swapped. Each is mapped onto
  * the released layout libh3 computes with (qkv_proj per-head interleaved, fc1 [gate; up]).
  * Scale of a module: the caller's scale times alpha / rank when the file has a ".alpha" for it or,
- * failing any, an "alpha" entry in its __metadata__; else 1 (alpha = rank).
+ * failing any, an "alpha" (or PDD's "lora_alpha") entry in its __metadata__; else 1 (alpha = rank).
+ * The few-step formats (docs/few-step.md) add: ".lora_down" / ".lora_up" without ".weight" (the
+ * PDD files); whole-parameter parts ".diff" (a weight delta, times the caller's scale), ".diff_b"
+ * (a bias delta), ".set_weight" / ".set_bias" (replacements, applied before any delta), rows mapped
+ * as the module's low-rank halves (FastVideo's FastH3); and a PDD bank of interval output heads
+ * (proj_out / audio_proj_out [n, out, hidden], or ComfyUI's set_weight [n * out, hidden] on the
+ * heads), applied per step (h3_lora_pdd_head). A file may declare its sigma grid (metadata
+ * "h3ctl_schedule"; a PDD bank declares "pdd").
  */
 #ifndef H3_LORA_H
 #define H3_LORA_H

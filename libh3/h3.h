@@ -424,6 +424,16 @@ H3_API int64_t h3_image_preprocess(h3_ctx *ctx, const uint8_t *rgb, int width, i
 H3_API int h3_sigma_schedule(int steps, double shift, float *sigmas, float *timesteps);
 
 /*
+ * A named sigma grid (h3_request.schedule): `steps` grid points (terminal 0 included) of video and
+ * audio sigmas into video / audio (room for `steps` each), "h3" using the given shifts (the
+ * model's), the others their own. Returns the count, or H3_E_INVALID for an unknown name.
+ * h3_schedule_name(i) is the i-th known name, NULL past the last.
+ */
+H3_API int h3_schedule_sigmas(const char *name, int steps, double shift_video, double shift_audio, float *video,
+                              float *audio);
+H3_API const char *h3_schedule_name(int i);
+
+/*
  * Standard-normal noise from libh3's counter-based generator: out[i] = element offset + i of
  * stream `stream` under `seed` (Philox4x32-10 + Box-Muller, documented in libh3/schedule.c).
  * Any element is reproducible on its own. The engine uses stream 0 for video noise in
@@ -795,7 +805,9 @@ typedef struct h3_request {
      *    last velocity (the first and last steps always run). Exclusive with reuse.
      *  lora_paths / lora_scales / n_lora: LoRA files (safetensors, diffusers or ComfyUI / original
      *    key names) merged into the transformer's weights when it loads, each delta scaled by its
-     *    scale (NULL = 1 each) and by the file's alpha / rank where it records one.
+     *    scale (NULL = 1 each) and by the file's alpha / rank where it records one. The few-step
+     *    formats too (docs/few-step.md): Turbo's fused qkv, FastH3's .diff / .diff_b / .set_weight,
+     *    and a PDD file's interval output heads, applied per step.
      */
     int32_t reuse;
     int32_t core_reuse;
@@ -851,6 +863,18 @@ typedef struct h3_request {
      */
     const h3_reference *references;
     int32_t n_references;
+    /*
+     * Sigma schedule (docs/few-step.md). `schedule` names a grid of h3_schedule_sigmas; NULL or ""
+     * takes the one the model (model_index.json "h3ctl": {"schedule": NAME}) or a LoRA file (its
+     * metadata "h3ctl_schedule", or a PDD file's head grid: "pdd") declares, else "h3". Naming one
+     * that differs from a declared one fails with H3_E_INVALID. Or `sigmas` gives the grids
+     * themselves: 2 * n_sigmas floats, video then audio, each in [0, 1] and strictly decreasing (a
+     * full render ends at 0; a segment may stop before, continuing from injected latents):
+     * n_sigmas - 1 evaluations, `steps` is then ignored; not with `schedule`.
+     */
+    const char *schedule;
+    const float *sigmas;
+    int32_t n_sigmas;
 } h3_request;
 
 /* h3_request.layer_policy */
@@ -892,6 +916,12 @@ H3_API int h3_render_info_get(h3_ctx *ctx, h3_render_info *out);
 /* Validate a request and give its shapes without computing anything (prompt_tokens, steps and
    sequence are 0): lets a caller size buffers or noise and refuse bad input before any work. */
 H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out);
+
+/* The schedule a request's model (model_index.json "h3ctl".schedule) or LoRA files (metadata
+   "h3ctl_schedule", a PDD head bank: "pdd") declare, into name (cap bytes): returns 1, 0 when none
+   declares one ("" written), or a negative H3_E* code (a LoRA file that does not fit, two that
+   declare different ones). Reads headers only. */
+H3_API int h3_schedule_declared(h3_ctx *ctx, const h3_request *request, char *name, int cap);
 
 /* Current latents: video [C, T, h, w] and audio [2, C_a, T_a] (either may be NULL). */
 H3_API int h3_get_latents(h3_ctx *ctx, float *video, float *audio);

@@ -29,6 +29,15 @@ H3_API int h3_sigma_schedule(int steps, double shift, float *sigmas, float *time
     return n;
 }
 
+H3_API int h3_schedule_sigmas(const char *name, int steps, double shift_video, double shift_audio, float *video,
+                              float *audio)
+{
+    if (!video || !audio) return h3_err(H3_E_INVALID, "schedule: NULL sigma buffer");
+    return h3_sched_named(name, steps, shift_video, shift_audio, video, audio);
+}
+
+H3_API const char *h3_schedule_name(int i) { return h3_sched_name(i); }
+
 H3_API int h3_noise_fill(uint64_t seed, uint32_t stream, uint64_t offset, float *out, int64_t n)
 {
     if (n < 0 || (n > 0 && !out)) return h3_err(H3_E_INVALID, "noise: bad buffer (%lld values)", (long long)n);

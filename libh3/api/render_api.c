@@ -8,6 +8,12 @@ H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out)
     return h3_rt_plan(&ctx->rt, request, out);
 }
 
+H3_API int h3_schedule_declared(h3_ctx *ctx, const h3_request *request, char *name, int cap)
+{
+    if (!ctx) return h3_err(H3_E_INVALID, "NULL context");
+    return h3_rt_schedule_declared(&ctx->rt, request, name, cap);
+}
+
 H3_API int h3_prepare(h3_ctx *ctx, const h3_request *request)
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");

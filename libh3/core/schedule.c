@@ -17,6 +17,8 @@
 #include "core/schedule.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -46,6 +48,106 @@ int h3_sched_sigmas(int steps, double shift, float *sigmas)
     if (n < 2)
         return h3_err(H3_E_INVALID, "schedule: %d steps with shift %g collapse to a single sigma", steps, shift);
     return n;
+}
+
+/* ---- named grids ----------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    double shift_video, shift_audio; /* 0 = the model's */
+    bool h3c;                        /* h3.c's base 1 - i/E instead of torch's linspace */
+} sched_def;
+
+static const sched_def SCHEDS[] = {
+    {"h3", 0, 0, false},
+    {"turbo-544p", 12.0, 3.0, false},
+    {"turbo-768p", 6.0, 3.0, false},
+    {"pdd", 12.0, 3.0, false},
+    {"h3c-lowstep", 12.0, 3.0, true},
+};
+#define N_SCHEDS ((int)(sizeof SCHEDS / sizeof *SCHEDS))
+
+int h3_sched_find(const char *name)
+{
+    for (int i = 0; name && i < N_SCHEDS; i++)
+        if (strcmp(name, SCHEDS[i].name) == 0) return i;
+    return -1;
+}
+
+const char *h3_sched_name(int i) { return i >= 0 && i < N_SCHEDS ? SCHEDS[i].name : NULL; }
+
+const char *h3_sched_names(void)
+{
+    static char buf[256];
+    if (!buf[0]) {
+        size_t k = 0;
+        for (int i = 0; i < N_SCHEDS && k < sizeof buf; i++)
+            k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i ? ", " : "", SCHEDS[i].name);
+    }
+    return buf;
+}
+
+/* h3.c's low-step grid: f32 throughout, base 1 - i/E, the shift as four roundings. */
+static int sched_h3c(int steps, double shift, float *sigmas)
+{
+    if (steps < 3 || steps > 100000)
+        return h3_err(H3_E_INVALID, "schedule h3c-lowstep: steps must be between 3 and 100000 (sigma grid points, "
+                      "terminal 0 included: 2 or more passes), got %d", steps);
+    const int E = steps - 1;
+    const float s = (float)shift, den = (float)E;
+    for (int i = 0; i <= E; i++) {
+        float q = (float)i / den;
+        float base = 1.0f - q;
+        float num = s * base;
+        float d = 1.0f + (s - 1.0f) * base;
+        sigmas[i] = num / d;
+    }
+    sigmas[E] = 0.0f;
+    return steps;
+}
+
+int h3_sched_named(const char *name, int steps, double model_shift_video, double model_shift_audio, float *video,
+                   float *audio)
+{
+    const int i = h3_sched_find(name && name[0] ? name : "h3");
+    if (i < 0) return h3_err(H3_E_INVALID, "schedule '%s' does not exist (known: %s)", name, h3_sched_names());
+    const sched_def *d = &SCHEDS[i];
+    const double sv = d->shift_video > 0 ? d->shift_video : model_shift_video;
+    const double sa = d->shift_audio > 0 ? d->shift_audio : model_shift_audio;
+    int nv, na;
+    if (d->h3c) {
+        nv = sched_h3c(steps, sv, video);
+        na = nv < 0 ? nv : sched_h3c(steps, sa, audio);
+    } else {
+        nv = h3_sched_sigmas(steps, sv, video);
+        na = nv < 0 ? nv : h3_sched_sigmas(steps, sa, audio);
+    }
+    if (nv < 0) return nv;
+    if (na < 0) return na;
+    /* diffusers zips the two timestep lists: unequal lengths (a shift collapsing grid points)
+       would run out of audio sigmas. Refuse instead. */
+    if (nv != na)
+        return h3_err(H3_E_INVALID,
+                      "schedule %s: %d steps give %d video sigmas (shift %g) but %d audio sigmas (shift %g); "
+                      "the two schedules must have the same length",
+                      d->name, steps, nv, sv, na, sa);
+    return nv;
+}
+
+int h3_sched_check(const float *sigmas, int n, const char *what)
+{
+    if (n < 2 || n > 100000)
+        return h3_err(H3_E_INVALID, "%s sigmas: %d values (2 to 100000, terminal 0 included)", what, n);
+    if (!sigmas) return h3_err(H3_E_INVALID, "%s sigmas: NULL array", what);
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(sigmas[i]) || sigmas[i] < 0 || sigmas[i] > 1)
+            return h3_err(H3_E_INVALID, "%s sigma %d is %g (each must lie in [0, 1])", what, i, (double)sigmas[i]);
+        if (i && !(sigmas[i] < sigmas[i - 1]))
+            return h3_err(H3_E_INVALID, "%s sigmas must decrease strictly (%d: %g, %d: %g)", what, i - 1,
+                          (double)sigmas[i - 1], i, (double)sigmas[i]);
+    }
+    /* A grid need not reach 0: a segment of one (a render continued from given latents) is valid. */
+    return 0;
 }
 
 void h3_sched_timesteps(const float *sigmas, int n, float *timesteps)

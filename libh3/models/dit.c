@@ -144,6 +144,11 @@ static float *host_vec_v(h3_dit *d, int64_t n, const char *fmt, va_list ap)
     if (!p) return NULL;
     float *out = h3_alloc_aligned(sizeof(float) * (size_t)n);
     if (out) h3_to_f32(p, dt, out, n);
+    /* whole-parameter LoRA parts (.diff_b / .set_bias) of this vector */
+    if (out && d->lora && h3_lora_merge_vec(d->lora, name, out, n)) {
+        h3_free_aligned(out);
+        return NULL;
+    }
     return out;
 }
 
@@ -443,8 +448,57 @@ static void free_knob_state(h3_dit *d)
     d->red_rows = 0;
 }
 
+static void drop_pdd(h3_dit *d)
+{
+    for (int m = 0; m < 2; m++) {
+        for (int s = 0; s < d->pdd_n; s++) {
+            if (d->pdd_w[m]) dit_wfree(d, &d->pdd_w[m][s]);
+            if (d->pdd_b[m]) dit_bfree(d, d->pdd_b[m][s]);
+            if (d->pdd_host[m]) h3_free_aligned(d->pdd_host[m][s]);
+        }
+        free(d->pdd_w[m]);
+        free(d->pdd_b[m]);
+        free(d->pdd_host[m]);
+        d->pdd_w[m] = NULL;
+        d->pdd_b[m] = NULL;
+        d->pdd_host[m] = NULL;
+    }
+    d->pdd_n = 0;
+}
+
+/* The PDD heads of every step of the prepared grids: each step's weighted mean of the bank's
+   interval heads (lora.h), made a backend weight. The host copies stay: a CPU weight may be a
+   view of them. */
+static int build_pdd(h3_dit *d, int evals)
+{
+    const int64_t H = d->c.hidden, rows[2] = {d->P, d->c.audio_ch};
+    int rc = 0;
+    for (int m = 0; m < 2 && !rc; m++) {
+        d->pdd_w[m] = h3_calloc((size_t)evals, sizeof **d->pdd_w);
+        d->pdd_b[m] = h3_calloc((size_t)evals, sizeof **d->pdd_b);
+        d->pdd_host[m] = h3_calloc((size_t)evals, sizeof **d->pdd_host);
+        if (!d->pdd_w[m] || !d->pdd_b[m] || !d->pdd_host[m]) rc = -H3_E_NOMEM;
+    }
+    if (!rc) d->pdd_n = evals;
+    for (int s = 0; s < evals && !rc; s++)
+        for (int m = 0; m < 2 && !rc; m++) {
+            float *host = h3_alloc_aligned(sizeof(float) * (size_t)(rows[m] * H + rows[m]));
+            if (!host) {
+                rc = -H3_E_NOMEM;
+                break;
+            }
+            d->pdd_host[m][s] = host;
+            rc = h3_lora_pdd_head(d->lora, m, d->sig[m][s], d->sig[m][s + 1], host, host + rows[m] * H);
+            if (!rc) rc = d->be->ops->weight_load(d->be, host, H3_DT_F32, rows[m], H, &d->pdd_w[m][s]);
+            if (!rc && !(d->pdd_b[m][s] = h3_backend_dup(d->be, host + rows[m] * H, sizeof(float) * (size_t)rows[m])))
+                rc = -H3_E_NOMEM;
+        }
+    return rc;
+}
+
 static void drop_schedule(h3_dit *d)
 {
+    drop_pdd(d);
     free_knob_state(d);
     for (int k = 0; k < 2; k++) {
         free(d->sig[k]);
@@ -1103,16 +1157,18 @@ static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const flo
     /* Final norm + heads on the output rows only (diffusers runs both heads over every row and
        selects afterwards; the selected values are the same). */
     const h3_bmod fm = {tab_fin, p->d_row_fin, 2, 0};
+    /* a PDD LoRA's heads of this step (h3_dit_forward_t's explicit timesteps keep the model's) */
+    const bool pdd = d->pdd_n > 0 && step >= 0 && step < d->pdd_n;
     if (l->n_video) {
         const h3_bt nb = act(d, d->nb, l->n_video, H, H), out = f32(video_out, l->n_video, d->P, d->P);
         if ((rc = o->norm_mod(be, &x, d->d_video_idx, d->fin_norm, &fm, (float)c->final_eps, &nb)) ||
-            (rc = o->linear(be, &nb, &d->vout, d->vout_b, &out)))
+            (rc = o->linear(be, &nb, pdd ? &d->pdd_w[0][step] : &d->vout, pdd ? d->pdd_b[0][step] : d->vout_b, &out)))
             return rc;
     }
     if (l->n_audio) {
         const h3_bt nb = act(d, d->nb, l->n_audio, H, H), out = f32(audio_out, l->n_audio, c->audio_ch, c->audio_ch);
         if ((rc = o->norm_mod(be, &x, d->d_audio_idx, d->fin_norm, &fm, (float)c->final_eps, &nb)) ||
-            (rc = o->linear(be, &nb, &d->aout, d->aout_b, &out)))
+            (rc = o->linear(be, &nb, pdd ? &d->pdd_w[1][step] : &d->aout, pdd ? d->pdd_b[1][step] : d->aout_b, &out)))
             return rc;
     }
     /* One wait per forward: the timings below are the device's, and a fault surfaces here. */
@@ -1167,7 +1223,31 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
 
 int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shift_audio, bool release_adaln)
 {
+    if (steps < 2 || steps > 100000) return h3_sched_sigmas(steps, shift_video, NULL); /* its message */
+    float *sv = h3_malloc(sizeof(float) * (size_t)steps), *sa = h3_malloc(sizeof(float) * (size_t)steps);
+    int n[2] = {0, 0}, rc = sv && sa ? 0 : -H3_E_NOMEM;
+    if (!rc && (n[0] = h3_sched_sigmas(steps, shift_video, sv)) < 0) rc = n[0];
+    if (!rc && (n[1] = h3_sched_sigmas(steps, shift_audio, sa)) < 0) rc = n[1];
+    /* diffusers zips the two timestep lists and steps the video list: with unequal lengths (a
+       shift collapsing grid points) its loop would run out of audio sigmas. Refuse instead. */
+    if (!rc && n[0] != n[1])
+        rc = h3_err(H3_E_INVALID,
+                    "schedule: %d steps give %d video sigmas (shift %g) but %d audio sigmas (shift %g); "
+                    "the two schedules must have the same length",
+                    steps, n[0], shift_video, n[1], shift_audio);
+    if (!rc) rc = h3_dit_prepare_sigmas(d, sv, sa, n[0], release_adaln);
+    free(sv);
+    free(sa);
+    return rc;
+}
+
+int h3_dit_prepare_sigmas(h3_dit *d, const float *sigmas_video, const float *sigmas_audio, int n_sigmas,
+                          bool release_adaln)
+{
     if (!d->has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before preparing a schedule");
+    int rc = h3_sched_check(sigmas_video, n_sigmas, "video");
+    if (!rc) rc = h3_sched_check(sigmas_audio, n_sigmas, "audio");
+    if (rc) return rc;
     const double t0 = now_ms();
     drop_schedule(d);
     /* Forward timings are per prepared request. */
@@ -1179,22 +1259,15 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
     d->stats.transformer_ms = 0;
     const h3_dit_cfg *c = &d->c;
     const h3_dit_layout *l = &d->lay;
-    int rc = 0, n[2] = {0, 0};
-    const double shift[2] = {shift_video, shift_audio};
+    int n[2] = {n_sigmas, n_sigmas};
+    const float *given[2] = {sigmas_video, sigmas_audio};
     for (int k = 0; k < 2 && !rc; k++) {
-        d->sig[k] = h3_malloc(sizeof(float) * (size_t)(steps > 2 ? steps : 2));
-        d->ts[k] = h3_malloc(sizeof(float) * (size_t)(steps > 2 ? steps : 2));
+        d->sig[k] = h3_malloc(sizeof(float) * (size_t)n_sigmas);
+        d->ts[k] = h3_malloc(sizeof(float) * (size_t)n_sigmas);
         if (!d->sig[k] || !d->ts[k]) rc = -H3_E_NOMEM;
-        if (!rc && (n[k] = h3_sched_sigmas(steps, shift[k], d->sig[k])) < 0) rc = n[k];
+        if (!rc) memcpy(d->sig[k], given[k], sizeof(float) * (size_t)n_sigmas);
         if (!rc) h3_sched_timesteps(d->sig[k], n[k], d->ts[k]);
     }
-    /* diffusers zips the two timestep lists and steps the video list: with unequal lengths (a
-       shift collapsing grid points) its loop would run out of audio sigmas. Refuse instead. */
-    if (!rc && n[0] != n[1])
-        rc = h3_err(H3_E_INVALID,
-                    "schedule: %d steps give %d video sigmas (shift %g) but %d audio sigmas (shift %g); "
-                    "the two schedules must have the same length",
-                    steps, n[0], shift_video, n[1], shift_audio);
     int32_t *row_t = rc ? NULL : h3_malloc(sizeof(int32_t) * (size_t)l->seq);
     if (!rc && !row_t) rc = -H3_E_NOMEM;
     for (int64_t r = 0; !rc && r < l->seq; r++) row_t[r] = l->role[r];
@@ -1230,6 +1303,7 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
         d->table_bytes = (blk_n + fin_n) * sizeof(float);
     }
     if (!rc && !d->per_step) rc = compute_tables(d, &d->plan, tv, evals, d->tab_blk, d->tab_fin, release_adaln);
+    if (!rc && h3_lora_pdd_intervals(d->lora)) rc = build_pdd(d, evals);
     if (rc) {
         drop_schedule(d);
         return rc;

@@ -191,6 +191,9 @@ H3_INTERNAL int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n);
  */
 H3_INTERNAL int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shift_audio,
                                         bool release_adaln);
+/* The same on given grids (n_sigmas values each, strictly decreasing to a terminal 0). */
+H3_INTERNAL int h3_dit_prepare_sigmas(h3_dit *d, const float *sigmas_video, const float *sigmas_audio, int n_sigmas,
+                                      bool release_adaln);
 /*
  * Speed knobs of a request (h3.h h3_request has the user-facing description). Zero = off; all off
  * is the exact path, bit for bit. They apply from the next h3_dit_prepare_schedule on and are

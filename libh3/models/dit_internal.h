@@ -66,6 +66,11 @@ struct h3_dit {
     unsigned flags;  /* H3_OPT_* */
     h3_dit_cfg c;
     h3_lora *lora;     /* merged into every weight it targets as the weight loads */
+    /* a PDD LoRA's output heads of each prepared step ([0] video, [1] audio; pdd_n = 0: none) */
+    h3_bw *pdd_w[2];
+    float **pdd_b[2];
+    float **pdd_host[2];
+    int pdd_n;
     dit_owned *owned;  /* the merged copies */
     int n_owned;
     bool lazy_blocks;  /* blocks' GEMM weights load when a schedule runs them (layer dropping) */

@@ -1,6 +1,8 @@
 /* LoRA files for the transformer: key names, checks against the model, and the merge (lora.h). */
 #include "models/lora.h"
 
+#include "core/schedule.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -20,14 +22,31 @@ typedef enum {
     MAP_SWAP_HALVES /* diffusers ff.net.0.proj [up; gate] -> fc1 [gate; up] */
 } row_map;
 
+/* What an entry does to its target. */
+typedef enum {
+    KIND_LOW_RANK, /* += scale * B A */
+    KIND_DIFF,     /* += scale * D (a whole-parameter delta: FastVideo's .diff / .diff_b) */
+    KIND_SET       /* = D (.set_weight / .set_bias), applied before any delta */
+} entry_kind;
+
 typedef struct {
     char *target;         /* released tensor name, "blocks.3.attn.qkv_proj.weight" */
+    entry_kind kind;      /* KIND_DIFF / KIND_SET: b_name is the whole tensor, a_name NULL */
+    bool vector;          /* a 1-D target (a bias) */
     int file;             /* index of the LoRA file */
     char *a_name, *b_name;/* tensor names inside that file */
     int64_t rank, out_rows, cols;
     float scale;
     row_map map;
 } lora_entry;
+
+/* A PDD head bank (alibaba-pai Acc LoRAs): n interval heads per modality on the grid
+   shift(linspace(1, 0, n + 1)) at shift 12 (video) / 3 (audio). */
+typedef struct {
+    int file, n;
+    char *w[2], *b[2]; /* [0] video, [1] audio: tensor names */
+    int64_t rows[2], cols;
+} pdd_bank;
 
 struct h3_lora {
     h3_store *files;
@@ -36,6 +55,9 @@ struct h3_lora {
     lora_entry *e;
     int n;
     int heads, head_dim;
+    int64_t video_rows, audio_rows, hidden;
+    pdd_bank pdd;
+    char schedule[64]; /* a declared schedule ("" = none) */
 };
 
 /* One module of one file while the keys are gathered. */
@@ -44,10 +66,17 @@ typedef struct {
     bool diffusers_names, interleaved;
     char *a, *b;  /* key names of the down/up halves */
     const char *alpha; /* key of the ".alpha" scalar */
+    /* whole-parameter parts: [0] .diff, [1] .diff_b, [2] .set_weight, [3] .set_bias */
+    const char *whole[4];
 } pending;
 
-static const char *const SUFFIX_A[] = {".lora_A.weight", ".lora_down.weight", ".lora_A.default.weight"};
-static const char *const SUFFIX_B[] = {".lora_B.weight", ".lora_up.weight", ".lora_B.default.weight"};
+/* ".lora_down" / ".lora_up" without ".weight": the PDD files' own spelling. */
+static const char *const SUFFIX_A[] = {".lora_A.weight", ".lora_down.weight", ".lora_A.default.weight", ".lora_down"};
+static const char *const SUFFIX_B[] = {".lora_B.weight", ".lora_up.weight", ".lora_B.default.weight", ".lora_up"};
+static const char *const SUFFIX_WHOLE[] = {".diff", ".diff_b", ".set_weight", ".set_bias"};
+/* The PDD bank's keys (diffusers names of the two output heads). */
+static const char *const PDD_KEYS[4] = {"proj_out.weight", "proj_out.bias", "audio_proj_out.weight",
+                                        "audio_proj_out.bias"};
 
 static bool ends_with(const char *s, const char *suf, size_t *cut)
 {
@@ -164,9 +193,9 @@ static bool diffusers_vocabulary(const char *module)
     return false;
 }
 
-/* __metadata__["alpha"] of a safetensors file (the network alpha some trainers record), if it is
-   a number. The header was validated when the file was added to its store. */
-static bool metadata_alpha(const char *path, double *alpha)
+/* __metadata__[key] of a safetensors file as a string (false when absent or not a string). The
+   header was validated when the file was added to its store. */
+static bool metadata_str(const char *path, const char *key, char *out, size_t cap)
 {
     bool found = false;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -181,16 +210,10 @@ static bool metadata_alpha(const char *path, double *alpha)
         h3_json doc;
         if (h3_json_parse(&doc, hdr, (size_t)hlen) == 0) {
             const h3j *meta = h3j_get(&doc, h3j_root(&doc), "__metadata__");
-            const h3j *a = meta ? h3j_get(&doc, meta, "alpha") : NULL;
-            if (a && a->type == H3J_STR) {
-                char *end;
-                const char *s = h3j_str(&doc, a);
-                double v = strtod(s, &end);
-                /* diffusers ignores a non-numeric entry (with a warning); so do we */
-                if (end != s && *end == 0 && isfinite(v) && v > 0) {
-                    *alpha = v;
-                    found = true;
-                }
+            const h3j *a = meta ? h3j_get(&doc, meta, key) : NULL;
+            if (a && a->type == H3J_STR && strlen(h3j_str(&doc, a)) < cap) {
+                snprintf(out, cap, "%s", h3j_str(&doc, a));
+                found = true;
             }
             h3_json_free(&doc);
         }
@@ -198,6 +221,25 @@ static bool metadata_alpha(const char *path, double *alpha)
     free(hdr);
     close(fd);
     return found;
+}
+
+/* __metadata__["alpha"] (the network alpha some trainers record) or, as the PDD files write it,
+   "lora_alpha", if it is a positive number. */
+static bool metadata_alpha(const char *path, double *alpha)
+{
+    char buf[64];
+    const char *keys[2] = {"alpha", "lora_alpha"};
+    for (int k = 0; k < 2; k++) {
+        if (!metadata_str(path, keys[k], buf, sizeof buf)) continue;
+        char *end;
+        double v = strtod(buf, &end);
+        /* diffusers ignores a non-numeric entry (with a warning); so do we */
+        if (end != buf && *end == 0 && isfinite(v) && v > 0) {
+            *alpha = v;
+            return true;
+        }
+    }
+    return false;
 }
 
 static void pending_free(pending *p, int n)
@@ -247,6 +289,109 @@ static int add_entry(h3_lora *l, lora_entry *e)
     return 0;
 }
 
+/* A PDD bank tensor: [n, rows, cols] or [n * rows, cols] (weights), [n, rows] or [n * rows] (biases). */
+static int bank_count(const h3_tensor *t, bool bias, int64_t rows, int64_t cols)
+{
+    if (!bias && t->ndim == 3 && t->shape[1] == rows && t->shape[2] == cols) return (int)t->shape[0];
+    if (!bias && t->ndim == 2 && t->shape[1] == cols && t->shape[0] % rows == 0) return (int)(t->shape[0] / rows);
+    if (bias && t->ndim == 2 && t->shape[1] == rows) return (int)t->shape[0];
+    if (bias && t->ndim == 1 && t->shape[0] % rows == 0) return (int)(t->shape[0] / rows);
+    return -1;
+}
+
+/* The PDD bank of file fi from its four tensors (keys[k] NULL where absent). */
+static int read_bank(h3_lora *l, int fi, const char *const keys[4], const char *pdd_steps)
+{
+    const char *path = l->paths[fi];
+    h3_store *s = &l->files[fi];
+    if (l->pdd.w[0])
+        return h3_err(H3_E_SCHEMA, "LoRA %s: a second PDD head bank (only one set of output heads can apply)", path);
+    for (int k = 0; k < 4; k++)
+        if (!keys[k])
+            return h3_err(H3_E_SCHEMA, "LoRA %s: PDD head bank without %s (it needs %s, %s, %s and %s)", path,
+                          PDD_KEYS[k], PDD_KEYS[0], PDD_KEYS[1], PDD_KEYS[2], PDD_KEYS[3]);
+    int n = -1;
+    for (int k = 0; k < 4; k++) {
+        const h3_tensor *t = h3_store_find(s, keys[k]);
+        const int64_t rows = k < 2 ? l->video_rows : l->audio_rows;
+        const int c = bank_count(t, k % 2 == 1, rows, l->hidden);
+        char st[96];
+        if (c < 2 || (n > 0 && c != n) || c > 4096)
+            return h3_err(H3_E_SCHEMA, "LoRA %s: PDD head %s has shape %s, which is no bank of %s heads [%lld, %lld] "
+                          "for this model", path, keys[k], shape_text(st, sizeof st, t->ndim, t->shape),
+                          k < 2 ? "video" : "audio", (long long)rows, (long long)l->hidden);
+        n = c;
+    }
+    if (pdd_steps) {
+        char *end;
+        long v = strtol(pdd_steps, &end, 10);
+        if (end == pdd_steps || *end || v != n)
+            return h3_err(H3_E_SCHEMA, "LoRA %s: metadata pdd_num_steps '%s' but its head bank holds %d heads", path,
+                          pdd_steps, n);
+    }
+    l->pdd.file = fi;
+    l->pdd.n = n;
+    l->pdd.rows[0] = l->video_rows;
+    l->pdd.rows[1] = l->audio_rows;
+    l->pdd.cols = l->hidden;
+    for (int k = 0; k < 2; k++) {
+        l->pdd.w[k] = h3_strdup(keys[2 * k]);
+        l->pdd.b[k] = h3_strdup(keys[2 * k + 1]);
+        if (!l->pdd.w[k] || !l->pdd.b[k]) return -H3_E_NOMEM;
+    }
+    return 0;
+}
+
+static bool float_dtype(h3_dtype dt) { return dt == H3_DT_F32 || dt == H3_DT_BF16 || dt == H3_DT_F16; }
+
+/* A whole-parameter part (.diff / .diff_b / .set_weight / .set_bias) of module p as an entry. */
+static int whole_entry(h3_lora *l, h3_store *dit, int fi, const pending *p, int part, const char *target_w,
+                       row_map map, float user_scale)
+{
+    const char *path = l->paths[fi];
+    h3_store *s = &l->files[fi];
+    const bool bias = part == 1 || part == 3;
+    char target[512];
+    snprintf(target, sizeof target, "%s", target_w);
+    if (bias) {
+        size_t n = strlen(target);
+        if (n > 7 && strcmp(target + n - 7, ".weight") == 0) snprintf(target + n - 7, sizeof target - (n - 7), ".bias");
+    }
+    const h3_tensor *W = h3_store_find(dit, target);
+    if (!W)
+        return h3_err(H3_E_SCHEMA, "LoRA %s: '%s%s' targets %s, which this model's transformer does not have", path,
+                      p->module, SUFFIX_WHOLE[part], target);
+    const h3_tensor *D = h3_store_find(s, p->whole[part]);
+    int64_t rows = W->shape[0];
+    if (map == MAP_QKV_Q || map == MAP_QKV_K || map == MAP_QKV_V) rows /= 3;
+    const bool ok = W->ndim == (bias ? 1 : 2) && D->ndim == W->ndim && D->shape[0] == rows &&
+                    (bias || D->shape[1] == W->shape[1]) && float_dtype(D->dtype) &&
+                    (map == MAP_IDENTITY || map == MAP_SWAP_HALVES || W->shape[0] == 3LL * l->heads * l->head_dim) &&
+                    (map != MAP_SWAP_HALVES || W->shape[0] % 2 == 0);
+    if (!ok) {
+        char sd[96], sw[96];
+        return h3_err(H3_E_SCHEMA, "LoRA %s: '%s' is %s %s, which does not fit %s %s", path, p->whole[part],
+                      h3_dtype_name(D->dtype), shape_text(sd, sizeof sd, D->ndim, D->shape), target,
+                      shape_text(sw, sizeof sw, W->ndim, W->shape));
+    }
+    lora_entry e = {0};
+    e.kind = part >= 2 ? KIND_SET : KIND_DIFF;
+    e.vector = bias;
+    e.target = h3_strdup(target);
+    e.b_name = h3_strdup(p->whole[part]);
+    e.file = fi;
+    e.out_rows = rows;
+    e.cols = bias ? 1 : W->shape[1];
+    e.scale = user_scale;
+    e.map = map;
+    int rc = e.target && e.b_name ? add_entry(l, &e) : -H3_E_NOMEM;
+    if (rc) {
+        free(e.target);
+        free(e.b_name);
+    }
+    return rc;
+}
+
 /* Gather one file's keys into modules, then check each against the model's weight. */
 static int read_file(h3_lora *l, h3_store *dit, int fi, float user_scale)
 {
@@ -255,6 +400,7 @@ static int read_file(h3_lora *l, h3_store *dit, int fi, float user_scale)
     pending *mods = NULL;
     int nm = 0, cap = 0, rc = 0;
     bool any_alpha = false;
+    const char *bank[4] = {NULL, NULL, NULL, NULL};
     for (size_t t = 0; t < s->ntensors && !rc; t++) {
         const char *key = h3_tensor_name(s, &s->tensors[t]);
         const char *name = key;
@@ -267,19 +413,32 @@ static int read_file(h3_lora *l, h3_store *dit, int fi, float user_scale)
         } else if (strncmp(name, "diffusion_model.", 16) == 0) {
             name += 16;
         }
+        bool is_bank = false;
+        for (int k = 0; k < 4; k++)
+            if (strcmp(name, PDD_KEYS[k]) == 0) {
+                bank[k] = key;
+                is_bank = true;
+            }
+        if (is_bank) continue;
         size_t cut = 0;
-        int half = -1; /* 0 = A / down, 1 = B / up, 2 = alpha */
+        int half = -1; /* 0 = A / down, 1 = B / up, 2 = alpha, 3 = a whole-parameter part */
+        int whole = -1;
         bool infix = false;
-        for (int k = 0; k < 3 && half < 0; k++) {
+        for (int k = 0; k < 4 && half < 0; k++) {
             if (ends_with(name, SUFFIX_A[k], &cut)) half = 0;
             else if (ends_with(name, SUFFIX_B[k], &cut)) half = 1;
             if (half >= 0) infix = k == 2;
         }
         if (half < 0 && ends_with(name, ".alpha", &cut)) half = 2;
+        for (int k = 0; k < 4 && half < 0; k++)
+            if (ends_with(name, SUFFIX_WHOLE[k], &cut)) {
+                half = 3;
+                whole = k;
+            }
         if (half < 0) {
             rc = h3_err(H3_E_SCHEMA,
-                        "LoRA %s: key '%s' is not a LoRA weight (expected .lora_A/.lora_B/.lora_down/.lora_up.weight "
-                        "or .alpha)",
+                        "LoRA %s: key '%s' is not a LoRA weight (expected .lora_A/.lora_B/.lora_down/.lora_up[.weight], "
+                        ".alpha, .diff, .diff_b, .set_weight, .set_bias or a PDD output head)",
                         path, key);
             break;
         }
@@ -294,6 +453,8 @@ static int read_file(h3_lora *l, h3_store *dit, int fi, float user_scale)
         if (half == 2) {
             p->alpha = key;
             any_alpha = true;
+        } else if (half == 3) {
+            p->whole[whole] = key;
         } else {
             char **slot = half ? &p->b : &p->a;
             free(*slot);
@@ -302,16 +463,58 @@ static int read_file(h3_lora *l, h3_store *dit, int fi, float user_scale)
     }
     double meta_alpha = 0;
     const bool has_meta_alpha = !rc && !any_alpha && metadata_alpha(path, &meta_alpha);
+    char pdd_steps[32], decl[64];
+    const bool has_pdd_steps = metadata_str(path, "pdd_num_steps", pdd_steps, sizeof pdd_steps);
     int added = 0;
+    /* ComfyUI's converted PDD files carry the bank as a set on the heads ([n * rows, cols]). */
+    for (int i = 0; i < nm && !rc; i++) {
+        pending *p = &mods[i];
+        const bool video = strcmp(p->module, "final_layer.video_out") == 0 || strcmp(p->module, "proj_out") == 0;
+        const bool audio = strcmp(p->module, "final_layer.audio_out") == 0 || strcmp(p->module, "audio_proj_out") == 0;
+        if (!(video || audio) || !p->whole[2]) continue;
+        const h3_tensor *t = h3_store_find(s, p->whole[2]);
+        if (t->ndim == 3 || (t->ndim == 2 && t->shape[0] > (video ? l->video_rows : l->audio_rows))) {
+            const int k = video ? 0 : 2;
+            bank[k] = p->whole[2];
+            bank[k + 1] = p->whole[3];
+            p->whole[2] = p->whole[3] = NULL;
+        }
+    }
+    if (!rc && (bank[0] || bank[1] || bank[2] || bank[3])) {
+        rc = read_bank(l, fi, bank, has_pdd_steps ? pdd_steps : NULL);
+        if (!rc) added++;
+    } else if (!rc && has_pdd_steps) {
+        rc = h3_err(H3_E_SCHEMA, "LoRA %s: metadata pdd_num_steps but no PDD head bank (%s, ...)", path, PDD_KEYS[0]);
+    }
+    /* The schedule the file was made for: its own statement, or the PDD heads' grid. */
+    if (!rc && (metadata_str(path, "h3ctl_schedule", decl, sizeof decl) || (l->pdd.w[0] && l->pdd.file == fi &&
+                                                                            snprintf(decl, sizeof decl, "pdd") > 0))) {
+        if (h3_sched_find(decl) < 0)
+            rc = h3_err(H3_E_SCHEMA, "LoRA %s: metadata h3ctl_schedule '%s' is not a known schedule (%s)", path, decl,
+                        h3_sched_names());
+        else if (l->schedule[0] && strcmp(l->schedule, decl) != 0)
+            rc = h3_err(H3_E_INVALID, "LoRA %s declares schedule '%s' but an earlier LoRA declares '%s'", path, decl,
+                        l->schedule);
+        else
+            snprintf(l->schedule, sizeof l->schedule, "%s", decl);
+    }
     for (int i = 0; i < nm && !rc; i++) {
         pending *p = &mods[i];
         char target[512];
         row_map map;
+        const bool any_whole = p->whole[0] || p->whole[1] || p->whole[2] || p->whole[3];
         if (!resolve(p->module, p->diffusers_names, p->interleaved, target, sizeof target, &map)) {
             rc = h3_err(H3_E_SCHEMA, "LoRA %s: '%s' does not name a MiniMax-H3 transformer module with weights", path,
                         p->module);
             break;
         }
+        for (int k = 0; k < 4 && !rc; k++)
+            if (p->whole[k]) {
+                rc = whole_entry(l, dit, fi, p, k, target, map, user_scale);
+                added += !rc;
+            }
+        if (rc) break;
+        if (!p->a && !p->b && (any_whole || !p->alpha)) continue; /* whole parts only, or a bank moved out */
         if (!p->a && !p->b) {
             rc = h3_err(H3_E_SCHEMA, "LoRA %s: '%s' has an alpha but no lora_A / lora_B weights", path, p->module);
             break;
@@ -336,6 +539,19 @@ static int read_file(h3_lora *l, h3_store *dit, int fi, float user_scale)
         if (ok && map != MAP_IDENTITY && map != MAP_SWAP_HALVES)
             ok = W->shape[0] == 3LL * l->heads * l->head_dim;
         if (ok && map == MAP_SWAP_HALVES) ok = W->shape[0] % 2 == 0;
+        char rank_text[32];
+        if (ok && metadata_str(path, "lora_rank", rank_text, sizeof rank_text) && atoll(rank_text) != A->shape[0]) {
+            rc = h3_err(H3_E_SCHEMA, "LoRA %s: '%s' has rank %lld but the file's metadata says lora_rank %s", path,
+                        p->module, (long long)A->shape[0], rank_text);
+            break;
+        }
+        if (ok || A->ndim != 2 || B->ndim != 2 || A->shape[0] == B->shape[1]) {
+        } else {
+            rc = h3_err(H3_E_SCHEMA, "LoRA %s: '%s' has rank %lld in lora_A %s but %lld in lora_B %s (rank mismatch)",
+                        path, p->module, (long long)A->shape[0], shape_text(sa, sizeof sa, A->ndim, A->shape),
+                        (long long)B->shape[1], shape_text(sb, sizeof sb, B->ndim, B->shape));
+            break;
+        }
         if (!ok) {
             rc = h3_err(H3_E_SCHEMA, "LoRA %s: '%s' has lora_A %s and lora_B %s, which do not fit %s %s", path,
                         p->module, shape_text(sa, sizeof sa, A->ndim, A->shape), shape_text(sb, sizeof sb, B->ndim, B->shape),
@@ -406,6 +622,10 @@ void h3_lora_free(h3_lora *l)
         free(l->e[i].a_name);
         free(l->e[i].b_name);
     }
+    for (int k = 0; k < 2; k++) {
+        free(l->pdd.w[k]);
+        free(l->pdd.b[k]);
+    }
     free(l->files);
     free(l->paths);
     free(l->e);
@@ -424,6 +644,9 @@ int h3_lora_open(h3_model *m, const char *const *paths, const float *scales, int
     if (!l) return -H3_E_NOMEM;
     l->heads = c.heads;
     l->head_dim = c.head_dim;
+    l->video_rows = (int64_t)c.video_ch * c.patch[1] * c.patch[2];
+    l->audio_rows = c.audio_ch;
+    l->hidden = c.hidden;
     l->files = h3_calloc((size_t)(n ? n : 1), sizeof *l->files);
     l->paths = h3_calloc((size_t)(n ? n : 1), sizeof *l->paths);
     if (!l->files || !l->paths) rc = -H3_E_NOMEM;
@@ -506,18 +729,37 @@ int h3_lora_merge(h3_lora *l, h3_pool *pool, const char *name, const void *w, h3
     *out = NULL;
     if (!l) return 0;
     bool any = false;
-    for (int i = 0; i < l->n && !any; i++) any = strcmp(l->e[i].target, name) == 0;
+    for (int i = 0; i < l->n && !any; i++) any = !l->e[i].vector && strcmp(l->e[i].target, name) == 0;
     if (!any) return 0;
     float *W = h3_alloc_aligned(sizeof(float) * (size_t)(rows * cols));
     if (!W) return -H3_E_NOMEM;
     h3_to_f32(w, dt, W, rows * cols);
     int rc = 0;
+    /* sets first (in file order), then every delta: a set never discards a delta */
+    for (int pass = 0; pass < 2 && !rc; pass++)
     for (int i = 0; i < l->n && !rc; i++) {
         const lora_entry *e = &l->e[i];
-        if (strcmp(e->target, name) != 0) continue;
+        if (e->vector || strcmp(e->target, name) != 0 || (pass == 0) != (e->kind == KIND_SET)) continue;
         if (e->cols != cols) {
             rc = h3_err(H3_E_SCHEMA, "LoRA %s: %s changed shape since it was checked", l->paths[e->file], name);
             break;
+        }
+        if (e->kind != KIND_LOW_RANK) {
+            float *D = half_f32(l, e, e->b_name, e->out_rows, cols);
+            if (!D) {
+                rc = -H3_E_SCHEMA;
+                break;
+            }
+            for (int64_t j = 0; j < e->out_rows; j++) {
+                float *dst = W + map_row(l, e, j, rows) * cols;
+                const float *src = D + j * cols;
+                if (e->kind == KIND_SET)
+                    memcpy(dst, src, sizeof(float) * (size_t)cols);
+                else
+                    for (int64_t c = 0; c < cols; c++) dst[c] = dst[c] + e->scale * src[c];
+            }
+            h3_free_aligned(D);
+            continue;
         }
         float *A = half_f32(l, e, e->a_name, e->rank, cols), *B = half_f32(l, e, e->b_name, e->out_rows, e->rank);
         float *At = h3_alloc_aligned(sizeof(float) * (size_t)(cols * e->rank));
@@ -562,5 +804,102 @@ int h3_lora_merge(h3_lora *l, h3_pool *pool, const char *name, const void *w, h3
     }
     *out = W;
     *out_dt = H3_DT_F32;
+    return 0;
+}
+
+/* A 1-D tensor of the set, as its own tensor: the half_f32 of a vector. */
+static float *vec_f32(h3_lora *l, int file, const char *name, int64_t n)
+{
+    h3_dtype dt;
+    const void *p = h3_store_get_float(&l->files[file], name, 1, &n, &dt);
+    if (!p) return NULL;
+    float *out = h3_alloc_aligned(sizeof(float) * (size_t)n);
+    if (out) h3_to_f32(p, dt, out, n);
+    return out;
+}
+
+int h3_lora_merge_vec(h3_lora *l, const char *name, float *v, int64_t n)
+{
+    int rc = 0;
+    for (int pass = 0; l && pass < 2 && !rc; pass++)
+        for (int i = 0; i < l->n && !rc; i++) {
+            const lora_entry *e = &l->e[i];
+            if (!e->vector || strcmp(e->target, name) != 0 || (pass == 0) != (e->kind == KIND_SET)) continue;
+            float *D = vec_f32(l, e->file, e->b_name, e->out_rows);
+            if (!D) {
+                rc = -H3_E_SCHEMA;
+                break;
+            }
+            for (int64_t j = 0; j < e->out_rows; j++) {
+                const int64_t r = map_row(l, e, j, n);
+                v[r] = e->kind == KIND_SET ? D[j] : v[r] + e->scale * D[j];
+            }
+            h3_free_aligned(D);
+        }
+    return rc;
+}
+
+const char *h3_lora_schedule(const h3_lora *l) { return l && l->schedule[0] ? l->schedule : NULL; }
+
+int h3_lora_pdd_intervals(const h3_lora *l) { return l && l->pdd.w[0] ? l->pdd.n : 0; }
+
+/* Interval k of the bank's grid: shift(linspace(1, 0, n + 1)) in double, as the PDD loaders build it. */
+static double bank_sigma(int k, int n, double shift)
+{
+    const double b = 1.0 - (double)k / n;
+    return shift * b / (1.0 + (shift - 1.0) * b);
+}
+
+int h3_lora_pdd_head(h3_lora *l, int audio, double sigma, double sigma_next, float *W, float *bias)
+{
+    const pdd_bank *pb = &l->pdd;
+    const int m = audio ? 1 : 0, n = pb->n;
+    const int64_t rows = pb->rows[m], cols = pb->cols;
+    const double shift = audio ? 3.0 : 12.0, span = sigma - sigma_next;
+    if (!(span > 0))
+        return h3_err(H3_E_INVALID, "PDD heads: the step %g -> %g does not decrease", sigma, sigma_next);
+    int64_t wshape[3] = {n, rows, cols}, bshape[2] = {n, rows};
+    const h3_tensor *tw = h3_store_find(&l->files[pb->file], pb->w[m]);
+    const h3_tensor *tb = h3_store_find(&l->files[pb->file], pb->b[m]);
+    if (tw->ndim == 2) {
+        wshape[0] = n * rows;
+        wshape[1] = cols;
+    }
+    if (tb->ndim == 1) bshape[0] = n * rows;
+    h3_dtype dw, db;
+    const void *pw = h3_store_get_float(&l->files[pb->file], pb->w[m], tw->ndim, wshape, &dw);
+    const void *pbias = h3_store_get_float(&l->files[pb->file], pb->b[m], tb->ndim, bshape, &db);
+    if (!pw || !pbias) return -H3_E_SCHEMA;
+    double *acc = h3_calloc((size_t)(rows * cols + rows), sizeof(double));
+    float *row = h3_malloc(sizeof(float) * (size_t)(cols > rows ? cols : rows)); /* a weight row or the bias */
+    if (!acc || !row) {
+        free(acc);
+        free(row);
+        return -H3_E_NOMEM;
+    }
+    /* The step's velocity is the sigma-length-weighted mean of the interval heads it spans. */
+    double covered = 0;
+    for (int k = 0; k < n; k++) {
+        const double hi = bank_sigma(k, n, shift), lo = bank_sigma(k + 1, n, shift);
+        const double ov = (sigma < hi ? sigma : hi) - (sigma_next > lo ? sigma_next : lo);
+        if (!(ov > 0)) continue;
+        covered += ov;
+        const double wk = ov / span;
+        const size_t esw = h3_dtype_size(dw), esb = h3_dtype_size(db);
+        for (int64_t r = 0; r < rows; r++) {
+            h3_to_f32((const char *)pw + ((size_t)k * rows + r) * cols * esw, dw, row, cols);
+            for (int64_t c = 0; c < cols; c++) acc[r * cols + c] += wk * row[c];
+        }
+        h3_to_f32((const char *)pbias + (size_t)k * rows * esb, db, row, rows);
+        for (int64_t r = 0; r < rows; r++) acc[rows * cols + r] += wk * row[r];
+    }
+    free(row);
+    if (fabs(covered - span) > 1e-6 * (span > 1e-3 ? span : 1e-3)) {
+        free(acc);
+        return h3_err(H3_E_INVALID, "PDD heads: the step %g -> %g leaves the heads' sigma grid", sigma, sigma_next);
+    }
+    for (int64_t i = 0; i < rows * cols; i++) W[i] = (float)acc[i];
+    for (int64_t r = 0; r < rows; r++) bias[r] = (float)acc[rows * cols + r];
+    free(acc);
     return 0;
 }

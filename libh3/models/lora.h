@@ -14,7 +14,14 @@
  * each hold one part, and diffusers' ff.net.0.proj holds fc1's halves swapped. Each is mapped onto
  * the released layout libh3 computes with (qkv_proj per-head interleaved, fc1 [gate; up]).
  * Scale of a module: the caller's scale times alpha / rank when the file has a ".alpha" for it or,
- * failing any, an "alpha" entry in its __metadata__; else 1 (alpha = rank).
+ * failing any, an "alpha" (or PDD's "lora_alpha") entry in its __metadata__; else 1 (alpha = rank).
+ * The few-step formats (docs/few-step.md) add: ".lora_down" / ".lora_up" without ".weight" (the
+ * PDD files); whole-parameter parts ".diff" (a weight delta, times the caller's scale), ".diff_b"
+ * (a bias delta), ".set_weight" / ".set_bias" (replacements, applied before any delta), rows mapped
+ * as the module's low-rank halves (FastVideo's FastH3); and a PDD bank of interval output heads
+ * (proj_out / audio_proj_out [n, out, hidden], or ComfyUI's set_weight [n * out, hidden] on the
+ * heads), applied per step (h3_lora_pdd_head). A file may declare its sigma grid (metadata
+ * "h3ctl_schedule"; a PDD bank declares "pdd").
  */
 #ifndef H3_LORA_H
 #define H3_LORA_H
@@ -42,5 +49,22 @@ H3_INTERNAL int h3_lora_targets(const h3_lora *l);
  */
 H3_INTERNAL int h3_lora_merge(h3_lora *l, h3_pool *pool, const char *name, const void *w, h3_dtype dt, int64_t rows,
                               int64_t cols, void **out, h3_dtype *out_dt);
+
+/* The same for a 1-D weight (a bias) `name` of n floats, merged in place into v (f32): the
+   whole-parameter parts (.diff_b, .set_bias) that target it. */
+H3_INTERNAL int h3_lora_merge_vec(h3_lora *l, const char *name, float *v, int64_t n);
+
+/* The schedule the files declare (metadata "h3ctl_schedule", or "pdd" for a PDD head bank), or NULL. */
+H3_INTERNAL const char *h3_lora_schedule(const h3_lora *l);
+
+/*
+ * PDD output heads (alibaba-pai Acc LoRAs): the bank's interval count (0 = none), and the head of
+ * one step from sigma to sigma_next of one modality (audio 0/1): the mean of the bank's interval
+ * heads weighted by the sigma length each shares with the step, on the bank's grid
+ * shift(linspace(1, 0, n + 1)) at shift 12 (video) or 3 (audio). W [rows, hidden] and bias [rows]
+ * (rows = the head's outputs) are f32.
+ */
+H3_INTERNAL int h3_lora_pdd_intervals(const h3_lora *l);
+H3_INTERNAL int h3_lora_pdd_head(h3_lora *l, int audio, double sigma, double sigma_next, float *W, float *bias);
 
 #endif /* H3_LORA_H */

@@ -57,6 +57,7 @@ struct h3_render {
     uint64_t dit_gen;     /* the transformer's request generation this render set up */
     int64_t vrow_floats, arow_floats;
     int steps, evals, done;
+    int sched;            /* h3_sched_find index of the grid; -1 = the request's own sigmas */
     /* geometry: the output's width x height; the transformer and decoders run at rw x rh */
     int width, height, frames, T, lh, lw, Ta, C, AC;
     int rw, rh;
@@ -109,6 +110,76 @@ static int model_limit(h3_model *m, const char *key, int64_t dflt, int64_t *out)
         if (v <= 0) return h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be positive", m->partition_dir, key);
         *out = v;
     }
+    return 0;
+}
+
+static int widen_request(const h3_request *q, h3_request *out);
+
+/* The schedule the model (model_index.json "h3ctl": {"schedule": NAME}) or its LoRA files declare
+   (*decl; NULL = none; *model_decl: the model's own). Both declaring different ones fails. */
+static int declared_schedule(h3_model *m, const char *lora_decl, const char **model_decl, const char **decl)
+{
+    *model_decl = *decl = NULL;
+    const h3j *h = m->index_loaded ? h3j_get(&m->index, h3j_root(&m->index), "h3ctl") : NULL;
+    const h3j *v = h ? h3j_get(&m->index, h, "schedule") : NULL;
+    if (v) {
+        if (v->type != H3J_STR || h3_sched_find(h3j_str(&m->index, v)) < 0)
+            return h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.schedule must name a known schedule (%s)",
+                          m->partition_dir, h3_sched_names());
+        *model_decl = h3j_str(&m->index, v);
+    }
+    if (*model_decl && lora_decl && strcmp(*model_decl, lora_decl) != 0)
+        return h3_err(H3_E_INVALID, "schedule: the model declares '%s' but its LoRA declares '%s'", *model_decl,
+                      lora_decl);
+    *decl = *model_decl ? *model_decl : lora_decl;
+    return 0;
+}
+
+int h3_rt_schedule_declared(h3_runtime *rt, const h3_request *request, char *name, int cap)
+{
+    h3_request q;
+    int rc = widen_request(request, &q);
+    if (rc) return rc;
+    if (!name || cap < 1) return h3_err(H3_E_INVALID, "schedule: no room for the name");
+    h3_model *m = rt->model;
+    if (q.n_lora < 0 || q.n_lora > 64 || (q.n_lora && !q.lora_paths))
+        return h3_err(H3_E_INVALID, "LoRA: %d files (0 to 64, with their paths)", q.n_lora);
+    h3_lora *l = NULL;
+    if (q.n_lora && (rc = h3_lora_open(m, q.lora_paths, q.lora_scales, q.n_lora, &l))) return rc;
+    const char *model_decl, *decl;
+    rc = declared_schedule(m, h3_lora_schedule(l), &model_decl, &decl);
+    if (!rc && decl) snprintf(name, (size_t)cap, "%s", decl);
+    if (!rc && !decl) name[0] = 0;
+    h3_lora_free(l);
+    return rc ? rc : decl != NULL;
+}
+
+/* The grid a request runs (docs/few-step.md): its own sigmas, the schedule it names, or the one the
+   model (model_index.json "h3ctl": {"schedule": NAME}) or its LoRA files declare; "h3" when none
+   says. A name that does not exist, or one that differs from a declaration, fails here. */
+static int request_schedule(h3_model *m, const h3_request *q, const char *lora_decl, struct h3_render *r)
+{
+    const bool named = q->schedule && q->schedule[0];
+    if (q->sigmas || q->n_sigmas) {
+        if (named)
+            return h3_err(H3_E_INVALID, "schedule '%s' and explicit sigmas: give one of them", q->schedule);
+        if (!q->sigmas) return h3_err(H3_E_INVALID, "sigmas: %d values but no array", q->n_sigmas);
+        int rc = h3_sched_check(q->sigmas, q->n_sigmas, "video");
+        if (!rc) rc = h3_sched_check(q->sigmas + q->n_sigmas, q->n_sigmas, "audio");
+        if (rc) return rc;
+        r->sched = -1;
+        r->steps = q->n_sigmas;
+        return 0;
+    }
+    if (named && h3_sched_find(q->schedule) < 0)
+        return h3_err(H3_E_INVALID, "schedule '%s' does not exist (known: %s)", q->schedule, h3_sched_names());
+    const char *model_decl = NULL, *decl = NULL;
+    int rc = declared_schedule(m, lora_decl, &model_decl, &decl);
+    if (rc) return rc;
+    if (named && decl && strcmp(q->schedule, decl) != 0)
+        return h3_err(H3_E_INVALID, "schedule '%s' does not fit: the %s declares '%s'", q->schedule,
+                      model_decl ? "model" : "LoRA", decl);
+    r->sched = h3_sched_find(named ? q->schedule : decl ? decl : "h3");
     return 0;
 }
 
@@ -547,11 +618,13 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
     if ((rc = h3_dit_knobs_check(&k->dc, &kn))) return rc;
     if (q->n_lora < 0 || q->n_lora > 64 || (q->n_lora && !q->lora_paths))
         return h3_err(H3_E_INVALID, "LoRA: %d files (0 to 64, with their paths)", q->n_lora);
-    if (q->n_lora) {
-        h3_lora *l;
-        if ((rc = h3_lora_open(m, q->lora_paths, q->lora_scales, q->n_lora, &l))) return rc;
-        h3_lora_free(l);
-    }
+    const char *lora_decl = NULL;
+    h3_lora *l = NULL;
+    if (q->n_lora && (rc = h3_lora_open(m, q->lora_paths, q->lora_scales, q->n_lora, &l))) return rc;
+    lora_decl = h3_lora_schedule(l);
+    rc = request_schedule(m, q, lora_decl, r);
+    h3_lora_free(l);
+    if (rc) return rc;
     r->vae_tile = q->vae_tile_px;
     r->sample_rate = k->ac.sample_rate;
     r->samples = h3_avae_samples(&k->ac, r->Ta);
@@ -839,7 +912,16 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
         goto fail;
     if ((rc = progress(rt, "prepare", 1, 2))) goto fail;
     const bool release = !(rt->flags & H3_OPT_KEEP_ADALN);
-    rc = h3_dit_prepare_schedule(d, r->steps, dc.shift_video, dc.shift_audio, release);
+    if (r->sched < 0) {
+        rc = h3_dit_prepare_sigmas(d, q->sigmas, q->sigmas + q->n_sigmas, q->n_sigmas, release);
+    } else {
+        float *sv = h3_malloc(sizeof(float) * (size_t)r->steps), *sa = h3_malloc(sizeof(float) * (size_t)r->steps);
+        rc = sv && sa ? h3_sched_named(h3_sched_name(r->sched), r->steps, dc.shift_video, dc.shift_audio, sv, sa)
+                      : -H3_E_NOMEM;
+        if (rc > 0) rc = h3_dit_prepare_sigmas(d, sv, sa, rc, release);
+        free(sv);
+        free(sa);
+    }
     if (rc < 0) goto fail;
     r->evals = rc;
     rc = 0;

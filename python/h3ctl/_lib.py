@@ -85,7 +85,9 @@ class H3Request(ctypes.Structure):
                 ("first_latent", c_float_p), ("last_latent", c_float_p),
                 ("text_states", c_float_p), ("text_tags", c_uint8_p), ("text_rows", c_int32),
                 # Ref2VA references (H3Reference entries, request order)
-                ("references", ctypes.c_void_p), ("n_references", c_int32)]
+                ("references", ctypes.c_void_p), ("n_references", c_int32),
+                # sigma schedule: a name (docs/few-step.md) or explicit grids (video then audio)
+                ("schedule", c_char_p), ("sigmas", c_float_p), ("n_sigmas", c_int32)]
 
 
 # h3_reference.kind
@@ -162,6 +164,9 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
                                       c_int32_p]),
     # Transformer
     "h3_sigma_schedule": (c_int, [c_int, c_double, c_float_p, c_float_p]),
+    "h3_schedule_sigmas": (c_int, [c_char_p, c_int, c_double, c_double, c_float_p, c_float_p]),
+    "h3_schedule_name": (c_char_p, [c_int]),
+    "h3_schedule_declared": (c_int, [c_void_p, ctypes.POINTER(H3Request), c_char_p, c_int]),
     "h3_noise_fill": (c_int, [c_uint64, c_uint32, c_uint64, c_float_p, c_int64]),
     "h3_dit_packed_layout": (c_int64, [c_void_p, c_int64, c_uint8_p, c_int, c_int, c_int, c_int, c_int32_p, c_int,
                                        c_double_p, c_int64_p, c_int64_p, c_int64_p, c_int64_p]),

@@ -442,10 +442,14 @@ class Engine:
         req.width = int((0 if keyed else self.defaults["width"]) if width is None else width)
         req.height = int((0 if keyed else self.defaults["height"]) if height is None else height)
         req.frames = int(self.defaults["frames"] if frames is None else frames)
-        req.steps = int(steps)
+        req.steps = int(20 if steps is None else steps)
+        if steps is not None:
+            resolved.pop("steps", None)  # the caller's count wins over a preset's
         req.seed = int(seed)
         req.vae_tile_px = int(vae_tile or 0)
-        presets.apply(req, resolved)
+        from . import schedules
+
+        presets.apply(req, resolved, declared=lambda r: schedules.declared(self, r))
         return req
 
     def plan(self, req: _lib.H3Request) -> dict:
@@ -560,6 +564,7 @@ class Engine:
                                     vae_tile, preset=preset, first_frame=first_frame, last_frame=last_frame,
                                     references=references,
                                     **knobs)
+                steps = info.get("steps") or steps  # a preset's or an explicit grid's count
                 if previewer is not None:
                     previewer.run(steps)
                 while self.step() > 0:

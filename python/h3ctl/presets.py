@@ -9,6 +9,14 @@ The knobs (h3.h `h3_request`, `h3ctl render --help`) trade quality for transform
     render_size WxH    run the transformer and decoders on a smaller canvas; Lanczos-3 up to the output
     cache_threshold X  skip steps while the first block's modulated input changes less than X
     lora FILE[:SCALE]  LoRA files merged into the weights at load (not a speed knob, but set the same way)
+    steps N            sigma grid points (a preset's count applies when the caller gives none)
+    schedule NAME      the sigma grid (h3ctl.schedules; docs/few-step.md); sigmas: explicit (video, audio) grids
+
+The few-step presets (turbo4, turbo8) are for step-distilled models (a Turbo checkpoint, a Turbo / PDD / FastH3
+LoRA): the evaluation count those were distilled for, the grid the model or its LoRA declares (else the lightx2v
+Turbo grid of the canvas: shifts 6 / 3 from a 768-pixel short edge, 12 / 3 below), and the fp8 weights on a GPU
+that runs them. On the release without such a LoRA they are just few steps. No distilled model could be measured
+here, so their quality columns say "not measured".
 
 A preset is a set of these (`render_scale` stands for a render size of that fraction of the output, rounded
 down to a valid canvas of the same aspect). The `measured` numbers of each preset come from
@@ -27,7 +35,7 @@ from ._lib import H3_LAYERS_GATE, H3_LAYERS_UNIFORM, H3Error
 
 LAYER_POLICIES = {"gate": H3_LAYERS_GATE, "uniform": H3_LAYERS_UNIFORM}
 KNOBS = ("reuse", "core_reuse", "layers", "layer_policy", "token_reduction", "render_size", "render_scale",
-         "cache_threshold", "lora")
+         "cache_threshold", "lora", "steps", "schedule", "sigmas", "auto_schedule", "gpu_precision")
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,10 @@ PRESETS: dict[str, Preset] = {
     "draft": Preset("draft", "4.6x less transformer time, for previews and iterating on a prompt", {"reuse": 6},
                     {"speedup": 4.64, "wall_speedup": 2.63, "ssim": 0.956, "psnr": 29.3, "lsd_db": 0.94,
                      "semantic": 0.935}),
+    "turbo4": Preset("turbo4", "4 evaluations on the distilled grid, for step-distilled models (not measured)",
+                     {"steps": 5, "auto_schedule": True, "gpu_precision": "fp8"}, {}),
+    "turbo8": Preset("turbo8", "8 evaluations on the distilled grid, for step-distilled models (not measured)",
+                     {"steps": 9, "auto_schedule": True, "gpu_precision": "fp8"}, {}),
 }
 
 # The preset `h3ctl render` uses when none is given: `balanced` costs nothing the measures can see (SSIM 0.996,
@@ -125,11 +137,56 @@ def resolve(preset: str | None = None, **given) -> dict:
     return knobs
 
 
-def apply(req, knobs: dict) -> None:
-    """Write resolved knobs into an H3Request (libh3 checks ranges and conflicts in h3_plan)."""
+def turbo_schedule(width: int, height: int) -> str:
+    """The lightx2v Turbo grid of a canvas: the 768p models (shifts 6 / 3) from a 768-pixel short edge on."""
+    return "turbo-768p" if min(width, height) >= 768 else "turbo-544p"
+
+
+def gpu_precision(knobs: dict, precision: str, device: str) -> str:
+    """The precision a preset asks for where the GPU has it (fp8: CUDA compute capability 8.9+), else `precision`.
+    An explicit --precision (not "default") always wins."""
+    want = knobs.get("gpu_precision")
+    if not want or precision != "default" or device == "cpu":
+        return precision
+    from . import _lib
+
+    try:
+        cuda = _lib.backends().get("cuda", {})
+        cc = tuple(int(x) for x in str(cuda.get("compute_capability", "0.0")).split("."))
+    except (H3Error, ValueError):
+        return precision
+    return want if cuda.get("available") and cc >= (8, 9) else precision
+
+
+def apply(req, knobs: dict, declared=None) -> None:
+    """Write resolved knobs into an H3Request (libh3 checks ranges and conflicts in h3_plan). `declared(req)`
+    gives the schedule the model or its LoRA files declare (for a preset's automatic grid)."""
     import ctypes
 
+    import numpy as np
+
     from . import _lib
+
+    if knobs.get("steps") is not None:
+        req.steps = int(knobs["steps"])
+    sched = knobs.get("schedule")
+    if sched is not None and not isinstance(sched, str):
+        raise H3Error(f"schedule must be a name, got {sched!r}")
+    if not sched and knobs.get("auto_schedule") and knobs.get("sigmas") is None:
+        # the model's own grid when it declares one (libh3 applies it), else the Turbo grid of this canvas
+        if declared is None or declared(req) is None:
+            w, h = req.width, req.height
+            if w and h:
+                sched = turbo_schedule(w, h)
+    req.schedule = sched.encode() if sched else None
+    if knobs.get("sigmas") is not None:
+        sv, sa = (np.ascontiguousarray(x, np.float32) for x in knobs["sigmas"])
+        if sv.ndim != 1 or sv.shape != sa.shape:
+            raise H3Error("sigmas must be two 1-D grids (video, audio) of the same length")
+        both = np.concatenate([sv, sa])
+        req.sigmas = both.ctypes.data_as(_lib.c_float_p)
+        req.n_sigmas = len(sv)
+        req._keep_sigmas = both
 
     def whole(name):
         v = knobs.get(name, 0)
@@ -187,6 +244,14 @@ def describe(knobs: dict) -> str:
         parts.append(f"render at {knobs['render_scale']:g} of the output size")
     if knobs.get("cache_threshold"):
         parts.append(f"cache threshold {knobs['cache_threshold']:g}")
+    if knobs.get("steps"):
+        parts.append(f"{knobs['steps'] - 1} evaluations")
+    if knobs.get("schedule"):
+        parts.append(f"schedule {knobs['schedule']}")
+    if knobs.get("auto_schedule"):
+        parts.append("declared grid or turbo-544p/768p")
+    if knobs.get("gpu_precision"):
+        parts.append(f"{knobs['gpu_precision']} on a GPU with it")
     return ", ".join(parts) or "every knob off"
 
 
@@ -196,7 +261,7 @@ def table() -> str:
              "semantic")]
     for name, p in PRESETS.items():
         m = p.measured
-        fmt = lambda key, f: f.format(m[key]) if key in m else "-"  # noqa: E731
+        fmt = lambda key, f: f.format(m[key]) if key in m else "not measured"  # noqa: E731
         psnr = "exact" if m.get("psnr") == math.inf else fmt("psnr", "{:.1f}")
         rows.append((name + (" (default)" if name == DEFAULT_PRESET else ""), describe(p.knobs),
                      fmt("speedup", "{:.2f}x"), fmt("wall_speedup", "{:.2f}x"), fmt("ssim", "{:.3f}"), psnr,
@@ -206,6 +271,7 @@ def table() -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.append("measured on h3-tiny (128x128, 22 frames, 20 steps, 2 threads) against the reference render of the "
                  "same noise; tests/bench_presets.py")
+    lines.append("turbo4 / turbo8: no step-distilled model could be measured here (docs/few-step.md)")
     lines.append("")
     lines += [f"{name}: {p.summary}" for name, p in PRESETS.items()]
     return "\n".join(lines)

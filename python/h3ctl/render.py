@@ -59,7 +59,10 @@ def add_arguments(p) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--frames", type=int, help="frames at 24 fps, aligned up to 17n+5 (default: the model's)")
     g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")
-    p.add_argument("--steps", type=int, default=20, help="sigma grid points incl. the final 0 (default 20)")
+    p.add_argument("--steps", type=int, default=None, help="sigma grid points incl. the final 0 (default 20, or "
+                   "the preset's)")
+    p.add_argument("--schedule", metavar="NAME", help="the sigma grid (h3, turbo-544p, turbo-768p, pdd, "
+                   "h3c-lowstep; default: the one the model or LoRA declares, else h3); docs/few-step.md")
     p.add_argument("--seed", type=int, default=42, help="noise seed (default 42)")
     p.add_argument("--vae-tile", type=int, help="video decoder tile size in pixels (smaller = less memory; "
                    "default: the model's, 256 for H3)")
@@ -118,7 +121,8 @@ def speed_knobs(args) -> dict:
 
     return {"preset": args.preset or DEFAULT_PRESET, "reuse": args.reuse, "core_reuse": args.core_reuse,
             "layers": args.layers, "layer_policy": args.layer_policy, "token_reduction": args.token_reduction,
-            "render_size": args.render_size, "cache_threshold": args.cache_threshold, "lora": args.lora}
+            "render_size": args.render_size, "cache_threshold": args.cache_threshold, "lora": args.lora,
+            "schedule": getattr(args, "schedule", None)}
 
 
 def add_precision_argument(p) -> None:
@@ -202,8 +206,13 @@ def main(args) -> int:
                  "--ref-silent-video" if args.ref_silent_video else "--ref-audio")
         raise H3Error(f"{args.model_dir or 'the embedded h3-tiny'}: {which} needs a model with a Ref2VA/ folder")
 
+    from . import presets
+
+    # a few-step preset's fp8 weights where the GPU has them (an explicit --precision wins)
+    precision = presets.gpu_precision(presets.get(args.preset or presets.DEFAULT_PRESET).knobs,
+                                      getattr(args, "precision", "default"), args.device)
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
-                    precision=getattr(args, "precision", "default"), ref2va=bool(refs),
+                    precision=precision, ref2va=bool(refs),
                     vram=getattr(args, "vram", None), fp8_attention=getattr(args, "fp8_attention", False),
                     quantized=getattr(args, "quantized", None))
     # read now: the engine is closed before the profile is printed

@@ -131,7 +131,7 @@ static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc
         return h3_err(H3_E_INVALID, "%dx%d is %lld pixels, more than this model's limit of %lld", q->width,
                       q->height, (long long)q->width * q->height, (long long)max_pixels);
     if (q->frames < 1 || q->frames > 100000)
-        return h3_err(H3_E_INVALID, "frames must be at least 1, got %d", q->frames);
+        return h3_err(H3_E_INVALID, "frames must be between 1 and 100000, got %d", q->frames);
     /* The smaller canvas the transformer and the decoders run at, resized to the output at the end. */
     int rw = q->width, rh = q->height;
     if (q->render_width || q->render_height) {

@@ -65,9 +65,9 @@ def model_defaults(model_dir: str | os.PathLike) -> dict:
 
 
 def frames_for_seconds(seconds: float) -> int:
-    if not (seconds > 0) or math.isinf(seconds):
-        raise H3Error(f"seconds must be a positive number, got {seconds}")
-    return max(1, int(round(seconds * FPS)))
+    from . import limits
+
+    return max(1, int(round(limits.seconds(seconds) * FPS)))
 
 
 @dataclass
@@ -214,8 +214,10 @@ class Engine:
             err = self._raised.pop(0)
             self._raised.clear()
             raise err
-        if rc == -6 and self._cancel:  # H3_E_CANCELLED by our own flag (Ctrl-C)
-            raise KeyboardInterrupt
+        if rc == -6:  # H3_E_CANCELLED: by our own flag (cancel(), Ctrl-C) or a progress callback
+            from .errors import Cancelled
+
+            raise Cancelled("the render was cancelled" + ("" if self._cancel else " by the progress callback"), 6)
         return _lib.check(rc)
 
     # -- rendering ---------------------------------------------------------------------------
@@ -383,15 +385,21 @@ class Engine:
         soundtrack kept), ("silent_video", path) (the sound dropped) or a dict {"frames": uint8 [T, H, W, 3],
         "fps": rate (default 24), "audio": float [channels, samples] (optional), "sample_rate": Hz}. Needs an
         Engine opened with ref2va=True on a model with Ref2VA/."""
-        from . import media, presets
+        from . import limits, media, presets
 
         resolved = presets.resolve(preset, **knobs)
         if frames is not None and seconds is not None:
             raise H3Error("give frames or seconds, not both")
+        prompt = limits.prompt(prompt)
         if seconds is not None:
             frames = frames_for_seconds(seconds)
-        if not (0 <= int(seed) < 2**64):
-            raise H3Error(f"seed must be between 0 and 2^64-1, got {seed}")
+        # every number checked before ctypes stores it (an int32 field takes 2^32 + k as k)
+        width = None if width is None else limits.side("width", width)
+        height = None if height is None else limits.side("height", height)
+        frames = None if frames is None else limits.frames(frames)
+        steps = limits.steps(steps)
+        seed = limits.seed(seed)
+        vae_tile = limits.vae_tile(vae_tile or 0)
         req = _lib.H3Request()
         _lib.lib().h3_request_default(ctypes.byref(req))
         req.prompt = prompt.encode("utf-8", "surrogatepass")

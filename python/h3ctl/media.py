@@ -577,10 +577,10 @@ def as_audio_reference(value, what: str) -> tuple[np.ndarray, int]:
                       f"{list(pcm.shape)}")
     if pcm.shape[1] == 0:
         raise H3Error(f"{what}: no audio samples")
-    rate = value["sample_rate"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)):
-        raise H3Error(f"{what}: sample_rate must be a whole number of Hz, got {rate!r}")
-    return np.ascontiguousarray(pcm, dtype=np.float32), int(rate)
+    from . import limits
+
+    rate = limits.sample_rate(f"{what}: sample_rate", value["sample_rate"])
+    return np.ascontiguousarray(pcm, dtype=np.float32), rate
 
 
 # ---- video references ------------------------------------------------------------------------------
@@ -647,7 +647,9 @@ def as_video_reference(value, what: str, sample_rate: int, sound: bool = True):
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3 or frames.shape[0] < 1:
         raise H3Error(f"{what}: frames must be uint8 [frames, height, width, 3], got {frames.dtype} "
                       f"{list(frames.shape)}")
-    fps = float(value.get("fps", 24.0))
+    from . import limits
+
+    fps = limits.real(f"{what}: fps", value.get("fps", 24.0), 0.0, 1000.0, lo_open=True)
     pcm, rate = None, int(sample_rate)
     if sound and value.get("audio") is not None:
         if "sample_rate" not in value:

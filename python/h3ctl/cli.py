@@ -29,7 +29,7 @@ def _positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
     if not 1 <= v <= 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number between 1 and {2**31 - 1}, got {v}")
+        raise argparse.ArgumentTypeError(f"expected a positive whole number (1 to {2**31 - 1}), got {v}")
     return v
 
 

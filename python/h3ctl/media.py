@@ -327,12 +327,21 @@ def _gif_images(data: bytes) -> int:
     return images
 
 
-def _existing_file(p: Path, label: str) -> None:
-    """A media input path must name a file: one H3Error line otherwise."""
-    if not p.exists():
-        raise H3Error(f"{label}: no such file")
-    if p.is_dir():
-        raise H3Error(f"{label}: is a directory")
+# The most bytes an input may hold: an image of MAX_IMAGE_PIXELS stored raw (BMP, 4 bytes a pixel) with room
+# for headers; an audio or video reference (decoded by ffmpeg from the file; a reference is cut to the
+# render's length, and 4 GiB is hours of uncompressed stereo).
+MAX_IMAGE_BYTES = 4 * 64_000_000 + (64 << 20)
+MAX_MEDIA_BYTES = 4 << 30
+
+
+def _existing_file(p: Path, label: str, cap: int = MAX_MEDIA_BYTES) -> None:
+    """A media input path must name a regular file (not a directory, FIFO, device or symlink loop) of at most
+    `cap` bytes: one H3Error line otherwise (h3ctl.outputs.check_input)."""
+    from .outputs import check_input
+
+    check_input(p, label)
+    if p.stat().st_size > cap:
+        raise H3Error(f"{label}: {p.stat().st_size} bytes, more than the {cap >> 20} MiB this input can need")
 
 
 def read_image(path: str | os.PathLike, what: str = "image") -> np.ndarray:
@@ -341,11 +350,9 @@ def read_image(path: str | os.PathLike, what: str = "image") -> np.ndarray:
     more than 64 megapixels and aspects outside 1:4..4:1 raise H3Error with one line naming the file."""
     p = Path(path)
     label = f"{what} {p}"
-    _existing_file(p, label)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise H3Error(f"{label}: cannot read ({e.strerror or e})") from None
+    from .outputs import read_capped
+
+    data = read_capped(p, label, MAX_IMAGE_BYTES)
     if not data:
         raise H3Error(f"{label}: the file is empty")
     demuxer = _sniff(data[:16])
@@ -606,8 +613,7 @@ def read_video(path: str | os.PathLike, what: str = "video", sound: bool = True)
     `sound` is False, and that rate or 0)."""
     import imageio_ffmpeg
 
-    if not os.path.isfile(path):
-        raise H3Error(f"{what}: {path}: no such file")
+    _existing_file(Path(path), f"{what}: {path}")
     probe = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)], capture_output=True,
                            text=True, errors="replace").stderr
     if not re.search(r"Stream #\S+.*Video:", probe):

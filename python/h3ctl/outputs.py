@@ -124,10 +124,11 @@ def read_capped(path: str | os.PathLike, label: str, cap: int) -> bytes:
     except OSError as e:
         raise H3Error(f"{label}: cannot read ({e.strerror})") from None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped after the check
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):  # swapped after the check
             raise H3Error(f"{label}: not a regular file")
-        data = f.read(cap + 1)
-    if len(data) > cap:
+        data = f.read(cap + 1) if st.st_size <= cap else None
+    if data is None or len(data) > cap:
         raise H3Error(f"{label}: larger than {cap // (1 << 20)} MiB, more than the format can need")
     return data
 

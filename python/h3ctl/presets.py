@@ -161,6 +161,10 @@ def apply(req, knobs: dict) -> None:
     if isinstance(loras, (str, os.PathLike)):
         loras = [loras]
     specs = [parse_lora(os.fspath(x) if isinstance(x, os.PathLike) else x) for x in loras]
+    from .outputs import check_input
+
+    for path, _ in specs:  # a directory, FIFO or device is refused by name (libh3 reads only regular files)
+        check_input(path, f"LoRA {path}")
     if specs:
         paths = (ctypes.c_char_p * len(specs))(*[os.fsencode(p) for p, _ in specs])
         scales = (ctypes.c_float * len(specs))(*[s for _, s in specs])

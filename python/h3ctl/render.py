@@ -215,9 +215,8 @@ def _render(args, width, height, out, reserved, sig) -> int:
     for i, (kind, v) in enumerate(getattr(args, "references", None) or [], 1):
         if kind == "image":
             refs.append(media.read_image(v, f"reference image {i}"))
-        elif not Path(v).is_file():
-            raise H3Error(f"reference {'audio' if kind == 'audio' else 'video'} {i}: {v}: no such file")
         else:
+            outs.check_input(v, f"reference {'audio' if kind == 'audio' else 'video'} {i}: {v}")
             refs.append((kind, v))
     if refs and not (Path(args.model_dir or default_model_dir()) / "Ref2VA").is_dir():
         which = ("--ref-image" if args.ref_image else "--ref-video" if args.ref_video else

@@ -65,6 +65,10 @@ def real(name: str, value, lo: float, hi: float, what: str = "", lo_open: bool =
 
 
 def side(name: str, value) -> int:
+    """A canvas side; 0 goes on to libh3, which explains the multiple its model needs (or, with a keyframe,
+    takes the canvas from it)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == 0:
+        return 0
     return whole(name, value, 1, MAX_SIDE, " pixels")
 
 
@@ -74,15 +78,19 @@ def frames(value) -> int:
 
 def seconds(value) -> float:
     """A duration; its frames (rounded at 24 fps) must be in range too."""
-    return real("seconds", value, 0.0, MAX_FRAMES / FPS, "", lo_open=True)
+    hi = MAX_FRAMES / FPS
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < float(value) <= hi):
+        raise H3Error(f"seconds must be a positive number, at most {hi:g} ({MAX_FRAMES} frames at {FPS} fps), "
+                      f"got {value!r}")
+    return float(value)
 
 
 def steps(value) -> int:
     return whole("steps", value, MIN_STEPS, MAX_STEPS)
 
 
-def threads(value) -> int:
-    return whole("threads", value, 0, MAX_THREADS, " (0 = all cores)")
+def threads(value, name: str = "threads") -> int:
+    return whole(name, value, 0, MAX_THREADS, " (0 = all cores)")
 
 
 def seed(value) -> int:
@@ -90,7 +98,10 @@ def seed(value) -> int:
 
 
 def vae_tile(value) -> int:
-    return whole("VAE tile", value, 0, MAX_VAE_TILE, " pixels (0 = the model's)")
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and not 0 <= value <= MAX_VAE_TILE:
+        raise H3Error(f"VAE tile size must be 0 (the model's) or a positive number of pixels up to {MAX_VAE_TILE}, "
+                      f"got {value}")
+    return whole("VAE tile size", value, 0, MAX_VAE_TILE, " pixels (0 = the model's)")
 
 
 def sample_rate(name: str, value) -> int:

@@ -163,7 +163,7 @@ def _size(args):
 def main(args) -> int:
     from . import limits
 
-    limits.threads(args.threads)
+    limits.threads(args.threads, "--threads")
     try:  # checked before anything is opened or written
         _lib.vram_bytes(getattr(args, "vram", None))
     except H3Error:

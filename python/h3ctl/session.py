@@ -552,8 +552,9 @@ class Session:
 def main(args) -> int:
     from .engine import Engine
 
-    if args.threads < 0:
-        raise H3Error("--threads must be 0 (all cores) or more")
+    from . import limits
+
+    limits.threads(args.threads, "--threads")
     kw = {k: getattr(args, k) for k in ("device", "device_index") if hasattr(args, k)}
     engine = Engine(args.model_dir, threads=args.threads, **kw)
     try:

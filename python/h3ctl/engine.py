@@ -85,14 +85,21 @@ class Result:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write an MP4 (H.264 + AAC), or a WAV when the name ends in .wav."""
-        from . import media
+        from . import media, outputs
 
-        p = media.check_writable(path, overwrite)
-        if p.suffix.lower() == ".wav":
-            media.write_wav(p, self.audio, self.sample_rate)
-        else:
-            media.write_mp4(p, self.frames, self.audio, self.sample_rate, fps=self.fps)
-        return p
+        res = outputs.Reserved(path, overwrite)  # never over a file that appears meanwhile; nothing partial left
+        try:
+            try:
+                if res.final.suffix.lower() == ".wav":
+                    media.write_wav(res.tmp, self.audio, self.sample_rate)
+                else:
+                    media.write_mp4(res.tmp, self.frames, self.audio, self.sample_rate, fps=self.fps)
+            except H3Error as e:
+                raise H3Error(outputs.replace_path(str(e), res.tmp, res.final)) from None
+            return res.publish()
+        finally:
+            if not res.done:
+                res.discard()
 
 
 class Engine:

@@ -461,11 +461,17 @@ class Session:
         # What Ctrl-C does depends on the phase: while libh3 computes, ask it to stop at its next unit of work;
         # while the MP4 is written, interrupt at once (the writer removes its temporary file); once the file is
         # there, the render is recorded whatever happens (the key only stops the final animation).
-        state = {"phase": "computing", "pending": False}
+        state = {"phase": "computing", "pending": False, "term": None}
         live = None
         status = self._isatty(self.stderr) and not self.show
 
         def on_sigint(signum, frame):
+            if signum != signal.SIGINT:  # SIGTERM / SIGHUP: stop like Ctrl-C, then end the session
+                state["term"] = signum
+                if state["phase"] == "computing":
+                    eng.cancel()
+                    return
+                raise Interrupted(signum)
             if state["phase"] == "computing":
                 eng.cancel()
             elif state["phase"] == "recording":
@@ -481,8 +487,11 @@ class Session:
                 live.phase(phase, done, total)
             return False
 
-        previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, on_sigint)
+        handled = [sg for sg in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
+                   if sg is not None]
+        previous = {sg: signal.getsignal(sg) for sg in handled}
+        for sg in handled:
+            signal.signal(sg, on_sigint)
         t0 = time.perf_counter()
         try:
             self.say(f"{name}: rendering {plan['width']}x{plan['height']}, {plan['frames']} frames, "
@@ -527,11 +536,14 @@ class Session:
         except (KeyboardInterrupt, Cancelled) as e:
             if isinstance(e, Interrupted):  # SIGTERM / SIGHUP end the session (after the cleanup above)
                 raise
+            if state["term"] is not None:
+                raise Interrupted(state["term"]) from None
             self.note(f"{name}: cancelled, nothing written")
         except H3Error as e:
             self.error(f"{name}: {e}")
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sg, h in previous.items():
+                signal.signal(sg, h)
             if live is not None:
                 live.close()
 

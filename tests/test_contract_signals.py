@@ -93,3 +93,24 @@ def test_signal_at_each_phase(tmp_path, phase, signame):
 def test_sigint_acts_quickly_in_the_prompt_phase(tmp_path):
     _, _, left, dt, _, _ = _run(tmp_path, "text_encoder", "SIGINT")
     assert left == [] and dt < 1.5, dt  # the callback returns within 0.01 s; the rest is tear-down
+
+
+def test_prompt_phases_check_cancellation_often():
+    """At the longest prompt the model takes (just under h3-tiny's 4096 tokens), the tokenizer and the text
+    encoder call the progress hook (where a cancel takes effect) at least every 0.5 s."""
+    from h3ctl import Cancelled, Engine
+
+    stamps = []
+
+    def prog(phase, done, total):
+        stamps.append((phase, time.perf_counter()))
+        return phase == "prepare"  # stop before the transformer
+
+    with Engine(threads=2) as eng:
+        t0 = time.perf_counter()
+        with pytest.raises(Cancelled):
+            eng.render("red circle " * 2040, width=128, height=128, frames=5, steps=2, progress=prog)
+    times = [t0] + [t for ph, t in stamps if ph in ("tokenize", "text_encoder")]
+    assert len(times) >= 6 and {"tokenize", "text_encoder"} <= {ph for ph, _ in stamps}
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps) < 0.5, gaps

@@ -89,8 +89,8 @@ def parse_lora(spec) -> tuple[str, float]:
     else:
         path, scale = str(spec), 1.0
         head, sep, tail = path.rpartition(":")
-        # A colon is the scale's unless the whole text names a file (a path may hold one).
-        if sep and head and not os.path.lexists(path):
+        # A colon is the scale's unless the whole text names a file or the text after it is a path ("c:/x").
+        if sep and head and not os.path.lexists(path) and "/" not in tail and "\\" not in tail:
             try:
                 scale = float(tail)
             except ValueError:

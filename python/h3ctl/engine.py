@@ -275,7 +275,7 @@ class Engine:
                        "last": last_frame is not None or injected.get("last_latent") is not None}
             req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset,
                                first_frame=first_frame, last_frame=last_frame, anchors=anchors,
-                               references=references, **knobs)
+                               references=references, blank_ok=injected.get("text_states") is not None, **knobs)
             keep = []
             if ref_inj:
                 self._inject_references(req, ref_inj, req._keep)
@@ -375,7 +375,7 @@ class Engine:
                 frames: int | None = None, seconds: float | None = None, steps: int = 20,
                 seed: int = 42, vae_tile: int | None = None, preset: str | None = None,
                 first_frame=None, last_frame=None, anchors: dict | None = None, references=None,
-                **knobs) -> _lib.H3Request:
+                blank_ok: bool = False, **knobs) -> _lib.H3Request:
         """An h3_request. `preset`: a name of h3ctl.presets.PRESETS (None: every knob off, the exact render);
         knobs given explicitly (reuse=, core_reuse=, layers=, layer_policy="gate"|"uniform", token_reduction=,
         render_size="WxH", cache_threshold=, lora=["FILE[:SCALE]", ...]) override the preset's. libh3 checks
@@ -397,7 +397,9 @@ class Engine:
         resolved = presets.resolve(preset, **knobs)
         if frames is not None and seconds is not None:
             raise H3Error("give frames or seconds, not both")
-        prompt = limits.prompt(prompt)
+        keyed_in = (first_frame is not None or last_frame is not None or bool(references)
+                    or any((anchors or {}).values()))
+        prompt = limits.prompt(prompt, blank_ok=blank_ok or keyed_in)
         if seconds is not None:
             frames = frames_for_seconds(seconds)
         # every number checked before ctypes stores it (an int32 field takes 2^32 + k as k)

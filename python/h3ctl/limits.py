@@ -121,9 +121,10 @@ def lora_scale(path: str, value) -> float:
     return real(f"LoRA {path}: scale", value, -MAX_LORA_SCALE, MAX_LORA_SCALE)
 
 
-def prompt(text) -> str:
+def prompt(text, blank_ok: bool = False) -> str:
     """A prompt libh3 can take whole: a str, with no NUL (C would cut the text there) and some non-space
-    character (an empty prompt and one of spaces only are refused alike)."""
+    character (an empty prompt and one of spaces only are refused alike), unless `blank_ok` (the request has
+    keyframes, references or injected text states, which libh3 accepts without prompt text)."""
     if not isinstance(text, str):
         raise H3Error(f"the prompt must be a string, got {type(text).__name__}")
     if "\x00" in text:
@@ -134,7 +135,7 @@ def prompt(text) -> str:
             raise H3Error(f"the prompt is not valid UTF-8: byte 0x{ord(ch) - 0xDC00:02X} at character {i}")
         if "\ud800" <= ch <= "\udfff":
             raise H3Error(f"the prompt is not valid UTF-8: a lone surrogate U+{ord(ch):04X} at character {i}")
-    if not text.strip():
+    if not text.strip() and not blank_ok:  # (a keyframe or reference presentation may stand alone)
         raise H3Error("the prompt is empty" if not text else "the prompt is empty (only white space)")
     return text
 

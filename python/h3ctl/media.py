@@ -586,7 +586,12 @@ def as_audio_reference(value, what: str) -> tuple[np.ndarray, int]:
         raise H3Error(f"{what}: no audio samples")
     from . import limits
 
-    rate = limits.sample_rate(f"{what}: sample_rate", value["sample_rate"])
+    try:
+        # one that fits the int32 field goes on to libh3, which names the range it resamples from
+        rate = limits.whole("sample rate", value["sample_rate"], 1, limits.INT32_MAX)
+    except H3Error:
+        raise H3Error(f"{what}: sample_rate must be a whole number of Hz between {limits.MIN_SAMPLE_RATE} and "
+                      f"{limits.MAX_SAMPLE_RATE}, got {value['sample_rate']!r}") from None
     return np.ascontiguousarray(pcm, dtype=np.float32), rate
 
 
@@ -655,7 +660,11 @@ def as_video_reference(value, what: str, sample_rate: int, sound: bool = True):
                       f"{list(frames.shape)}")
     from . import limits
 
-    fps = limits.real(f"{what}: fps", value.get("fps", 24.0), 0.0, 1000.0, lo_open=True)
+    fps = value.get("fps", 24.0)
+    try:
+        fps = limits.real("fps", fps, 0.0, 1000.0, lo_open=True)
+    except H3Error:
+        raise H3Error(f"{what}: frame rate {fps!r} must be a number greater than 0 and at most 1000 fps") from None
     pcm, rate = None, int(sample_rate)
     if sound and value.get("audio") is not None:
         if "sample_rate" not in value:

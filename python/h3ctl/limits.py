@@ -34,10 +34,11 @@ def _label(name: str) -> str:
     return name.replace("_", " ")
 
 
-def whole(name: str, value, lo: int, hi: int, what: str = "") -> int:
-    """`value` as an int in [lo, hi]: bools, non-integral floats, nan, inf and strings are refused."""
+def whole(name: str, value, lo: int, hi: int, what: str = "", strict: bool = False) -> int:
+    """`value` as an int in [lo, hi]: bools, non-integral floats, nan, inf and strings are refused (`strict`:
+    every float)."""
     rng = f"between {lo} and {hi}{what}"
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or value is None or (strict and not isinstance(value, numbers.Integral)):
         raise H3Error(f"{_label(name)} must be a whole number {rng}, got {value!r}")
     if isinstance(value, numbers.Integral):
         v = int(value)

@@ -588,7 +588,7 @@ def as_audio_reference(value, what: str) -> tuple[np.ndarray, int]:
 
     try:
         # one that fits the int32 field goes on to libh3, which names the range it resamples from
-        rate = limits.whole("sample rate", value["sample_rate"], 1, limits.INT32_MAX)
+        rate = limits.whole("sample rate", value["sample_rate"], 1, limits.INT32_MAX, strict=True)
     except H3Error:
         raise H3Error(f"{what}: sample_rate must be a whole number of Hz between {limits.MIN_SAMPLE_RATE} and "
                       f"{limits.MAX_SAMPLE_RATE}, got {value['sample_rate']!r}") from None

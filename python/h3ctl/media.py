@@ -37,18 +37,12 @@ def ffmpeg_exe() -> str:
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool) -> Path:
-    """Fail early (before any compute) if `path` cannot be written or would be overwritten."""
-    p = Path(path)
-    if p.exists() and not overwrite:
-        raise H3Error(f"{p}: already exists (pass --overwrite to replace it)")
-    if p.exists() and p.is_dir():
-        raise H3Error(f"{p}: is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise H3Error(f"{parent}: output folder does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise H3Error(f"{parent}: output folder is not writable")
-    return p
+    """Fail early (before any compute) if `path` cannot be written or would be overwritten (the checks of
+    h3ctl.outputs.check_target: a directory, an existing file, something not a regular file, a parent that is a
+    file or missing)."""
+    from .outputs import check_target
+
+    return check_target(path, overwrite)
 
 
 @contextmanager

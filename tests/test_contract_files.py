@@ -33,7 +33,7 @@ def _path(hostile, kind):
 
 
 @pytest.mark.parametrize("option", ["--first-frame", "--last-frame", "--ref-image", "--ref-audio", "--ref-video",
-                                    "--ref-silent-video", "--lora"])
+                                    "--ref-silent-video", "--lora", "--quantized"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_non_regular_inputs_refused(hostile, tmp_path, option, kind):
     out = tmp_path / "o.mp4"

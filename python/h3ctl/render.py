@@ -170,6 +170,10 @@ def main(args) -> int:
         raise H3Error(f"--vram must be a number of GiB between 0 (auto) and {_lib.VRAM_MAX_GIB}, got "
                       f"'{args.vram}'") from None
     width, height = _size(args)
+    if getattr(args, "quantized", None):
+        from .outputs import check_input
+
+        check_input(args.quantized, f"--quantized {args.quantized}")
     from . import outputs as outs
 
     outputs = []

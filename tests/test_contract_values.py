@@ -152,3 +152,29 @@ def test_help_says_zero_is_off():
     proc = run("render", "--help")
     text = " ".join(proc.stdout.split())
     assert "extrapolate the velocity between (0: off)" in text and "0: all of them, off" in text
+
+
+# The sweep: every numeric option of `render` at the values that wrap or slip through, in-process (no render runs:
+# each value is refused before any work). Values a field accepts are left out (they would render).
+SWEEP_VALUES = ["0", "-1", "2147483647", "2147483648", "4294967318", "9223372036854775808", "nan", "inf", "12.5"]
+SWEEP_OK = {  # the values of SWEEP_VALUES each option accepts
+    "--width": set(), "--height": set(), "--frames": set(), "--seconds": {"12.5"}, "--steps": set(),
+    "--seed": {"0", "2147483647", "2147483648", "4294967318", "9223372036854775808"}, "--vae-tile": {"0"},
+    "--threads": {"0"}, "--device-index": {"0", "2147483647"}, "--reuse": {"0"}, "--core-reuse": {"0"},
+    "--layers": {"0"}, "--cache-threshold": {"0", "12.5"}, "--vram": {"0", "12.5"},
+}
+
+
+@pytest.mark.parametrize("option, value", [(o, v) for o, ok in SWEEP_OK.items() for v in SWEEP_VALUES if v not in ok])
+def test_cli_numeric_sweep(tmp_path, capsys, option, value):
+    from h3ctl.cli import main
+
+    out = tmp_path / "o.mp4"
+    code = main(BASE + ["-o", str(out), "--size", "128x128", option, value] if option not in ("--width", "--height")
+                else BASE + ["-o", str(out), "--height" if option == "--width" else "--width", "128", option, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("h3ctl: error: "), err
+    shown = {"nan": "nan", "inf": "inf"}.get(value, value)
+    # (a float option names the value as parsed: 9223372036854775808 -> 9.223372036854776e+18)
+    assert shown in err[0] or repr(float(value)) in err[0] or (value == "0" and "0x128" in err[0]), err[0]
+    assert not list(tmp_path.iterdir())

@@ -105,10 +105,6 @@ def vae_tile(value) -> int:
     return whole("VAE tile size", value, 0, MAX_VAE_TILE, " pixels (0 = the model's)")
 
 
-def sample_rate(name: str, value) -> int:
-    return whole(name, value, MIN_SAMPLE_RATE, MAX_SAMPLE_RATE, " Hz")
-
-
 def knob(name: str, value) -> int:
     hi = MAX_LAYERS if name == "layers" else MAX_REUSE
     return whole(name, value, 0, hi, " (0 = off)")
@@ -140,11 +136,3 @@ def prompt(text, blank_ok: bool = False) -> str:
         raise H3Error("the prompt is empty" if not text else "the prompt is empty (only white space)")
     return text
 
-
-def cli_int(text: str) -> int:
-    """argparse type for whole numbers: a leading '-' is a value here (argparse would read '-32x64' as an
-    option); the range is checked by the caller, which knows it."""
-    try:
-        return int(text, 10)
-    except (TypeError, ValueError):
-        raise ValueError(text) from None

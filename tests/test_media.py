@@ -76,7 +76,7 @@ def test_check_writable(tmp_path):
     media.check_writable(existing, overwrite=True)
     with pytest.raises(H3Error, match="does not exist"):
         media.check_writable(tmp_path / "nope" / "y.mp4", overwrite=False)
-    with pytest.raises(H3Error, match="does not exist"):
+    with pytest.raises(H3Error, match="x.mp4 is a file, not a folder"):
         media.check_writable(existing / "y.mp4", overwrite=False)  # parent is a file
     with pytest.raises(H3Error, match="is a directory"):
         media.check_writable(tmp_path, overwrite=True)

@@ -143,7 +143,9 @@ def test_engine_render_preview_callback(eng):
     plain = eng.render(EVAL_PROMPTS[2], 64, 64, 22, steps=6, seed=2)
     # previews change nothing in the result
     assert np.array_equal(res.frames, plain.frames) and np.array_equal(res.audio, plain.audio)
-    with pytest.raises(KeyboardInterrupt):
+    from h3ctl import Cancelled
+
+    with pytest.raises(Cancelled, match="cancelled by the preview callback"):  # an Exception, not a KeyboardInterrupt
         eng.render(EVAL_PROMPTS[2], 64, 64, 22, steps=6, seed=2, preview=lambda rgb, step: step >= 2)
     with pytest.raises(H3Error, match="preview_every"):
         eng.render(EVAL_PROMPTS[2], 64, 64, 22, steps=6, preview=seen.append, preview_every=0)

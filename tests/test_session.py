@@ -88,8 +88,7 @@ def test_piped_script(tmp_path):
         "!steps wants a whole number", "!steps 1: steps must be between 2 and 1000", "!frames wants a positive",
         "!seconds wants a duration", "!seed must be between 0", "!show wants on or off",
         "!show: no preview protocol for this output (stdout is not a terminal", "a command name must follow !",
-        "!preset comes with presets", "!first comes with first-frame conditioning",
-        "!last comes with last-frame conditioning",
+        "!first: first frame a.png: no such file", "!last: last frame b.png: no such file",
     ]
     assert len(errs) == len(expected), errs
     for line, needle in zip(errs, expected):

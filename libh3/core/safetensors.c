@@ -394,7 +394,8 @@ int h3_store_check_buffer(const uint8_t *buf, size_t len, const char *label)
 int h3_st_read_header(const char *path, char **header, uint64_t *header_len, uint64_t *file_size)
 {
     *header = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO is refused below instead of blocking the open until a writer comes */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return h3_err(H3_E_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {

@@ -202,7 +202,7 @@ static int check_shape(h3_runtime *rt, const h3_request *q, const h3_dit_cfg *dc
         return h3_err(H3_E_INVALID, "%dx%d is %lld pixels, more than this model's limit of %lld", q->width,
                       q->height, (long long)q->width * q->height, (long long)max_pixels);
     if (q->frames < 1 || q->frames > 100000)
-        return h3_err(H3_E_INVALID, "frames must be at least 1, got %d", q->frames);
+        return h3_err(H3_E_INVALID, "frames must be between 1 and 100000, got %d", q->frames);
     /* The smaller canvas the transformer and the decoders run at, resized to the output at the end. */
     int rw = q->width, rh = q->height;
     if (q->render_width || q->render_height) {
@@ -320,6 +320,35 @@ static int progress(h3_runtime *rt, const char *phase, int done, int total)
     return h3_rt_progress(rt, phase, done, total);
 }
 
+/*
+ * The most prompt tokens (with a keyframe's or reference's presentation, its rows) a request may
+ * have: the text encoder's context, text_config.max_position_embeddings (the positions its RoPE was
+ * trained for). Past it the encoder's output means nothing, and the transformer's joint attention,
+ * whose cost grows with the square of the sequence, would run for minutes on a prompt that can only
+ * be a mistake; such a prompt is refused before any work.
+ */
+static int prompt_token_limit(h3_model *m)
+{
+    const h3_comp *c = &m->comp[H3_COMP_TEXT_ENCODER];
+    const h3j *root = h3j_root(&c->config);
+    const h3j *t = root ? h3j_get(&c->config, root, "text_config") : NULL;
+    if (!t || t->type != H3J_OBJ) t = root;
+    int64_t v = 0;
+    if (!t || h3_cfg_int(&c->config, t, &v, "max_position_embeddings", (const char *)NULL) != 0 || v < 1 ||
+        v > H3_TEXT_MAX_TOKENS)
+        v = H3_TEXT_MAX_TOKENS;
+    return (int)v;
+}
+
+static int prompt_token_check(h3_model *m, int64_t n, const char *what)
+{
+    const int limit = prompt_token_limit(m);
+    if (n > limit)
+        return h3_err(H3_E_INVALID, "the prompt%s has %lld tokens, more than this model's limit of %d (its text "
+                      "encoder's context); shorten it", what, (long long)n, limit);
+    return 0;
+}
+
 static int tokenize(h3_runtime *rt, const char *prompt, struct h3_render *r)
 {
     h3_model *m = rt->model;
@@ -343,9 +372,10 @@ static int tokenize(h3_runtime *rt, const char *prompt, struct h3_render *r)
                 free(ids);
                 return h3_err(H3_E_INVALID, "the prompt is empty");
             }
-            if (n > 1000000) {
+            int lrc = prompt_token_check(m, n, "");
+            if (lrc) {
                 free(ids);
-                return h3_err(H3_E_INVALID, "the prompt has %lld tokens", (long long)n);
+                return lrc;
             }
             r->ids = ids;
             r->n_ids = (int)n;
@@ -496,6 +526,7 @@ static int keyframe_text_check(h3_runtime *rt, const char *prompt, int n, const 
         return h3_err(H3_E_SCHEMA, "%s: the text encoder has no vision tower (model.visual.*), which keyframes need",
                       c->weights_dir ? c->weights_dir : c->dir);
     rc = h3_rt_text_refs_rows(rt, prompt ? prompt : "", n, w, h, frames, audio_before);
+    if (rc > 0) rc = prompt_token_check(m, rc, " with its images");
     return rc < 0 ? rc : 0;
 }
 

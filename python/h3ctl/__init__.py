@@ -1,8 +1,9 @@
 """h3ctl: native inference for MiniMax-H3 (joint video + stereo audio) on libh3."""
 
 from ._lib import H3Error
+from .errors import Cancelled
 
-__all__ = ["Engine", "Result", "H3Error", "main", "__version__"]
+__all__ = ["Engine", "Result", "H3Error", "Cancelled", "main", "__version__"]
 __version__ = "0.1.0"
 
 

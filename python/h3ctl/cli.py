@@ -12,6 +12,7 @@ import os
 import sys
 
 from ._lib import H3Error
+from .errors import Cancelled
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -27,9 +28,37 @@ def _positive_int(text: str) -> int:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    if not 1 <= v <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number (1 to {2**31 - 1}), got {v}")
     return v
+
+
+def _join_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--size -32x64` -> `--size=-32x64`: argparse takes a value that starts with '-' (and is not a plain
+    negative number) for an option and reports 'expected one argument'; a value-taking option's next word is its
+    value unless it is itself an option, so the range check can name it."""
+    takes, known = set(), set()
+    stack = [parser]
+    while stack:
+        p = stack.pop()
+        for a in p._actions:
+            known.update(a.option_strings)
+            if a.option_strings and a.nargs is None and a.const is None and not isinstance(
+                    a, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction)):
+                takes.update(a.option_strings)
+            if isinstance(a, argparse._SubParsersAction):
+                stack.extend(a.choices.values())
+    out, i = [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in takes and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1] not in known \
+                and argv[i + 1].split("=", 1)[0] not in known and argv[i + 1] != "--":
+            out.append(f"{tok}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,7 +149,7 @@ def _cmd_check(args) -> int:
 def main(argv=None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_dash_values(parser, list(sys.argv[1:] if argv is None else argv)))
         if args.version:
             from . import __version__, _lib
 
@@ -159,12 +188,17 @@ def main(argv=None) -> int:
             return 0
         parser.print_help()
         return EXIT_BAD_INPUT
+    except Cancelled:
+        print("h3ctl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except H3Error as e:
         print(f"h3ctl: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("h3ctl: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # SIGINT 130, SIGTERM 143, SIGHUP 129 (h3ctl.outputs.Interrupted)
+        from .outputs import Interrupted, exit_code
+
+        print(f"h3ctl: {e if isinstance(e, Interrupted) else 'interrupted'}", file=sys.stderr)
+        return exit_code(e)
     except BrokenPipeError:
         return 0
     except Exception as e:  # noqa: BLE001

@@ -36,7 +36,9 @@ class Context:
         lib = _lib.lib()
         opts = _lib.H3Options()
         lib.h3_options_default(ctypes.byref(opts))
-        opts.threads = int(threads or 0)
+        from . import limits
+
+        opts.threads = limits.threads(threads or 0)
         opts.flags = int(flags) | (_lib.H3_OPT_REF2VA if ref2va else 0)
         opts.device = code
         opts.device_index = index

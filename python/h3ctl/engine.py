@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import math
 import os
 import re
 import threading
@@ -65,9 +64,9 @@ def model_defaults(model_dir: str | os.PathLike) -> dict:
 
 
 def frames_for_seconds(seconds: float) -> int:
-    if not (seconds > 0) or math.isinf(seconds):
-        raise H3Error(f"seconds must be a positive number, got {seconds}")
-    return max(1, int(round(seconds * FPS)))
+    from . import limits
+
+    return max(1, int(round(limits.seconds(seconds) * FPS)))
 
 
 @dataclass
@@ -85,14 +84,21 @@ class Result:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write an MP4 (H.264 + AAC), or a WAV when the name ends in .wav."""
-        from . import media
+        from . import media, outputs
 
-        p = media.check_writable(path, overwrite)
-        if p.suffix.lower() == ".wav":
-            media.write_wav(p, self.audio, self.sample_rate)
-        else:
-            media.write_mp4(p, self.frames, self.audio, self.sample_rate, fps=self.fps)
-        return p
+        res = outputs.Reserved(path, overwrite)  # never over a file that appears meanwhile; nothing partial left
+        try:
+            try:
+                if res.final.suffix.lower() == ".wav":
+                    media.write_wav(res.tmp, self.audio, self.sample_rate)
+                else:
+                    media.write_mp4(res.tmp, self.frames, self.audio, self.sample_rate, fps=self.fps)
+            except H3Error as e:
+                raise H3Error(outputs.replace_path(str(e), res.tmp, res.final)) from None
+            return res.publish()
+        finally:
+            if not res.done:
+                res.discard()
 
 
 class Engine:
@@ -214,8 +220,10 @@ class Engine:
             err = self._raised.pop(0)
             self._raised.clear()
             raise err
-        if rc == -6 and self._cancel:  # H3_E_CANCELLED by our own flag (Ctrl-C)
-            raise KeyboardInterrupt
+        if rc == -6:  # H3_E_CANCELLED: by our own flag (cancel(), Ctrl-C) or a progress callback
+            from .errors import Cancelled
+
+            raise Cancelled("the render was cancelled" + ("" if self._cancel else " by the progress callback"), 6)
         return _lib.check(rc)
 
     # -- rendering ---------------------------------------------------------------------------
@@ -266,7 +274,7 @@ class Engine:
                        "last": last_frame is not None or injected.get("last_latent") is not None}
             req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset,
                                first_frame=first_frame, last_frame=last_frame, anchors=anchors,
-                               references=references, **knobs)
+                               references=references, blank_ok=injected.get("text_states") is not None, **knobs)
             keep = []
             if ref_inj:
                 self._inject_references(req, ref_inj, req._keep)
@@ -366,7 +374,7 @@ class Engine:
                 frames: int | None = None, seconds: float | None = None, steps: int = 20,
                 seed: int = 42, vae_tile: int | None = None, preset: str | None = None,
                 first_frame=None, last_frame=None, anchors: dict | None = None, references=None,
-                **knobs) -> _lib.H3Request:
+                blank_ok: bool = False, **knobs) -> _lib.H3Request:
         """An h3_request. `preset`: a name of h3ctl.presets.PRESETS (None: every knob off, the exact render);
         knobs given explicitly (reuse=, core_reuse=, layers=, layer_policy="gate"|"uniform", token_reduction=,
         render_size="WxH", cache_threshold=, lora=["FILE[:SCALE]", ...]) override the preset's. libh3 checks
@@ -383,15 +391,23 @@ class Engine:
         soundtrack kept), ("silent_video", path) (the sound dropped) or a dict {"frames": uint8 [T, H, W, 3],
         "fps": rate (default 24), "audio": float [channels, samples] (optional), "sample_rate": Hz}. Needs an
         Engine opened with ref2va=True on a model with Ref2VA/."""
-        from . import media, presets
+        from . import limits, media, presets
 
         resolved = presets.resolve(preset, **knobs)
         if frames is not None and seconds is not None:
             raise H3Error("give frames or seconds, not both")
+        keyed_in = (first_frame is not None or last_frame is not None or bool(references)
+                    or any((anchors or {}).values()))
+        prompt = limits.prompt(prompt, blank_ok=blank_ok or keyed_in)
         if seconds is not None:
             frames = frames_for_seconds(seconds)
-        if not (0 <= int(seed) < 2**64):
-            raise H3Error(f"seed must be between 0 and 2^64-1, got {seed}")
+        # every number checked before ctypes stores it (an int32 field takes 2^32 + k as k)
+        width = None if width is None else limits.side("width", width)
+        height = None if height is None else limits.side("height", height)
+        frames = None if frames is None else limits.frames(frames)
+        steps = limits.steps(steps)
+        seed = limits.seed(seed)
+        vae_tile = limits.vae_tile(vae_tile or 0)
         req = _lib.H3Request()
         _lib.lib().h3_request_default(ctypes.byref(req))
         req.prompt = prompt.encode("utf-8", "surrogatepass")

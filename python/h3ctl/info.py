@@ -77,7 +77,9 @@ def render_text(info: dict) -> str:
 
     out = io.StringIO()
     console = Console(file=out, width=110, force_terminal=False, color_system=None)
-    console.print(f"[bold]{info['root']}[/]  partition {info['partition']}"
+    # a partition folder opened directly is reported by libh3 as the partition "partition"
+    where = "(a partition folder)" if info["partition"] == "partition" else f"partition {info['partition']}"
+    console.print(f"[bold]{info['root']}[/]  {where}"
                   f"{'  (Ref2VA also present)' if info.get('ref2va_present') else ''}")
     table = Table(show_header=True, header_style="bold")
     for col in ("component", "files", "tensors", "dtypes", "size"):

@@ -37,18 +37,12 @@ def ffmpeg_exe() -> str:
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool) -> Path:
-    """Fail early (before any compute) if `path` cannot be written or would be overwritten."""
-    p = Path(path)
-    if p.exists() and not overwrite:
-        raise H3Error(f"{p}: already exists (pass --overwrite to replace it)")
-    if p.exists() and p.is_dir():
-        raise H3Error(f"{p}: is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise H3Error(f"{parent}: output folder does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise H3Error(f"{parent}: output folder is not writable")
-    return p
+    """Fail early (before any compute) if `path` cannot be written or would be overwritten (the checks of
+    h3ctl.outputs.check_target: a directory, an existing file, something not a regular file, a parent that is a
+    file or missing)."""
+    from .outputs import check_target
+
+    return check_target(path, overwrite)
 
 
 @contextmanager
@@ -327,12 +321,21 @@ def _gif_images(data: bytes) -> int:
     return images
 
 
-def _existing_file(p: Path, label: str) -> None:
-    """A media input path must name a file: one H3Error line otherwise."""
-    if not p.exists():
-        raise H3Error(f"{label}: no such file")
-    if p.is_dir():
-        raise H3Error(f"{label}: is a directory")
+# The most bytes an input may hold: an image of MAX_IMAGE_PIXELS stored raw (BMP, 4 bytes a pixel) with room
+# for headers; an audio or video reference (decoded by ffmpeg from the file; a reference is cut to the
+# render's length, and 4 GiB is hours of uncompressed stereo).
+MAX_IMAGE_BYTES = 4 * 64_000_000 + (64 << 20)
+MAX_MEDIA_BYTES = 4 << 30
+
+
+def _existing_file(p: Path, label: str, cap: int = MAX_MEDIA_BYTES) -> None:
+    """A media input path must name a regular file (not a directory, FIFO, device or symlink loop) of at most
+    `cap` bytes: one H3Error line otherwise (h3ctl.outputs.check_input)."""
+    from .outputs import check_input
+
+    check_input(p, label)
+    if p.stat().st_size > cap:
+        raise H3Error(f"{label}: {p.stat().st_size} bytes, more than the {cap >> 20} MiB this input can need")
 
 
 def read_image(path: str | os.PathLike, what: str = "image") -> np.ndarray:
@@ -341,11 +344,9 @@ def read_image(path: str | os.PathLike, what: str = "image") -> np.ndarray:
     more than 64 megapixels and aspects outside 1:4..4:1 raise H3Error with one line naming the file."""
     p = Path(path)
     label = f"{what} {p}"
-    _existing_file(p, label)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise H3Error(f"{label}: cannot read ({e.strerror or e})") from None
+    from .outputs import read_capped
+
+    data = read_capped(p, label, MAX_IMAGE_BYTES)
     if not data:
         raise H3Error(f"{label}: the file is empty")
     demuxer = _sniff(data[:16])
@@ -577,10 +578,15 @@ def as_audio_reference(value, what: str) -> tuple[np.ndarray, int]:
                       f"{list(pcm.shape)}")
     if pcm.shape[1] == 0:
         raise H3Error(f"{what}: no audio samples")
-    rate = value["sample_rate"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)):
-        raise H3Error(f"{what}: sample_rate must be a whole number of Hz, got {rate!r}")
-    return np.ascontiguousarray(pcm, dtype=np.float32), int(rate)
+    from . import limits
+
+    try:
+        # one that fits the int32 field goes on to libh3, which names the range it resamples from
+        rate = limits.whole("sample rate", value["sample_rate"], 1, limits.INT32_MAX, strict=True)
+    except H3Error:
+        raise H3Error(f"{what}: sample_rate must be a whole number of Hz between {limits.MIN_SAMPLE_RATE} and "
+                      f"{limits.MAX_SAMPLE_RATE}, got {value['sample_rate']!r}") from None
+    return np.ascontiguousarray(pcm, dtype=np.float32), rate
 
 
 # ---- video references ------------------------------------------------------------------------------
@@ -606,8 +612,7 @@ def read_video(path: str | os.PathLike, what: str = "video", sound: bool = True)
     `sound` is False, and that rate or 0)."""
     import imageio_ffmpeg
 
-    if not os.path.isfile(path):
-        raise H3Error(f"{what}: {path}: no such file")
+    _existing_file(Path(path), f"{what}: {path}")
     probe = subprocess.run([ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)], capture_output=True,
                            text=True, errors="replace").stderr
     if not re.search(r"Stream #\S+.*Video:", probe):
@@ -647,7 +652,13 @@ def as_video_reference(value, what: str, sample_rate: int, sound: bool = True):
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3 or frames.shape[0] < 1:
         raise H3Error(f"{what}: frames must be uint8 [frames, height, width, 3], got {frames.dtype} "
                       f"{list(frames.shape)}")
-    fps = float(value.get("fps", 24.0))
+    from . import limits
+
+    fps = value.get("fps", 24.0)
+    try:
+        fps = limits.real("fps", fps, 0.0, 1000.0, lo_open=True)
+    except H3Error:
+        raise H3Error(f"{what}: frame rate {fps!r} must be a number greater than 0 and at most 1000 fps") from None
     pcm, rate = None, int(sample_rate)
     if sound and value.get("audio") is not None:
         if "sample_rate" not in value:

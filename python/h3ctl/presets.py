@@ -80,8 +80,10 @@ def get(name: str) -> Preset:
 
 def parse_size(text) -> tuple[int, int]:
     """'96x96' or (96, 96) -> (96, 96)."""
+    from . import limits
+
     if isinstance(text, (tuple, list)) and len(text) == 2:
-        return int(text[0]), int(text[1])
+        return limits.side("render width", text[0]), limits.side("render height", text[1])
     try:
         w, h = str(text).lower().split("x")
         return int(w), int(h)
@@ -92,22 +94,24 @@ def parse_size(text) -> tuple[int, int]:
 def parse_lora(spec) -> tuple[str, float]:
     """'FILE[:SCALE]' or (FILE, SCALE) -> (path, scale). A path may itself hold ':' (the scale is the part
     after the last one when it parses as a number)."""
+    from . import limits
+
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
-        path, scale = str(spec[0]), float(spec[1])
+        path, scale = str(spec[0]), spec[1]
     else:
         path, scale = str(spec), 1.0
         head, sep, tail = path.rpartition(":")
-        if sep and head:
+        # A colon is the scale's unless the whole text names a file or the text after it is a path ("c:/x").
+        if sep and head and not os.path.lexists(path) and "/" not in tail and "\\" not in tail:
             try:
                 scale = float(tail)
-                path = head
             except ValueError:
-                pass
+                raise H3Error(f"LoRA {spec!r}: the scale after the last ':' must be a number, got {tail!r} "
+                              "(FILE or FILE:SCALE)") from None
+            path = head
     if not path:
         raise H3Error(f"LoRA must look like FILE or FILE:SCALE, got {spec!r}")
-    if not math.isfinite(scale):
-        raise H3Error(f"LoRA {path}: scale must be a finite number, got {scale}")
-    return os.fspath(path), scale
+    return os.fspath(path), limits.lora_scale(path, scale)
 
 
 def scaled_canvas(width: int, height: int, scale: float, multiple: int = 32) -> tuple[int, int] | None:
@@ -188,13 +192,10 @@ def apply(req, knobs: dict, declared=None) -> None:
         req.n_sigmas = len(sv)
         req._keep_sigmas = both
 
+    from . import limits
+
     def whole(name):
-        v = knobs.get(name, 0)
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
-                return int(v)
-            raise H3Error(f"{name.replace('_', ' ')} must be a whole number, got {v!r}")
-        return v
+        return limits.knob(name, knobs.get(name, 0))
 
     req.reuse = whole("reuse")
     req.core_reuse = whole("core_reuse")
@@ -209,15 +210,18 @@ def apply(req, knobs: dict, declared=None) -> None:
         size = parse_size(knobs["render_size"])
     elif knobs.get("render_scale") is not None:
         size = scaled_canvas(req.width, req.height, float(knobs["render_scale"]))
+    if size:
+        size = (limits.side("render width", size[0]), limits.side("render height", size[1]))
     req.render_width, req.render_height = size if size else (0, 0)
-    try:
-        req.cache_threshold = float(knobs.get("cache_threshold") or 0.0)
-    except (TypeError, ValueError):
-        raise H3Error(f"cache threshold must be a number, got {knobs.get('cache_threshold')!r}") from None
+    req.cache_threshold = limits.cache_threshold(knobs.get("cache_threshold") or 0.0)
     loras = knobs.get("lora") or []
     if isinstance(loras, (str, os.PathLike)):
         loras = [loras]
     specs = [parse_lora(os.fspath(x) if isinstance(x, os.PathLike) else x) for x in loras]
+    from .outputs import check_input
+
+    for path, _ in specs:  # a directory, FIFO or device is refused by name (libh3 reads only regular files)
+        check_input(path, f"LoRA {path}")
     if specs:
         paths = (ctypes.c_char_p * len(specs))(*[os.fsencode(p) for p, _ in specs])
         scales = (ctypes.c_float * len(specs))(*[s for _, s in specs])

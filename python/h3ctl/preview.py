@@ -388,7 +388,9 @@ class Previewer:
                 x0 = x0_estimate(prev, cur, float(sig[i]), float(sig[i + 1])) if exact else cur
                 self._deliver(x0, done)
                 if eng._cancel:
-                    raise KeyboardInterrupt
+                    from .errors import Cancelled
+
+                    raise Cancelled("the render was cancelled by the preview callback", 6)
             if left <= 0:
                 break
 

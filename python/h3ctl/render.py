@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
@@ -98,11 +97,11 @@ def add_speed_arguments(p) -> None:
     g.add_argument("--preset", help=f"{', '.join(PRESETS)} (default {DEFAULT_PRESET}); knobs given below "
                                     "override the preset's")
     g.add_argument("--reuse", type=int, metavar="R", help="run the transformer at every R-th step only; "
-                   "extrapolate the velocity between")
+                   "extrapolate the velocity between (0: off)")
     g.add_argument("--core-reuse", type=int, metavar="K", help="run the block stack at every K-th call only; "
-                   "reuse its residual between (not with --reuse)")
+                   "reuse its residual between (not with --reuse; 0: off)")
     g.add_argument("--layers", type=int, metavar="M", help="run M of the model's blocks (first two, last, and "
-                   "the others by --layer-policy)")
+                   "the others by --layer-policy; 0: all of them, off)")
     g.add_argument("--layer-policy", choices=["gate", "uniform"], help="which blocks --layers keeps: largest "
                    "AdaLN gates (default) or evenly spaced")
     g.add_argument("--token-reduction", action="store_true", default=None,
@@ -152,43 +151,70 @@ def add_device_arguments(p) -> None:
 
 
 def _size(args):
+    from . import limits
+
     if args.size:
         try:
             w, h = args.size.lower().split("x")
-            return int(w), int(h)
+            w, h = int(w), int(h)
         except ValueError:
             raise H3Error(f"--size must look like 128x128, got '{args.size}'") from None
-    return args.width, args.height
+    else:
+        w, h = args.width, args.height
+    return (None if w is None else limits.side("width", w)), (None if h is None else limits.side("height", h))
 
 
 def main(args) -> int:
-    from . import media
-    from .engine import Engine, default_model_dir
+    from . import limits
 
-    if args.threads < 0:
-        raise H3Error("--threads must be 0 (all cores) or more")
+    limits.threads(args.threads, "--threads")
     try:  # checked before anything is opened or written
         _lib.vram_bytes(getattr(args, "vram", None))
     except H3Error:
         raise H3Error(f"--vram must be a number of GiB between 0 (auto) and {_lib.VRAM_MAX_GIB}, got "
                       f"'{args.vram}'") from None
     width, height = _size(args)
+    if getattr(args, "quantized", None):
+        from .outputs import check_input
+
+        check_input(args.quantized, f"--quantized {args.quantized}")
+    from . import outputs as outs
+
     outputs = []
     out = args.output or None
     if out:
-        outputs.append(media.check_writable(out, args.overwrite))
+        outputs.append(outs.check_target(out, args.overwrite))
     if args.wav:
-        outputs.append(media.check_writable(args.wav, args.overwrite))
-    if args.frames_dir:
-        fd = Path(args.frames_dir)
-        if fd.exists() and not fd.is_dir():
-            raise H3Error(f"{fd}: exists and is not a folder")
-        if fd.is_dir() and any(fd.glob("frame-*.*")) and not args.overwrite:
-            raise H3Error(f"{fd}: already holds frames (pass --overwrite to replace them)")
+        outputs.append(outs.check_target(args.wav, args.overwrite))
     if not (out or args.wav or args.frames_dir):
         raise H3Error("nothing to write: give -o, --wav or --frames-dir")
     if len({str(Path(p).resolve()) for p in outputs}) != len(outputs):
         raise H3Error("the MP4 and the WAV must be different files")
+    # Every output is reserved before any work: its temporary is created now (an unwritable folder fails
+    # here), published without replacing what appeared meanwhile, and removed on any failure or signal.
+    reserved = {}
+    try:
+        with outs.Signals() as sig:  # a signal before the render computes stops at once
+            sig.computing = False
+            if out:
+                reserved["mp4"] = outs.Reserved(out, args.overwrite)
+            if args.wav:
+                reserved["wav"] = outs.Reserved(args.wav, args.overwrite)
+            if args.frames_dir:
+                reserved["frames"] = outs.ReservedDir(args.frames_dir, args.overwrite)
+            return _render(args, width, height, out, reserved, sig)
+    finally:
+        for r in reserved.values():
+            if not getattr(r, "done", False):
+                r.discard()
+
+
+def _render(args, width, height, out, reserved, sig) -> int:
+    from . import media
+    from . import outputs as outs
+    from .engine import Engine, default_model_dir
+    from .errors import Cancelled
+
     # Keyframes are decoded and checked before the model is opened.
     keyframes = {f"{k}_frame": media.read_image(v, f"{k} frame") if v else None
                  for k, v in (("first", args.first_frame), ("last", args.last_frame))}
@@ -197,9 +223,8 @@ def main(args) -> int:
     for i, (kind, v) in enumerate(getattr(args, "references", None) or [], 1):
         if kind == "image":
             refs.append(media.read_image(v, f"reference image {i}"))
-        elif not Path(v).is_file():
-            raise H3Error(f"reference {'audio' if kind == 'audio' else 'video'} {i}: {v}: no such file")
         else:
+            outs.check_input(v, f"reference {'audio' if kind == 'audio' else 'video'} {i}: {v}")
             refs.append((kind, v))
     if refs and not (Path(args.model_dir or default_model_dir()) / "Ref2VA").is_dir():
         which = ("--ref-image" if args.ref_image else "--ref-video" if args.ref_video else
@@ -254,41 +279,49 @@ def main(args) -> int:
             progress_ui.update(tasks[label], completed=done, total=total)
         return False
 
-    previous = signal.getsignal(signal.SIGINT)
-    state = {"computing": True}
-
-    def on_sigint(signum, frame):
-        # While libh3 computes, ask it to stop at its next unit of work (a Python exception cannot
-        # cross the C call). While files are written, interrupt at once: the writers remove their
-        # temporary files, and nothing reaches its final name.
-        if state["computing"]:
-            engine.cancel()
-        else:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
+    # SIGINT, SIGTERM and SIGHUP: while libh3 computes, ask it to stop at its next unit of work (a Python
+    # exception cannot cross the C call); while files are written, interrupt at once. Either way the
+    # temporaries are removed and nothing reaches a final name.
+    sig.cancel = engine.cancel
+    sig.computing = True
+    sig.check()
     t0 = time.perf_counter()
     try:
         if progress_ui is not None:
             progress_ui.start()
-        result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
-                               progress=on_progress, vae_tile=args.vae_tile,
-                               preview=live.callback if live is not None and live.active else None,
-                               preview_every=args.preview_every, **keyframes, references=refs or None,
-                               profile=profile, **knobs)
-        state["computing"] = False
+        try:
+            result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
+                                   progress=on_progress, vae_tile=args.vae_tile,
+                                   preview=live.callback if live is not None and live.active else None,
+                                   preview_every=args.preview_every, **keyframes, references=refs or None,
+                                   profile=profile, **knobs)
+        except Cancelled:
+            sig.check()
+            raise
+        sig.computing = False
+        sig.check()
         if engine._cancel:
-            raise KeyboardInterrupt
+            raise outs.Interrupted()
         if profile:
             profile.enter("write outputs")
         if progress_ui is not None and (out or args.wav or args.frames_dir):
             tasks["mux"] = progress_ui.add_task("write outputs", total=None)
-        if out:
-            media.write_mp4(out, result.frames, result.audio, result.sample_rate, fps=result.fps)
-        if args.wav:
-            media.write_wav(args.wav, result.audio, result.sample_rate)
-        if args.frames_dir:
-            media.write_frames_dir(args.frames_dir, result.frames, args.frame_format, overwrite=args.overwrite)
+        for key, write in (("mp4", lambda p: media.write_mp4(p, result.frames, result.audio, result.sample_rate,
+                                                             fps=result.fps)),
+                           ("wav", lambda p: media.write_wav(p, result.audio, result.sample_rate))):
+            if key in reserved:
+                r = reserved[key]
+                try:
+                    write(r.tmp)
+                except H3Error as e:
+                    raise H3Error(outs.replace_path(str(e), r.tmp, r.final)) from None
+        if "frames" in reserved:
+            media.write_frames_dir(reserved["frames"].tmp, result.frames, args.frame_format, overwrite=True)
+        # every file is complete: publish them (never over a file that appeared meanwhile)
+        for key in ("mp4", "wav", "frames"):
+            if key in reserved:
+                reserved[key].publish()
+                reserved[key].done = True
         if progress_ui is not None and "mux" in tasks:
             progress_ui.update(tasks["mux"], total=1, completed=1)
         if profile:
@@ -302,12 +335,12 @@ def main(args) -> int:
             live.close()
         if progress_ui is not None:
             progress_ui.stop()
-        signal.signal(signal.SIGINT, previous)
+        sig.computing = False
         engine.close()
     wall = time.perf_counter() - t0
     written = [p for p in (out, args.wav, args.frames_dir) if p]
     print(f"{', '.join(written)}: {plan['frames']} frames {plan['width']}x{plan['height']} at 24 fps "
-          f"({plan['frames'] / 24:.2f} s), {result.sample_rate // 1000} kHz stereo, {result.info['steps']} steps, "
+          f"({plan['frames'] / 24:.2f} s), {result.sample_rate // 1000} kHz stereo, {result.steps} steps, "
           f"seed {args.seed}, {wall:.2f} s")
     if profile:
         # The profile goes to stderr (stdout keeps the one-line summary): wall time per phase, peak RSS, and on a

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 from ._lib import H3Error
+from .errors import Cancelled
+from .outputs import Interrupted
 
 PROMPT = "h3> "
 HISTORY = "history.txt"
@@ -53,8 +55,9 @@ a plain line renders it with the current settings into the next numbered MP4 of 
 !open                open the last MP4 with the system's opener ($H3CTL_OPENER overrides it)
 !history             the renders of this session folder
 !settings            the current settings
-!preset NAME         (comes with presets)
-!first PATH, !last PATH  (come with first/last-frame conditioning)
+!preset NAME | off   a speed preset for the renders (`h3ctl presets` lists them; off: the exact render)
+!first PATH | off    start the videos on this image (FL2VA); off: no first frame
+!last PATH | off     end the videos on this image; off: no last frame
 !help                this list
 !quit                end the session (so does Ctrl-D or the end of piped input)
 Ctrl-C cancels a render in progress; the session goes on."""
@@ -148,6 +151,8 @@ class Session:
         self.seconds: float | None = None
         self.steps = 20
         self.seed: int | None = 42  # None: a random seed for every render
+        self.preset: str | None = None  # None: every knob off, the exact render
+        self.keyframes: dict = {"first_frame": None, "last_frame": None}  # decoded RGB arrays
         self.protocol = protocol
         self.every = every
         self.show = False
@@ -221,7 +226,8 @@ class Session:
         if frames is None and seconds is None:
             frames, seconds = self.frames, self.seconds
         steps = self.steps if steps is None else steps
-        req = self.engine.request("plan", width, height, frames, seconds, steps, 0)
+        req = self.engine.request("plan", width, height, frames, seconds, steps, 0, preset=self.preset,
+                                  **self.keyframes)
         return self.engine.plan(req)
 
     def settings_line(self) -> str:
@@ -389,13 +395,48 @@ class Session:
         self.say(self.settings_line())
 
     def cmd_preset(self, arg):
-        self.note("!preset comes with presets, which h3ctl does not have yet; nothing changed")
+        from . import presets
+
+        if arg.lower() in ("off", "none"):
+            self.preset = None
+            self.say("preset off (the exact render)")
+            return
+        try:
+            p = presets.get(arg)
+        except H3Error as e:
+            self.error(f"!preset: {e}")
+            return
+        self.preset = p.name
+        self.say(f"preset {p.name}: {presets.describe(p.knobs)}")
+
+    def _keyframe(self, which: str, arg: str) -> None:
+        from . import media
+
+        key = f"{which}_frame"
+        if not arg:
+            self.error(f"!{which} wants an image path or 'off'")
+            return
+        if arg.lower() == "off":
+            self.keyframes[key] = None
+            self.say(f"{which} frame off")
+            return
+        path = os.path.expanduser(arg)
+        old = self.keyframes[key]
+        try:
+            self.keyframes[key] = media.read_image(path, f"{which} frame")
+            self.plan()  # the model can take it (a vision tower, the canvas)
+        except H3Error as e:
+            self.keyframes[key] = old
+            self.error(f"!{which}: {e}")
+            return
+        h, w = self.keyframes[key].shape[:2]
+        self.say(f"{which} frame {path} ({w}x{h})")
 
     def cmd_first(self, arg):
-        self.note("!first comes with first-frame conditioning, which h3ctl does not have yet; nothing changed")
+        self._keyframe("first", arg)
 
     def cmd_last(self, arg):
-        self.note("!last comes with last-frame conditioning, which h3ctl does not have yet; nothing changed")
+        self._keyframe("last", arg)
 
     # -- rendering ---------------------------------------------------------------------------------
     def render(self, prompt: str, seed: int | None = None) -> None:
@@ -420,11 +461,17 @@ class Session:
         # What Ctrl-C does depends on the phase: while libh3 computes, ask it to stop at its next unit of work;
         # while the MP4 is written, interrupt at once (the writer removes its temporary file); once the file is
         # there, the render is recorded whatever happens (the key only stops the final animation).
-        state = {"phase": "computing", "pending": False}
+        state = {"phase": "computing", "pending": False, "term": None}
         live = None
         status = self._isatty(self.stderr) and not self.show
 
         def on_sigint(signum, frame):
+            if signum != signal.SIGINT:  # SIGTERM / SIGHUP: stop like Ctrl-C, then end the session
+                state["term"] = signum
+                if state["phase"] == "computing":
+                    eng.cancel()
+                    return
+                raise Interrupted(signum)
             if state["phase"] == "computing":
                 eng.cancel()
             elif state["phase"] == "recording":
@@ -440,8 +487,11 @@ class Session:
                 live.phase(phase, done, total)
             return False
 
-        previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, on_sigint)
+        handled = [sg for sg in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
+                   if sg is not None]
+        previous = {sg: signal.getsignal(sg) for sg in handled}
+        for sg in handled:
+            signal.signal(sg, on_sigint)
         t0 = time.perf_counter()
         try:
             self.say(f"{name}: rendering {plan['width']}x{plan['height']}, {plan['frames']} frames, "
@@ -453,11 +503,19 @@ class Session:
             try:
                 result = eng.render(prompt, self.width, self.height, self.frames, self.seconds, self.steps, seed,
                                     progress=on_progress, preview=live.callback if live and live.active else None,
-                                    preview_every=self.every)
+                                    preview_every=self.every, preset=self.preset, **self.keyframes)
                 state["phase"] = "writing"
                 if eng._cancel:
                     raise KeyboardInterrupt
-                media.write_mp4(path, result.frames, result.audio, result.sample_rate, fps=result.fps)
+                from .outputs import Reserved
+
+                res = Reserved(path, False)  # never over a file another writer put there meanwhile
+                try:
+                    media.write_mp4(res.tmp, result.frames, result.audio, result.sample_rate, fps=result.fps)
+                    res.publish()
+                finally:
+                    if not res.done:
+                        res.discard()
                 state["phase"] = "recording"
             finally:
                 if status:
@@ -475,12 +533,17 @@ class Session:
                 live.close()
             self.say(f"{name}: {plan['frames']} frames {plan['width']}x{plan['height']} "
                      f"({plan['frames'] / 24:.2f} s), {self.steps} steps, seed {seed}, {wall:.2f} s")
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Cancelled) as e:
+            if isinstance(e, Interrupted):  # SIGTERM / SIGHUP end the session (after the cleanup above)
+                raise
+            if state["term"] is not None:
+                raise Interrupted(state["term"]) from None
             self.note(f"{name}: cancelled, nothing written")
         except H3Error as e:
             self.error(f"{name}: {e}")
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sg, h in previous.items():
+                signal.signal(sg, h)
             if live is not None:
                 live.close()
 
@@ -507,7 +570,12 @@ class Session:
             except EOFError:
                 print(file=self.stdout, flush=True)
                 return None
-        line = self.stdin.readline()
+        raw = getattr(self.stdin, "buffer", None)
+        if raw is not None:  # bytes, so a line that is not UTF-8 is reported (run) rather than ending the session
+            data = raw.readline()
+            line = data.decode("utf-8", "surrogateescape")
+        else:
+            line = self.stdin.readline()
         if line == "":
             return None
         return line.rstrip("\r\n")
@@ -536,6 +604,12 @@ class Session:
             line = line.strip()
             if not line:
                 continue
+            bad = next((i for i, ch in enumerate(line) if "\ud800" <= ch <= "\udfff"), None)
+            if bad is not None:  # bytes the input could not decode (surrogateescape): report, go on
+                ch = line[bad]
+                what = f"byte 0x{ord(ch) - 0xDC00:02X}" if ch >= "\udc80" else f"U+{ord(ch):04X}"
+                self.error(f"the line is not valid UTF-8 ({what} at character {bad}); skipped")
+                continue
             self._append(HISTORY, line)
             try:
                 if line.startswith("!"):
@@ -543,7 +617,9 @@ class Session:
                         return 0
                 else:
                     self.render(line)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, Cancelled) as e:
+                if isinstance(e, Interrupted):
+                    raise
                 self.note("interrupted")
             except H3Error as e:  # whatever a line causes is one line, and the session goes on
                 self.error(str(e))
@@ -552,13 +628,26 @@ class Session:
 def main(args) -> int:
     from .engine import Engine
 
-    if args.threads < 0:
-        raise H3Error("--threads must be 0 (all cores) or more")
+    from . import limits
+
+    limits.threads(args.threads, "--threads")
     kw = {k: getattr(args, k) for k in ("device", "device_index") if hasattr(args, k)}
     engine = Engine(args.model_dir, threads=args.threads, **kw)
     try:
+        from . import _lib
+
+        # a model that cannot render ends the session now (exit 2), not at every render
+        _lib.check(_lib.lib().h3_model_check(engine._ctx.ptr, 1))
         folder = prepare_folder(args.out)
         session = Session(engine, folder, show=args.show, protocol=args.preview_protocol, every=args.preview_every)
+        import signal as _signal
+
+        def on_term(signum, frame):  # SIGTERM / SIGHUP: stop the render, clean up, exit 128 + signum
+            raise Interrupted(signum)
+
+        for sig in (getattr(_signal, "SIGTERM", None), getattr(_signal, "SIGHUP", None)):
+            if sig is not None:
+                _signal.signal(sig, on_term)
         return session.run()
     finally:
         engine.close()

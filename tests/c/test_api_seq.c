@@ -1520,6 +1520,110 @@ static int full_render(int threads, const h3_request *q, render_out *out)
     return rc;
 }
 
+/* The API's own range checks (api/render_api.c, api/context.c): every number of a request at the
+   values a caller may send whatever its language (0, -1, INT32_MIN, INT32_MAX, nan, inf) is refused
+   by h3_plan and h3_prepare with a message naming the value, nothing is prepared, and the context
+   still renders afterwards. */
+static void range_checks(void)
+{
+    g_ntrace = 0, g_dumped = false;
+    h3_ctx *ctx = open_ctx(1, false);
+    if (!ctx) return;
+    const int32_t bad32[] = {-1, INT32_MIN, INT32_MAX, 16385, 100001};
+    struct { const char *name; size_t off; int32_t lo, hi; } f[] = {
+        {"width", offsetof(h3_request, width), 0, 16384},
+        {"height", offsetof(h3_request, height), 0, 16384},
+        {"frames", offsetof(h3_request, frames), 1, 100000},
+        {"steps", offsetof(h3_request, steps), 2, 1000},
+        {"VAE tile", offsetof(h3_request, vae_tile_px), 0, 65536},
+        {"reuse", offsetof(h3_request, reuse), 0, 1000},
+        {"core reuse", offsetof(h3_request, core_reuse), 0, 1000},
+        {"layers", offsetof(h3_request, layers), 0, 65536},
+        {"layer policy", offsetof(h3_request, layer_policy), 0, 1},
+        {"token reduction", offsetof(h3_request, token_reduction), 0, 1},
+        {"render width", offsetof(h3_request, render_width), 0, 16384},
+        {"LoRA file count", offsetof(h3_request, n_lora), 0, 64},
+        {"reference count", offsetof(h3_request, n_references), 0, 64},
+    };
+    h3_render_info info;
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        for (size_t j = 0; j < sizeof bad32 / sizeof *bad32; j++) {
+            const int32_t v = bad32[j];
+            if (v >= f[i].lo && v <= f[i].hi) continue;
+            h3_request q;
+            h3_request_default(&q);
+            q.prompt = "a red dot";
+            q.width = q.height = 8;
+            q.steps = 3;
+            memcpy((char *)&q + f[i].off, &v, sizeof v);
+            char want[160];
+            snprintf(want, sizeof want, "%s must be between %d and %d", f[i].name, f[i].lo, f[i].hi);
+            char got_v[24];
+            snprintf(got_v, sizeof got_v, "got %d", v);
+            memset(&info, 0, sizeof info);
+            info.struct_size = sizeof info;
+            h3_err_clear();
+            int rc = h3_plan(ctx, &q, &info);
+            EXPECT(rc == -H3_E_INVALID && strstr(h3_last_error(), want) && strstr(h3_last_error(), got_v),
+                   "h3_plan(%s = %d): rc %d, '%s' (want '%s ... %s')", f[i].name, v, rc, h3_last_error(), want, got_v);
+            h3_err_clear();
+            rc = h3_prepare(ctx, &q);
+            EXPECT(rc == -H3_E_INVALID && strstr(h3_last_error(), want),
+                   "h3_prepare(%s = %d): rc %d, '%s'", f[i].name, v, rc, h3_last_error());
+            EXPECT(h3_step(ctx) < 0, "h3_step ran after a refused prepare (%s = %d)", f[i].name, v);
+        }
+    const float badf[] = {NAN, INFINITY, -INFINITY, -1.0f, 101.0f};
+    for (size_t j = 0; j < sizeof badf / sizeof *badf; j++) {
+        h3_request q;
+        h3_request_default(&q);
+        q.prompt = "a red dot";
+        q.width = q.height = 8;
+        q.cache_threshold = badf[j];
+        h3_err_clear();
+        EXPECT(h3_prepare(ctx, &q) == -H3_E_INVALID && strstr(h3_last_error(), "cache threshold must be between"),
+               "cache threshold %g: '%s'", (double)badf[j], h3_last_error());
+        const char *paths[1] = {"none.safetensors"};
+        float scales[1] = {badf[j]};
+        h3_request_default(&q);
+        q.prompt = "a red dot";
+        q.width = q.height = 8;
+        q.lora_paths = paths, q.lora_scales = scales, q.n_lora = 1;
+        h3_err_clear();
+        int rc = h3_plan(ctx, &q, &info);
+        if (isfinite(badf[j]))
+            EXPECT(rc < 0 && !strstr(h3_last_error(), "scale must be"), "LoRA scale %g refused as a scale: '%s'",
+                   (double)badf[j], h3_last_error());
+        else
+            EXPECT(rc == -H3_E_INVALID && strstr(h3_last_error(), "scale must be a finite number"),
+                   "LoRA scale %g: '%s'", (double)badf[j], h3_last_error());
+    }
+    /* thread counts that do not fit, through h3_init */
+    const int32_t badt[] = {-1, INT32_MIN, INT32_MAX, 1025};
+    for (size_t j = 0; j < sizeof badt / sizeof *badt; j++) {
+        h3_options o;
+        h3_options_default(&o);
+        o.threads = badt[j];
+        o.device = H3_DEVICE_CPU;
+        h3_err_clear();
+        h3_ctx *c = h3_init(g_root, &o);
+        EXPECT(!c && strstr(h3_last_error(), "threads must be between 0"), "h3_init(threads %d): %p '%s'", badt[j],
+               (void *)c, h3_last_error());
+        h3_free(c);
+    }
+    /* and the context still renders */
+    h3_request q;
+    h3_request_default(&q);
+    q.prompt = "a red dot";
+    q.width = q.height = 8;
+    q.steps = 3;
+    EXPECT(h3_prepare(ctx, &q) == 0, "prepare after the refused requests: %s", h3_last_error());
+    int left;
+    while ((left = h3_step(ctx)) > 0) {
+    }
+    EXPECT(left == 0, "steps after the refused requests: %s", h3_last_error());
+    h3_free(ctx);
+}
+
 static void fixed_sequences(void)
 {
     g_seq = -1;
@@ -1573,6 +1677,7 @@ static void fixed_sequences(void)
         free(vn), free(an);
         free(a.rgb), free(a.pcm), free(b.rgb), free(b.pcm), free(c.rgb), free(c.pcm);
     }
+    range_checks();
 }
 
 static double g_time[21];

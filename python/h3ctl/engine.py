@@ -405,7 +405,7 @@ class Engine:
         width = None if width is None else limits.side("width", width)
         height = None if height is None else limits.side("height", height)
         frames = None if frames is None else limits.frames(frames)
-        steps = limits.steps(steps)
+        steps = None if steps is None else limits.steps(steps)
         seed = limits.seed(seed)
         vae_tile = limits.vae_tile(vae_tile or 0)
         req = _lib.H3Request()

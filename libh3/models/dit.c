@@ -349,8 +349,14 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     if (!rc) rc = get_w(d, &d->cond, H, c->text_dim, "condition_proj.weight");
     if (!rc) rc = get_bvec(d, &d->cond_b, H, "condition_proj.bias");
     if (!rc) rc = get_bvec(d, &d->ref_final, H, "token_refiner.final_norm.weight");
-    if (!rc && d->curve_grid)
-        rc = get_vec(d, &d->curve, (int64_t)d->curve_grid * c->temb_dim, "time_embedder.table");
+    if (!rc && d->curve_grid) {
+        const int64_t sh[2] = {d->curve_grid, c->temb_dim};
+        h3_dtype dt;
+        const void *p = h3_store_get_float(d->st, "time_embedder.table", 2, sh, &dt);
+        if (!p) rc = -H3_E_SCHEMA;
+        else if (!(d->curve = h3_alloc_aligned(sizeof(float) * (size_t)(sh[0] * sh[1])))) rc = -H3_E_NOMEM;
+        else h3_to_f32(p, dt, d->curve, sh[0] * sh[1]);
+    }
     if (!rc && !d->curve_grid) rc = get_mat(d, &d->te_in, c->temb_hidden, c->freq_dim, "time_embedder.proj_in.weight");
     if (!rc && !d->curve_grid) rc = get_vec(d, &d->te_in_b, c->temb_hidden, "time_embedder.proj_in.bias");
     if (!rc && !d->curve_grid) rc = get_mat(d, &d->te_out, c->temb_dim, c->temb_hidden, "time_embedder.proj_out.weight");

@@ -278,3 +278,24 @@ def test_info_describes_single_files(tiny, tmp_path):
     assert c["single_file"] == str(single)
     assert "model.diffusion_model. names" in c["single_file_format"] and "30 int8" in c["single_file_format"]
     assert c["single_file_owned_bytes"] > 0
+
+
+def test_pruned_int8_cli(tiny, tmp_path):
+    """The form most people hold (pruned int8_convrot, prefixed names) through the CLI: check describes it, info
+    says what was inferred, render writes an MP4. Rank 8 as released: a lossy basis, so no exactness is claimed."""
+    t, heads = tiny
+    pruned = sf.prune(t, grid=1025, rank=8, freq_dim=sf.config(TINY)["timestep_input_dim"])
+    tens, meta, refs = sf.comfy_tensors(pruned, heads, variant="int8_convrot")
+    assert len(refs) == 6 * 4  # the narrow AdaLN projections stay unquantised, as in the released file
+    single = sf.write_single(tmp_path / "minimax_h3_fl2va_pruned_int8_convrot.safetensors", tens, meta, prefix=True)
+    proc = run("check", single)
+    assert proc.returncode == 0 and "variant pruned int8_convrot, 24 quantised layers" in proc.stdout, proc.stderr
+    proc = run("info", "-d", TINY, "--transformer", single, "--json", "--width", 32, "--height", 32, "--frames", 22)
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads(proc.stdout)["components"]["transformer"]
+    assert "int8_convrot, pruned" in c["single_file_format"] and c["dtypes"]["BF16"]["tensors"] > 0
+    out = tmp_path / "o.mp4"
+    proc = run("render", "-p", PROMPT, "-d", TINY, "--transformer", single, "-o", out, "--width", 32, "--height", 32,
+               "--frames", 22, "--steps", 2, "--threads", 2)
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_size > 1000

@@ -219,6 +219,7 @@ static int present(h3_store *s, struct h3_sf_source *src, const h3_json *meta, s
             job.kind = JOB_INT8;
             job.group = group;
             counts[2]++;
+            counts[3] += group > 0;
         } else {
             if (strncmp(fmt, "float8_e4m3", 11) != 0 && strncmp(fmt, "float8_e5m2", 11) != 0)
                 return h3_err(H3_E_UNSUPPORTED, "%s: layer '%s' is %s with format '%s' (known: float8_e4m3fn)",
@@ -344,7 +345,7 @@ int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char
         for (size_t i = 0; i < raw->ntensors; i++) by[raw->tensors[i].dtype] += raw->tensors[i].end - raw->tensors[i].begin;
         size_t n = (size_t)snprintf(desc, cap, "single file (%s names%s); variant: %s%s%s%s",
                                     prefixed ? "model.diffusion_model." : "bare", "",
-                                    counts[2] ? "int8" : counts[1] ? "fp8_scaled" : "bf16",
+                                    counts[3] ? "int8_convrot" : counts[2] ? "int8" : counts[1] ? "fp8_scaled" : "bf16",
                                     h3_store_find(s, "time_embedder.table") ? ", pruned" : "",
                                     counts[0] ? ", QKV [q;k;v]" : "", legacy ? ", legacy scaled_fp8" : "");
         for (int d = 0; d < H3_DT_COUNT && n < cap; d++)

@@ -179,3 +179,40 @@ def add_arguments(p) -> None:
 
 def from_args(args) -> dict:
     return {k: getattr(args, k, None) for k in ("transformer", "text_encoder", "video_vae", "audio_vae", "tokenizer")}
+
+
+def describe_file(path) -> str | None:
+    """One line for `h3ctl check FILE`: which MiniMax-H3 component a single file holds, its names, variant and dtypes
+    (from the header alone), or None when it is none of them. libh3 has already validated the header."""
+    import json as _json
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = _json.loads(f.read(n))
+    meta = header.pop("__metadata__", {}) or {}
+    names = list(header)
+    prefixed = any(k.startswith("model.diffusion_model.") for k in names)
+    bare = {k[len("model.diffusion_model."):] if k.startswith("model.diffusion_model.") else k for k in names}
+    dtypes: dict[str, int] = {}
+    for v in header.values():
+        dtypes[v["dtype"]] = dtypes.get(v["dtype"], 0) + 1
+    if any(".lora_A." in k or ".lora_B." in k or "lora_down" in k for k in names):
+        return "a LoRA (lora_A/lora_B pairs), not a model: give it with --lora"
+    if {"blocks.0.attn.qkv_proj.weight", "condition_proj.weight"} <= bare:
+        part = "transformer (give it with --transformer)"
+    elif "model.language_model.embed_tokens.weight" in bare:
+        part = "text encoder (give it with --text-encoder)"
+    else:
+        return None
+    quant = sum(k.endswith(".comfy_quant") for k in names)
+    if "_quantization_metadata" in meta:
+        quant = max(quant, len(_json.loads(meta["_quantization_metadata"]).get("layers", {})))
+    variant = ("int8" + ("_convrot" if "I8" in dtypes else "") if "I8" in dtypes else
+               "fp8_scaled" + (" (legacy scaled_fp8)" if "scaled_fp8" in bare else "") if any(
+                   d.startswith("F8") for d in dtypes) else "bf16")
+    if "adaln_t_table" in bare:
+        variant = "pruned " + variant
+    counts = ", ".join(f"{d} {c}" for d, c in sorted(dtypes.items()))
+    return (f"MiniMax-H3 {part}; {'model.diffusion_model.' if prefixed else 'bare'} names; variant {variant}"
+            f"{f', {quant} quantised layers (dequantised to BF16 at load)' if quant else ''}; dtypes: {counts}")

@@ -126,7 +126,10 @@ class Engine:
         self-attention as cuDNN's fp8 SDPA (CUDA on Hopper or newer; faster, not exact; any `precision`).
         `quantized`: with precision "fp8", the file `h3ctl quantize` wrote from this model (h3ctl.quantize), read
         instead of quantising at load (the same bytes); refused with the reason when it was made from another
-        checkpoint or is incomplete."""
+        checkpoint or is incomplete. `transformer` / `text_encoder` / `video_vae` / `audio_vae`: single files
+        (ComfyUI's repackages: bf16, pruned, fp8_scaled, int8_convrot) read instead of the folder's weights, the folder
+        giving the configs (docs/single-files.md); `model_dir` may be a ComfyUI models/ folder; `tokenizer`: the
+        official tokenizer/ folder."""
         # Threading state first: close() and the guards must work even if opening fails below.
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread holding the lock in a public method

@@ -263,6 +263,9 @@ def test_comfy_models_folder(tiny, tmp_path):
     assert folder == components.RELEASE_CONFIGS and set(files) == {"transformer"}
     with pytest.raises(H3Error, match="not 3 x 56 heads"):
         Engine(models, threads=1)
+    proc = run("check", tmp_path / "ComfyUI")
+    assert proc.returncode == 0 and "minimax_h3_fl2va_bf16.safetensors: ok (transformer)" in proc.stdout, proc.stderr
+    assert "variant bf16" in proc.stdout
     # nvfp4 only: refused by name
     (models / "text_encoders" / "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors").write_bytes(b"x")
     with pytest.raises(H3Error, match="nvfp4"):

@@ -9,6 +9,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +40,9 @@ struct h3_sf_source {
     int fd;          /* the owned file */
     char *tmp_path;  /* a temporary file to unlink at the end (no memfd) */
     uint64_t owned;
-    bool filled;
+    /* Filled once, by whichever thread first needs a tensor's bytes; the others wait for it. */
+    pthread_mutex_t mu;
+    atomic_bool filled;
     int fill_rc;
 };
 
@@ -52,6 +56,7 @@ void h3_sf_source_free(struct h3_sf_source *src)
         free(src->tmp_path);
     }
     free(src->jobs);
+    pthread_mutex_destroy(&src->mu);
     free(src);
 }
 
@@ -279,6 +284,7 @@ int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char
     if (!src) return -H3_E_NOMEM;
     src->fd = -1;
     src->heads = heads;
+    pthread_mutex_init(&src->mu, NULL);
     int rc = h3_store_add_file(&src->raw, path);
     h3_json meta;
     bool meta_loaded = false;
@@ -339,7 +345,7 @@ int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char
         return rc;
     }
     s->source = src;
-    src->filled = src->njobs == 0;
+    atomic_store(&src->filled, src->njobs == 0);
     if (desc && cap) {
         uint64_t by[H3_DT_COUNT] = {0};
         for (size_t i = 0; i < raw->ntensors; i++) by[raw->tensors[i].dtype] += raw->tensors[i].end - raw->tensors[i].begin;
@@ -424,8 +430,19 @@ static int fill(h3_store *s)
 int h3_store_ready(const h3_store *cs)
 {
     struct h3_sf_source *src = cs->source;
-    if (!src || src->filled) return src ? src->fill_rc : 0;
-    src->filled = true;
-    src->fill_rc = fill((h3_store *)cs);
-    return src->fill_rc;
+    if (!src) return 0;
+    if (atomic_load_explicit(&src->filled, memory_order_acquire))
+        return src->fill_rc ? h3_err(-src->fill_rc, "%s: its transformed tensors could not be written (see the first "
+                                     "error)", src->raw.files[0].path)
+                            : 0;
+    pthread_mutex_lock(&src->mu);
+    int rc = 0;
+    if (!atomic_load_explicit(&src->filled, memory_order_relaxed)) {
+        rc = src->fill_rc = fill((h3_store *)cs);
+        atomic_store_explicit(&src->filled, true, memory_order_release);
+    } else {
+        rc = src->fill_rc;
+    }
+    pthread_mutex_unlock(&src->mu);
+    return rc;
 }

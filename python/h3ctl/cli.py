@@ -108,6 +108,17 @@ def _cmd_check(args) -> int:
 
     lib = _lib.lib()
     for path in args.paths:
+        from pathlib import Path
+
+        from . import components
+
+        models = components._comfy_models_dir(Path(path)) if os.path.isdir(path) else None
+        if models is not None and not components._is_official(Path(path)):
+            # a ComfyUI models/ folder: each MiniMax-H3 file it holds, checked and described
+            for part, f in components.comfy_files(models, ref2va=False).items():
+                _lib.check(lib.h3_safetensors_check(os.fsencode(f)))
+                print(f"{f}: ok ({part}): {components.describe_file(f) or 'not recognised by its tensor names'}")
+            continue
         if os.path.isdir(path):
             with Context(path) as ctx:
                 _lib.check(lib.h3_model_check(ctx.ptr, 1))

@@ -292,7 +292,7 @@ typedef struct h3_model {
     /* Single files that replace a component's weights (h3_options' component paths; core/singlefile.c):
        the folder still gives the configs. sf_desc: what was found in each, for h3_model_info. */
     char *file[H3_COMP_COUNT];
-    char sf_desc[H3_COMP_COUNT][256];
+    char sf_desc[H3_COMP_COUNT][384];
 } h3_model;
 
 /* Locate the partition and its components; read configs and headers (no tensor data). */

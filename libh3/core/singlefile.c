@@ -349,10 +349,15 @@ int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char
     if (desc && cap) {
         uint64_t by[H3_DT_COUNT] = {0};
         for (size_t i = 0; i < raw->ntensors; i++) by[raw->tensors[i].dtype] += raw->tensors[i].end - raw->tensors[i].begin;
+        const h3_tensor *tab = h3_store_find(s, "time_embedder.table");
+        char pruned[96] = "";
+        if (tab && tab->ndim == 2)
+            snprintf(pruned, sizeof pruned, ", pruned (AdaLN curve table %lld x %lld: the basis width replaces "
+                     "time_embed_dim)", (long long)tab->shape[0], (long long)tab->shape[1]);
         size_t n = (size_t)snprintf(desc, cap, "single file (%s names%s); variant: %s%s%s%s",
                                     prefixed ? "model.diffusion_model." : "bare", "",
                                     counts[3] ? "int8_convrot" : counts[2] ? "int8" : counts[1] ? "fp8_scaled" : "bf16",
-                                    h3_store_find(s, "time_embedder.table") ? ", pruned" : "",
+                                    pruned,
                                     counts[0] ? ", QKV [q;k;v]" : "", legacy ? ", legacy scaled_fp8" : "");
         for (int d = 0; d < H3_DT_COUNT && n < cap; d++)
             if (by[d]) n += (size_t)snprintf(desc + n, cap - n, "%s %s %.1f MB", d == 0 || n == 0 ? ";" : ";",

@@ -308,3 +308,13 @@ def test_pruned_int8_cli(tiny, tmp_path):
                "--frames", 22, "--steps", 2, "--threads", 2)
     assert proc.returncode == 0, proc.stderr
     assert out.stat().st_size > 1000
+
+
+def test_vae_single_files(official_render, tmp_path):
+    """The VAEs as single files (ComfyUI's minimax_h3_video_vae / audio_vae: the official names in one file)."""
+    video = TINY / "FL2VA" / "video_vae" / "source" / "model.safetensors"
+    audio = TINY / "FL2VA" / "audio_vae" / "model.safetensors"
+    assert same(render(video_vae=video, audio_vae=audio), official_render)
+    # one VAE given as the other: refused by its names, before any work
+    _bad(tmp_path, "--audio-vae", video, needle="not a MiniMax-H3 audio VAE file")
+    _bad(tmp_path, "--video-vae", audio, needle="not a MiniMax-H3 video VAE file")

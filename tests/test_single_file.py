@@ -318,3 +318,29 @@ def test_vae_single_files(official_render, tmp_path):
     # one VAE given as the other: refused by its names, before any work
     _bad(tmp_path, "--audio-vae", video, needle="not a MiniMax-H3 audio VAE file")
     _bad(tmp_path, "--video-vae", audio, needle="not a MiniMax-H3 video VAE file")
+
+
+def test_comfy_folder_render(tiny, official_render, tmp_path):
+    """A ComfyUI models/ folder holding all four parts, with the official folder's small files (--config-dir):
+    byte-identical to the official layout's render."""
+    t, heads = tiny
+    models = tmp_path / "models"
+    for sub in ("diffusion_models", "text_encoders", "vae"):
+        (models / sub).mkdir(parents=True)
+    tens, meta, _ = sf.comfy_tensors(t, heads)
+    sf.write_single(models / "diffusion_models" / "minimax_h3_fl2va_bf16.safetensors", tens, meta)
+    sf.write_single(models / "text_encoders" / "qwen3vl_32b_minimax_h3_bf16.safetensors", _te_tensors())
+    (models / "vae" / "minimax_h3_video_vae_fp16.safetensors").symlink_to(
+        TINY / "FL2VA" / "video_vae" / "source" / "model.safetensors")
+    (models / "vae" / "minimax_h3_audio_vae_fp32.safetensors").symlink_to(
+        TINY / "FL2VA" / "audio_vae" / "model.safetensors")
+    with Engine(models, threads=2, config_dir=TINY) as e:
+        assert set(e.files) == {"transformer", "text_encoder", "video_vae", "audio_vae"}
+        got = e.render(PROMPT, seed=SEED, **SHAPE)
+    assert same(got, official_render)
+    out = tmp_path / "o.mp4"
+    proc = run("render", "-p", PROMPT, "-d", models, "--config-dir", TINY, "-o", out, "--width", 32, "--height", 32,
+               "--frames", 22, "--steps", 2, "--threads", 2)
+    assert proc.returncode == 0 and out.stat().st_size > 1000, proc.stderr
+    with pytest.raises(H3Error, match="not an official MiniMax-H3 folder"):
+        components.resolve(models, config_dir=models)

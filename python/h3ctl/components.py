@@ -118,18 +118,25 @@ def _check_task(path: Path, ref2va: bool) -> None:
 
 
 def resolve(model_dir=None, *, ref2va: bool = False, transformer=None, text_encoder=None, video_vae=None,
-            audio_vae=None, tokenizer=None, default_dir=None) -> tuple[Path, dict[str, Path]]:
-    """(the folder libh3 opens, {component: file, "tokenizer": folder}) for what the user gave."""
+            audio_vae=None, tokenizer=None, default_dir=None, config_dir=None) -> tuple[Path, dict[str, Path]]:
+    """(the folder libh3 opens, {component: file, "tokenizer": folder}) for what the user gave.
+
+    config_dir: an official-layout folder whose small files (configs, tokenizer) go with single files found in a
+    ComfyUI folder given as model_dir (its weights may be absent)."""
     given = {k: v for k, v in (("transformer", transformer), ("text_encoder", text_encoder),
                                ("video_vae", video_vae), ("audio_vae", audio_vae)) if v is not None}
     files: dict[str, Path] = {k: Path(os.fspath(v)) for k, v in given.items()}
     folder = Path(os.fspath(model_dir)) if model_dir is not None else None
+    if config_dir is not None and not _is_official(Path(os.fspath(config_dir))):
+        raise H3Error(f"{config_dir}: not an official MiniMax-H3 folder (FL2VA/ with the components' config.json)")
+    if config_dir is not None and (folder is None or not folder.is_dir() or _is_official(folder)):
+        folder = Path(os.fspath(config_dir)) if folder is None else folder
     if folder is not None and folder.is_dir() and not _is_official(folder):
         models = _comfy_models_dir(folder)
         if models is not None:
             found = comfy_files(models, ref2va)
             files = {**found, **files}
-            folder = None  # configs: h3ctl's copy of the release's
+            folder = Path(os.fspath(config_dir)) if config_dir is not None else None  # None: h3ctl's copy
         elif is_diffusers_folder(folder):
             raise H3Error(f"{folder}: a diffusers-format MiniMax-H3 folder; libh3 does not read diffusers' names yet "
                           "(give the official MiniMaxAI folder, or ComfyUI's single files)")
@@ -149,8 +156,8 @@ def resolve(model_dir=None, *, ref2va: bool = False, transformer=None, text_enco
             if missing:
                 raise H3Error(f"the {', '.join(m.replace('_', ' ') for m in missing)} single file"
                               f"{'s need' if len(missing) > 1 else ' needs'} the release's small config files, which "
-                              "h3ctl does not ship: give the official MiniMax-H3 folder with -d (its weights may be "
-                              "absent)")
+                              "h3ctl does not ship: give the official MiniMax-H3 folder with -d, or with --config-dir "
+                              "next to a ComfyUI folder (its weights may be absent)")
     if tokenizer is not None:
         tok = Path(os.fspath(tokenizer))
         if not (tok / "tokenizer.json").is_file():
@@ -175,10 +182,13 @@ def add_arguments(p) -> None:
     p.add_argument("--video-vae", metavar="FILE", help="a single-file video VAE")
     p.add_argument("--audio-vae", metavar="FILE", help="a single-file audio VAE")
     p.add_argument("--tokenizer", metavar="DIR", help="the official tokenizer/ folder (h3ctl ships only h3-tiny's)")
+    p.add_argument("--config-dir", metavar="DIR", help="an official MiniMax-H3 folder whose configs and tokenizer go "
+                   "with the single files of a ComfyUI folder given with -d (its weights may be absent)")
 
 
 def from_args(args) -> dict:
-    return {k: getattr(args, k, None) for k in ("transformer", "text_encoder", "video_vae", "audio_vae", "tokenizer")}
+    return {k: getattr(args, k, None)
+            for k in ("transformer", "text_encoder", "video_vae", "audio_vae", "tokenizer", "config_dir")}
 
 
 def describe_file(path) -> str | None:

@@ -115,7 +115,8 @@ class Engine:
     def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
                  device_index: int = 0, precision: str = "default", ref2va: bool = False, vram=None,
                  fp8_attention: bool = False, quantized: str | os.PathLike | None = None,
-                 transformer=None, text_encoder=None, video_vae=None, audio_vae=None, tokenizer=None):
+                 transformer=None, text_encoder=None, video_vae=None, audio_vae=None, tokenizer=None,
+                 config_dir=None):
         """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`; a
         component folder Ref2VA/ lacks is FL2VA's (h3-tiny's shared-weight Ref2VA keeps only its transformer).
         `device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
@@ -129,7 +130,7 @@ class Engine:
         checkpoint or is incomplete. `transformer` / `text_encoder` / `video_vae` / `audio_vae`: single files
         (ComfyUI's repackages: bf16, pruned, fp8_scaled, int8_convrot) read instead of the folder's weights, the folder
         giving the configs (docs/single-files.md); `model_dir` may be a ComfyUI models/ folder; `tokenizer`: the
-        official tokenizer/ folder."""
+        official tokenizer/ folder; `config_dir`: the official folder whose small files go with a ComfyUI folder."""
         # Threading state first: close() and the guards must work even if opening fails below.
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread holding the lock in a public method
@@ -141,7 +142,8 @@ class Engine:
         from .components import resolve
 
         folder, self.files = resolve(model_dir, ref2va=ref2va, transformer=transformer, text_encoder=text_encoder,
-                                     video_vae=video_vae, audio_vae=audio_vae, tokenizer=tokenizer)
+                                     video_vae=video_vae, audio_vae=audio_vae, tokenizer=tokenizer,
+                                     config_dir=config_dir)
         self.model_dir = folder if folder is not None else default_model_dir()
         if folder is None and not self.model_dir.exists():
             raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")

@@ -96,6 +96,21 @@ typedef struct h3_options {
      * into it (the transformer's open says so). The path is copied: the string may go after h3_init.
      */
     const char *quantized_path;
+    /*
+     * Single files that replace a component's weights (ComfyUI's repackages and files like them:
+     * original MiniMax names, bare or under `model.diffusion_model.`; bf16, pruned, fp8_scaled,
+     * int8 / int8_convrot; see docs/single-files.md), or NULL for the model directory's own. The
+     * model directory still gives every config (h3ctl passes its copy of the release's configs when
+     * the user has only single files). h3_init reads each file's header and checks it against its
+     * config before any work: a file of another model or component, a LoRA, a truncated file, an
+     * unknown or unsupported quantisation (nvfp4) fail with one line. tokenizer_dir: a folder holding
+     * tokenizer.json (the official tokenizer/), for a model directory without one. Copied by h3_init.
+     */
+    const char *transformer_path;
+    const char *text_encoder_path;
+    const char *video_vae_path;
+    const char *audio_vae_path;
+    const char *tokenizer_dir;
 } h3_options;
 
 /*

@@ -74,9 +74,12 @@ def test_options_struct_is_the_c_struct():
     h3_init would read device fields past what Python wrote."""
     opts = _lib.H3Options()
     _lib.lib().h3_options_default(ctypes.byref(opts))
-    assert opts.struct_size == ctypes.sizeof(_lib.H3Options) == 40
+    # 40 bytes up to quantized_path, then the single-file component paths and the tokenizer folder (5 pointers)
+    assert opts.struct_size == ctypes.sizeof(_lib.H3Options) == 80
     assert (opts.threads, opts.flags, opts.device, opts.device_index, opts.precision, opts.vram_bytes,
             opts.quantized_path) == (0, 0, _lib.H3_DEVICE_AUTO, 0, 0, 0, None)
+    assert (opts.transformer_path, opts.text_encoder_path, opts.video_vae_path, opts.audio_vae_path,
+            opts.tokenizer_dir) == (None,) * 5
     assert _lib.DEVICES == {"auto": 0, "cpu": 1, "cuda": 2}
     assert _lib.PRECISIONS == {"default": 0, "bf16": 0, "fp8": 1, "int8": 2}
 

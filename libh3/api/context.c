@@ -5,6 +5,7 @@
 #include "models/dit.h"
 #include "models/dit_fp8file.h"
 #include "models/text_encoder.h"
+#include "core/singlefile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +129,23 @@ static int h3ctl_block_check(const h3_model *m)
     return 0;
 }
 
+/* The single files of h3_options, each read (header) and checked against its config now: a wrong
+   file fails h3_init, before any work. */
+static int set_files(h3_model *m, const h3_options *o)
+{
+    const char *paths[H3_COMP_COUNT] = {[H3_COMP_TRANSFORMER] = o->transformer_path,
+                                        [H3_COMP_TEXT_ENCODER] = o->text_encoder_path,
+                                        [H3_COMP_VIDEO_VAE] = o->video_vae_path,
+                                        [H3_COMP_AUDIO_VAE] = o->audio_vae_path};
+    int rc = o->tokenizer_dir ? h3_model_set_tokenizer(m, o->tokenizer_dir) : 0;
+    for (int c = 0; c < H3_COMP_COUNT && !rc; c++)
+        if (paths[c]) {
+            rc = h3_model_set_file(m, (h3_component)c, paths[c]);
+            if (!rc) rc = h3_model_validate(m, (h3_component)c);
+        }
+    return rc;
+}
+
 H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
 {
     h3_options o;
@@ -175,6 +193,11 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     ctx->flags = (o.flags | ctx->rt.tuning.flags_on) & ~ctx->rt.tuning.flags_off;
     ctx->device_index = o.device_index;
     if (h3_model_open(&ctx->model, model_dir, ctx->flags) != 0) {
+        free(ctx);
+        return NULL;
+    }
+    if (set_files(&ctx->model, &o) != 0) {
+        h3_model_close(&ctx->model);
         free(ctx);
         return NULL;
     }
@@ -443,6 +466,15 @@ H3_API const char *h3_model_info_json(h3_ctx *ctx)
                       k->present ? "true" : "false");
         if (k->present) {
             json_kv_str(&b, "dir", k->dir, true);
+            if (m->file[c]) {
+                /* A single file: what h3_sf_open found (after the headers below are read). */
+                rc = h3_model_headers(m, (h3_component)c);
+                if (rc) break;
+                json_kv_str(&b, "single_file", m->file[c], true);
+                json_kv_str(&b, "single_file_format", m->sf_desc[c], true);
+                h3_buf_printf(&b, ", \"single_file_owned_bytes\": %llu",
+                              (unsigned long long)h3_sf_owned_bytes(&k->store));
+            }
             /* A shared-weight Ref2VA partition: this component is FL2VA's folder. */
             if (k->shared) h3_buf_printf(&b, ", \"shared_from\": \"FL2VA\"");
             if (c == H3_COMP_TOKENIZER) {

@@ -172,6 +172,9 @@ typedef struct h3_store {
     uint64_t bytes;     /* sum of tensor spans */
     void **copies;      /* aligned copies of tensors whose file offset is misaligned */
     bool drop_page_cache; /* h3_store_release also drops the page cache (H3_OPT_DROP_PAGE_CACHE) */
+    /* A single-file source (core/singlefile.c): tensors that need a transform (renamed QKV rows,
+       dequantised weights) live in an owned file it fills on the first data access; NULL else. */
+    struct h3_sf_source *source;
 } h3_store;
 
 /* Parse and validate one file's header into the store (header only; nothing is mapped). */
@@ -207,6 +210,13 @@ H3_INTERNAL const void *h3_store_get_float(h3_store *s, const char *name, int nd
                                            const int64_t *shape, h3_dtype *dtype_out);
 /* Drop the page cache and mappings of every shard (phase end); headers stay. */
 H3_INTERNAL void h3_store_release(h3_store *s);
+/* Make every tensor's bytes readable through the files (a single-file source fills its owned file
+   once); the mmap path calls it, a reader that opens the files itself (runtime/streamer) first. */
+H3_INTERNAL int h3_store_ready(const h3_store *s);
+/* Append one tensor under `name` (t's fields but its name); a repeated name is an error. */
+H3_INTERNAL int h3_store_push(h3_store *s, const char *name, const h3_tensor *t, const char *label);
+struct h3_sf_source;
+H3_INTERNAL void h3_sf_source_free(struct h3_sf_source *src);
 /* Tell the kernel a tensor's pages are no longer needed (e.g. adaln_proj after precompute). */
 H3_INTERNAL void h3_store_release_tensor(h3_store *s, const char *name);
 
@@ -279,11 +289,20 @@ typedef struct h3_model {
     double shift_video, shift_audio;
     unsigned flags;     /* H3_OPT_* given to h3_model_open */
     h3_comp comp[H3_COMP_COUNT];
+    /* Single files that replace a component's weights (h3_options' component paths; core/singlefile.c):
+       the folder still gives the configs. sf_desc: what was found in each, for h3_model_info. */
+    char *file[H3_COMP_COUNT];
+    char sf_desc[H3_COMP_COUNT][384];
 } h3_model;
 
 /* Locate the partition and its components; read configs and headers (no tensor data). */
 H3_INTERNAL int h3_model_open(h3_model *m, const char *dir, unsigned flags);
 H3_INTERNAL void h3_model_close(h3_model *m);
+/* Read component c's weights from the single file `path` instead of its folder's shards (NULL: no
+   change); the folder must give the component's configs. */
+H3_INTERNAL int h3_model_set_file(h3_model *m, h3_component c, const char *path);
+/* Read the tokenizer from `dir`/tokenizer.json instead of the model directory's. */
+H3_INTERNAL int h3_model_set_tokenizer(h3_model *m, const char *dir);
 /*
  * A file of the partition by its relative path (e.g. "processor/preprocessor_config.json"): under
  * the partition, or, for a Ref2VA partition that lacks the first folder of `rel`, under FL2VA/

@@ -9,6 +9,7 @@
  * text_encoder/, tokenizer/, video_vae/ or audio_vae/: those folders are then FL2VA's.
  */
 #include "core/internal.h"
+#include "core/singlefile.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -312,6 +313,7 @@ void h3_model_close(h3_model *m)
         if (k->config2_loaded) h3_json_free(&k->config2);
         h3_store_close(&k->store);
     }
+    for (int c = 0; c < H3_COMP_COUNT; c++) free(m->file[c]);
     if (m->index_loaded) h3_json_free(&m->index);
     free(m->root);
     free(m->partition_dir);
@@ -326,13 +328,55 @@ int h3_model_require(h3_model *m, h3_component c, const char *stage)
                   k_comp_names[c], stage);
 }
 
+int h3_model_set_file(h3_model *m, h3_component c, const char *path)
+{
+    if (!path) return 0;
+    h3_comp *k = &m->comp[c];
+    if (!path[0]) return h3_err(H3_E_INVALID, "an empty %s file name", h3_component_name(c));
+    if (!h3_is_file(path))
+        return h3_err(h3_is_dir(path) ? H3_E_INVALID : H3_E_IO, "%s: %s", path,
+                      h3_is_dir(path) ? "is a directory, expected a safetensors file" : "no such file");
+    /* A single file holds weights only: the configs come from the folder (h3ctl ships the release's). */
+    if (!k->present || !k->config_loaded)
+        return h3_err(H3_E_INVALID, "%s: no %s/config.json in %s to read the %s single file %s with", m->partition_dir,
+                      h3_component_name(c), m->partition_dir, h3_component_name(c), path);
+    free(m->file[c]);
+    if (!(m->file[c] = h3_strdup(path))) return -H3_E_NOMEM;
+    h3_store_close(&k->store);
+    k->headers_loaded = false;
+    return 0;
+}
+
+int h3_model_set_tokenizer(h3_model *m, const char *dir)
+{
+    h3_comp *k = &m->comp[H3_COMP_TOKENIZER];
+    char *p = dir && dir[0] ? h3_path_join(dir, "tokenizer.json") : NULL;
+    if (!p) return dir && dir[0] ? -H3_E_NOMEM : h3_err(H3_E_INVALID, "an empty tokenizer folder name");
+    if (!h3_is_file(p)) {
+        int rc = h3_err(H3_E_IO, "%s: no tokenizer.json in the tokenizer folder %s", p, dir);
+        free(p);
+        return rc;
+    }
+    free(k->dir);
+    free(k->config_path);
+    k->dir = h3_strdup(dir);
+    k->config_path = p;
+    k->present = true;
+    k->shared = false;
+    return k->dir ? 0 : -H3_E_NOMEM;
+}
+
 int h3_model_headers(h3_model *m, h3_component c)
 {
     h3_comp *k = &m->comp[c];
     if (!k->present) return h3_model_require(m, c, "reading weights");
     if (k->headers_loaded || c == H3_COMP_TOKENIZER) return 0;
     int rc;
-    if (c == H3_COMP_VIDEO_VAE || c == H3_COMP_AUDIO_VAE) {
+    if (m->file[c]) {
+        int64_t heads = 0;
+        if (c == H3_COMP_TRANSFORMER) h3_cfg_int(&k->config, h3j_root(&k->config), &heads, "num_attention_heads", NULL);
+        rc = h3_sf_open(&k->store, m->file[c], c, (int)heads, m->sf_desc[c], sizeof m->sf_desc[c]);
+    } else if (c == H3_COMP_VIDEO_VAE || c == H3_COMP_AUDIO_VAE) {
         /* VAEs are single files named by their config. */
         const char *fn = cfg_string(&k->config, "source_safetensors_path", "model.safetensors");
         if ((rc = safe_rel(k->config_path, "source_safetensors_path", fn))) return rc;

@@ -484,6 +484,33 @@ static int add_file(h3_store *s, const char *path, keep_fn keep, void *keep_ud)
 
 int h3_store_add_file(h3_store *s, const char *path) { return add_file(s, path, NULL, NULL); }
 
+int h3_store_push(h3_store *s, const char *name, const h3_tensor *t, const char *label)
+{
+    if (hash_find(s, name) >= 0) return h3_err(H3_E_FORMAT, "%s: tensor '%s' appears twice", label, name);
+    if (s->ntensors == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 256;
+        h3_tensor *nt = h3_realloc(s->tensors, cap * sizeof *nt);
+        if (!nt) return -H3_E_NOMEM;
+        s->tensors = nt;
+        if (s->copies) {
+            void **nc = h3_realloc(s->copies, cap * sizeof *nc);
+            if (!nc) return -H3_E_NOMEM;
+            memset(nc + s->cap, 0, (cap - s->cap) * sizeof *nc);
+            s->copies = nc;
+        }
+        s->cap = cap;
+    }
+    size_t off;
+    int rc = store_name(s, name, strlen(name), &off);
+    if (rc) return rc;
+    s->tensors[s->ntensors] = *t;
+    s->tensors[s->ntensors].name = off;
+    if ((rc = hash_insert(s, s->ntensors))) return rc;
+    s->ntensors++;
+    s->bytes += t->end - t->begin;
+    return 0;
+}
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -661,6 +688,7 @@ void h3_store_close(h3_store *s)
     }
     if (s->copies)
         for (size_t i = 0; i < s->ntensors; i++) h3_free_aligned(s->copies[i]);
+    h3_sf_source_free(s->source);
     free(s->copies);
     free(s->files);
     free(s->tensors);
@@ -730,7 +758,7 @@ static const h3_tensor *checked(h3_store *s, const char *name, int ndim, const i
 static const void *data_of(h3_store *s, const h3_tensor *t)
 {
     h3_st_file *f = &s->files[t->file];
-    if (map_file(f)) return NULL;
+    if (h3_store_ready(s) || map_file(f)) return NULL;
     const uint8_t *p = f->map + f->data_off + t->begin;
     size_t align = h3_dtype_size(t->dtype);
     if (((uintptr_t)p & (align - 1)) == 0) return p;

@@ -91,10 +91,22 @@ static int check_dit(h3_model *m)
         check_dit_block(&c, n, &d);
     }
     expect(&c, false, "token_refiner.final_norm.weight", 1, H);
-    expect(&c, false, "time_embedder.proj_in.weight", 2, I(d.temb_hidden), I(d.freq_dim));
-    expect(&c, false, "time_embedder.proj_in.bias", 1, I(d.temb_hidden));
-    expect(&c, false, "time_embedder.proj_out.weight", 2, I(d.temb_dim), I(d.temb_hidden));
-    expect(&c, false, "time_embedder.proj_out.bias", 1, I(d.temb_dim));
+    /* A pruned single file holds the AdaLN curve table instead of the time embedder; the AdaLN
+       projections then take the table's basis width (models/dit.c). */
+    const h3_tensor *tab = h3_store_find(c.s, "time_embedder.table");
+    if (tab) {
+        if (tab->ndim != 2 || tab->shape[0] < 2 || tab->shape[0] > (1 << 20) || tab->shape[1] < 1 ||
+            tab->shape[1] > (1 << 16))
+            return h3_err(H3_E_SCHEMA, "%s: the AdaLN curve table has %d dimensions or an impossible shape",
+                          c.s->files[tab->file].path, tab->ndim);
+        expect(&c, false, "time_embedder.table", 2, tab->shape[0], tab->shape[1]);
+        d.temb_dim = (int)tab->shape[1];
+    } else {
+        expect(&c, false, "time_embedder.proj_in.weight", 2, I(d.temb_hidden), I(d.freq_dim));
+        expect(&c, false, "time_embedder.proj_in.bias", 1, I(d.temb_hidden));
+        expect(&c, false, "time_embedder.proj_out.weight", 2, I(d.temb_dim), I(d.temb_hidden));
+        expect(&c, false, "time_embedder.proj_out.bias", 1, I(d.temb_dim));
+    }
     for (int i = 0; i < d.layers && !c.rc; i++) {
         snprintf(n, sizeof n, "blocks.%d", i);
         check_dit_block(&c, n, &d);

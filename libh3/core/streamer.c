@@ -253,8 +253,8 @@ int h3_streamer_open(const h3_store *s, int items, const h3_stream_read *const *
         return -H3_E_NOMEM;
     }
     for (int i = 0; i < s->nfiles; i++) st->fd[i] = -1;
-    int rc = 0;
-    for (int i = 0, k = 0; i < items; i++) {
+    int rc = h3_store_ready(s); /* a single-file source writes its transformed tensors first */
+    for (int i = 0, k = 0; !rc && i < items; i++) {
         st->first[i] = k;
         st->count[i] = n_reads[i];
         for (int j = 0; j < n_reads[i]; j++, k++) {
@@ -375,6 +375,8 @@ int h3_streamer_read(h3_streamer *st, const h3_tensor *t, uint64_t skip, uint64_
         return h3_err(H3_E_INVALID, "%s: a read of %llu bytes from %llu outside tensor '%s'", st->what,
                       (unsigned long long)len, (unsigned long long)skip, h3_tensor_name(st->s, t));
     if (st->fd[t->file] < 0) {
+        int rr = h3_store_ready(st->s);
+        if (rr) return rr;
         /* A shard no item reads: opened here, by the consumer. The reader only uses the
            descriptors opened by h3_streamer_open, so this entry is never shared with it. */
         const h3_st_file *sf = &st->s->files[t->file];

@@ -317,6 +317,15 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
         return rc;
     }
     d->st = &m->comp[H3_COMP_TRANSFORMER].store;
+    {
+        /* A pruned single file: the AdaLN projections take the table's basis width. */
+        const h3_tensor *tab = h3_store_find(d->st, "time_embedder.table");
+        if (tab && tab->ndim == 2 && tab->shape[0] >= 2 && tab->shape[0] <= (1 << 20) && tab->shape[1] >= 1 &&
+            tab->shape[1] <= (1 << 16)) {
+            d->curve_grid = (int)tab->shape[0];
+            d->c.temb_dim = (int)tab->shape[1];
+        }
+    }
     const h3_dit_cfg *c = &d->c;
     if (c->head_dim > DIT_MAX_HEAD_DIM) {
         rc = h3_err(H3_E_UNSUPPORTED, "%s: attention_head_dim %d is larger than this engine supports (%d)",
@@ -345,10 +354,18 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     if (!rc) rc = get_w(d, &d->cond, H, c->text_dim, "condition_proj.weight");
     if (!rc) rc = get_bvec(d, &d->cond_b, H, "condition_proj.bias");
     if (!rc) rc = get_bvec(d, &d->ref_final, H, "token_refiner.final_norm.weight");
-    if (!rc) rc = get_mat(d, &d->te_in, c->temb_hidden, c->freq_dim, "time_embedder.proj_in.weight");
-    if (!rc) rc = get_vec(d, &d->te_in_b, c->temb_hidden, "time_embedder.proj_in.bias");
-    if (!rc) rc = get_mat(d, &d->te_out, c->temb_dim, c->temb_hidden, "time_embedder.proj_out.weight");
-    if (!rc) rc = get_vec(d, &d->te_out_b, c->temb_dim, "time_embedder.proj_out.bias");
+    if (!rc && d->curve_grid) {
+        const int64_t sh[2] = {d->curve_grid, c->temb_dim};
+        h3_dtype dt;
+        const void *p = h3_store_get_float(d->st, "time_embedder.table", 2, sh, &dt);
+        if (!p) rc = -H3_E_SCHEMA;
+        else if (!(d->curve = h3_alloc_aligned(sizeof(float) * (size_t)(sh[0] * sh[1])))) rc = -H3_E_NOMEM;
+        else h3_to_f32(p, dt, d->curve, sh[0] * sh[1]);
+    }
+    if (!rc && !d->curve_grid) rc = get_mat(d, &d->te_in, c->temb_hidden, c->freq_dim, "time_embedder.proj_in.weight");
+    if (!rc && !d->curve_grid) rc = get_vec(d, &d->te_in_b, c->temb_hidden, "time_embedder.proj_in.bias");
+    if (!rc && !d->curve_grid) rc = get_mat(d, &d->te_out, c->temb_dim, c->temb_hidden, "time_embedder.proj_out.weight");
+    if (!rc && !d->curve_grid) rc = get_vec(d, &d->te_out_b, c->temb_dim, "time_embedder.proj_out.bias");
     if (!rc) rc = get_mat(d, &d->fin_ada, 2 * H, c->temb_dim, "final_layer.adaln_proj.linear.weight");
     if (!rc) rc = get_vec(d, &d->fin_ada_b, 2 * H, "final_layer.adaln_proj.linear.bias");
     if (!rc) rc = get_bvec(d, &d->fin_norm, H, "final_layer.norm.weight");
@@ -537,7 +554,7 @@ void h3_dit_close(h3_dit *d)
     h3_lora_free(d->lora);
     float *bv[] = {d->cond_b, d->fin_norm, d->vout_b, d->aout_b, d->vproj_b, d->aproj_b, d->ref_final};
     for (size_t i = 0; i < sizeof bv / sizeof *bv; i++) dit_bfree(d, bv[i]);
-    float *hv[] = {d->te_in_b, d->te_out_b, d->fin_ada_b, d->inv_freq};
+    float *hv[] = {d->te_in_b, d->te_out_b, d->fin_ada_b, d->inv_freq, d->curve};
     for (size_t i = 0; i < sizeof hv / sizeof *hv; i++) h3_free_aligned(hv[i]);
     free(d);
 }
@@ -844,6 +861,20 @@ static int plan_build(dit_plan *p, const h3_dit_layout *l, const int32_t *row_t,
 int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out)
 {
     const h3_dit_cfg *c = &d->c;
+    if (d->curve) {
+        /* Pruned form: linear interpolation of the table at t clamped to [0, 1] (the SiLU is in it). */
+        const int64_t G = d->curve_grid, E = c->temb_dim;
+        for (int64_t m = 0; m < M; m++) {
+            const float tc = t[m] < 0.0f ? 0.0f : t[m] > 1.0f ? 1.0f : t[m];
+            const float pos = tc * (float)(G - 1);
+            int64_t lo = (int64_t)floorf(pos);
+            if (lo > G - 2) lo = G - 2;
+            const float w = pos - (float)lo;
+            const float *a = d->curve + lo * E, *b = a + E;
+            for (int64_t e = 0; e < E; e++) out[m * E + e] = a[e] + w * (b[e] - a[e]);
+        }
+        return 0;
+    }
     const int half = c->freq_dim / 2;
     float *sin_emb = h3_alloc_aligned(sizeof(float) * (size_t)(M * c->freq_dim));
     float *h = h3_alloc_aligned(sizeof(float) * (size_t)(M * c->temb_hidden));

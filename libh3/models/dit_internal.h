@@ -100,6 +100,11 @@ struct h3_dit {
     h3_bw cond, vout, aout, vproj, aproj;
     h3_mat te_in, te_out, fin_ada;                        /* host mappings */
     float *te_in_b, *te_out_b, *fin_ada_b, *inv_freq;     /* host f32 */
+    /* Pruned ("curve form") checkpoints: the time embedder and its SiLU are a table of
+       silu(time_embedder(t)) projected on a basis, sampled at curve_grid points of t in [0, 1]
+       ([curve_grid][temb_dim], host f32; temb_dim is then the basis width); NULL otherwise. */
+    float *curve;
+    int curve_grid;
     float *cond_b, *fin_norm, *vout_b, *aout_b, *vproj_b, *aproj_b, *ref_final; /* backend f32 */
     dit_block *ref, *blk;
     bool adaln_released;

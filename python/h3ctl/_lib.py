@@ -34,7 +34,10 @@ class H3Options(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("threads", c_int32), ("flags", c_uint32), ("device", c_int32),
                 ("device_index", c_int32), ("precision", c_int32), ("vram_bytes", c_int64),
                 # pre-quantised fp8 weights (`h3ctl quantize`), read instead of quantising at load
-                ("quantized_path", c_char_p)]
+                ("quantized_path", c_char_p),
+                # single files replacing a component's weights (h3ctl.components), and a tokenizer folder
+                ("transformer_path", c_char_p), ("text_encoder_path", c_char_p), ("video_vae_path", c_char_p),
+                ("audio_vae_path", c_char_p), ("tokenizer_dir", c_char_p)]
 
 
 # int (*)(void *user, const char *phase, int done, int total): non-zero cancels.

@@ -72,13 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(pr)
 
     pi = sub.add_parser("info", help="describe a model directory (headers only)")
-    pi.add_argument("-d", "--model-dir", required=True, help="model directory (official layout)")
+    pi.add_argument("-d", "--model-dir", help="model directory (official layout, or a ComfyUI models/ folder)")
     pi.add_argument("--json", action="store_true", help="machine-readable output")
     pi.add_argument("--width", type=_positive_int, default=864, help="render width for the memory estimate")
     pi.add_argument("--height", type=_positive_int, default=480, help="render height for the memory estimate")
     pi.add_argument("--frames", type=_positive_int, default=121, help="frames for the memory estimate")
     pi.add_argument("--prompt-tokens", type=_positive_int, default=64, help="prompt length for the estimate")
     pi.add_argument("--ref2va", action="store_true", help="describe the Ref2VA partition")
+    from .components import add_arguments as add_component_arguments
+
+    add_component_arguments(pi)  # single files: their format, variant and what was inferred
     add_device_arguments(pi)
     add_precision_argument(pi)  # the memory estimate counts the weights as that precision holds them
 
@@ -134,6 +137,17 @@ def _cmd_check(args) -> int:
 
     lib = _lib.lib()
     for path in args.paths:
+        from pathlib import Path
+
+        from . import components
+
+        models = components._comfy_models_dir(Path(path)) if os.path.isdir(path) else None
+        if models is not None and not components._is_official(Path(path)):
+            # a ComfyUI models/ folder: each MiniMax-H3 file it holds, checked and described
+            for part, f in components.comfy_files(models, ref2va=False).items():
+                _lib.check(lib.h3_safetensors_check(os.fsencode(f)))
+                print(f"{f}: ok ({part}): {components.describe_file(f) or 'not recognised by its tensor names'}")
+            continue
         if os.path.isdir(path):
             with Context(path) as ctx:
                 _lib.check(lib.h3_model_check(ctx.ptr, 1))
@@ -142,7 +156,10 @@ def _cmd_check(args) -> int:
             print(f"{path}: ok ({n} tensors, every component a render needs is present and well formed)")
         else:
             _lib.check(lib.h3_safetensors_check(os.fsencode(path)))
-            print(f"{path}: ok")
+            from .components import describe_file
+
+            what = describe_file(path) if path.endswith(".safetensors") else None
+            print(f"{path}: ok{': ' + what if what else ''}")
     return 0
 
 

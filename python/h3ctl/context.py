@@ -22,7 +22,8 @@ class Context:
     read instead of quantising at load; checked against the model here, H3Error with the reason otherwise."""
 
     def __init__(self, model_dir: str | os.PathLike, threads: int = 0, ref2va: bool = False, device: str = "auto",
-                 device_index: int = 0, flags: int = 0, precision: str = "default", vram=None, quantized=None):
+                 device_index: int = 0, flags: int = 0, precision: str = "default", vram=None, quantized=None,
+                 files: dict | None = None):
         self._ptr = None
         code = _lib.device_code(device)
         prec = _lib.precision_code(precision)
@@ -45,6 +46,9 @@ class Context:
         opts.precision = prec
         opts.vram_bytes = vram_bytes
         opts.quantized_path = os.fsencode(os.fspath(quantized)) if quantized is not None else None
+        for key, value in (files or {}).items():  # h3ctl.components: single files and a tokenizer folder
+            setattr(opts, {"tokenizer": "tokenizer_dir"}.get(key, key + "_path"),
+                    os.fsencode(os.fspath(value)) if value is not None else None)
         self._ptr = lib.h3_init(os.fsencode(os.fspath(model_dir)), ctypes.byref(opts))
         if not self._ptr:
             raise H3Error(_lib.last_error() or f"{model_dir}: cannot open")

@@ -120,7 +120,9 @@ class Engine:
 
     def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
                  device_index: int = 0, precision: str = "default", ref2va: bool = False, vram=None,
-                 fp8_attention: bool = False, quantized: str | os.PathLike | None = None):
+                 fp8_attention: bool = False, quantized: str | os.PathLike | None = None,
+                 transformer=None, text_encoder=None, video_vae=None, audio_vae=None, tokenizer=None,
+                 config_dir=None):
         """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`; a
         component folder Ref2VA/ lacks is FL2VA's (h3-tiny's shared-weight Ref2VA keeps only its transformer).
         `device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
@@ -131,19 +133,29 @@ class Engine:
         self-attention as cuDNN's fp8 SDPA (CUDA on Hopper or newer; faster, not exact; any `precision`).
         `quantized`: with precision "fp8", the file `h3ctl quantize` wrote from this model (h3ctl.quantize), read
         instead of quantising at load (the same bytes); refused with the reason when it was made from another
-        checkpoint or is incomplete."""
+        checkpoint or is incomplete. `transformer` / `text_encoder` / `video_vae` / `audio_vae`: single files
+        (ComfyUI's repackages: bf16, pruned, fp8_scaled, int8_convrot) read instead of the folder's weights, the folder
+        giving the configs (docs/single-files.md); `model_dir` may be a ComfyUI models/ folder; `tokenizer`: the
+        official tokenizer/ folder; `config_dir`: the official folder whose small files go with a ComfyUI folder."""
         # Threading state first: close() and the guards must work even if opening fails below.
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread holding the lock in a public method
         self._depth = 0                 # nesting of public methods on that thread (render -> prepare)
         self._native = 0                # > 0 while a call that may run the progress hook is in the model
         self._ctx = None
-        self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
-        if model_dir is None and not self.model_dir.exists():
+        # `transformer` / `text_encoder` / `video_vae` / `audio_vae`: single files (h3ctl.components); `model_dir`
+        # may also be a ComfyUI models/ folder. `tokenizer`: the official tokenizer/ folder.
+        from .components import resolve
+
+        folder, self.files = resolve(model_dir, ref2va=ref2va, transformer=transformer, text_encoder=text_encoder,
+                                     video_vae=video_vae, audio_vae=audio_vae, tokenizer=tokenizer,
+                                     config_dir=config_dir)
+        self.model_dir = folder if folder is not None else default_model_dir()
+        if folder is None and not self.model_dir.exists():
             raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")
         self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index,
                             precision=precision, ref2va=ref2va, vram=vram, quantized=quantized,
-                            flags=_lib.H3_OPT_FP8_ATTENTION if fp8_attention else 0)
+                            flags=_lib.H3_OPT_FP8_ATTENTION if fp8_attention else 0, files=self.files)
         self.defaults = model_defaults(self.model_dir)
         self._progress: ProgressFn | None = None
         self.last_transformer_profile: dict = {}

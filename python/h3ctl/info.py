@@ -20,9 +20,15 @@ def human_bytes(n: float) -> str:
 
 
 def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens: int, ref2va: bool = False,
-            device: str = "auto", device_index: int = 0, precision: str = "default") -> dict:
+            device: str = "auto", device_index: int = 0, precision: str = "default", parts: dict | None = None) -> dict:
+    from .components import resolve
+    from .engine import default_model_dir
+
     t0 = time.perf_counter()
-    with Context(model_dir, ref2va=ref2va, device=device, device_index=device_index, precision=precision) as ctx:
+    folder, files = resolve(model_dir, ref2va=ref2va, **(parts or {}))
+    model_dir = folder if folder is not None else default_model_dir()
+    with Context(model_dir, ref2va=ref2va, device=device, device_index=device_index, precision=precision,
+                 files=files) as ctx:
         info = ctx.info()
         info["device"] = {"name": ctx.device, "description": ctx.device_description, "stages": ctx.stages_device}
         info["memory_estimate"] = ctx.memory_estimate(width, height, frames, prompt_tokens)
@@ -102,6 +108,12 @@ def render_text(info: dict) -> str:
         table.add_row(label, str(c["files"]), str(c["tensors"]), dtypes, human_bytes(c["bytes"]))
     console.print(table)
     for name in COMPONENT_ORDER:
+        c = info["components"].get(name, {})
+        if c.get("single_file"):
+            console.print(f"[bold]{name}[/] from {escape(c['single_file'])}: {escape(c['single_file_format'])}; "
+                          f"{human_bytes(c.get('single_file_owned_bytes', 0))} of it written into memory at load "
+                          "(the configs come from the model folder)", highlight=False, soft_wrap=True)
+    for name in COMPONENT_ORDER:
         cfg = info["components"].get(name, {}).get("config")
         if cfg:
             dims = ", ".join(f"{k}={v}" for k, v in cfg.items())
@@ -153,9 +165,16 @@ def render_text(info: dict) -> str:
 
 
 def main(args) -> int:
+    from .components import from_args
+
+    parts = from_args(args)
+    if args.model_dir is None and not any(parts.values()):
+        from ._lib import H3Error
+
+        raise H3Error("info: give -d DIR (a model folder) or single files (--transformer ...)")
     info = collect(args.model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
                    device=getattr(args, "device", "auto"), device_index=getattr(args, "device_index", 0),
-                   precision=getattr(args, "precision", "default"))
+                   precision=getattr(args, "precision", "default"), parts=parts)
     if args.json:
         print(json.dumps(info, indent=2))
     else:

@@ -36,7 +36,11 @@ class _Reference(argparse.Action):
 
 def add_arguments(p) -> None:
     p.add_argument("-p", "--prompt", required=True, help="what to render (used verbatim)")
-    p.add_argument("-d", "--model-dir", help="model directory (official layout); default: the embedded h3-tiny")
+    p.add_argument("-d", "--model-dir", help="model directory (official layout, or a ComfyUI models/ folder); "
+                   "default: the embedded h3-tiny")
+    from .components import add_arguments as add_component_arguments
+
+    add_component_arguments(p)
     p.add_argument("-o", "--output", default="out.mp4", help="MP4 to write (default out.mp4; '' for none)")
     p.add_argument("--width", type=int, help="pixels, a multiple of 32 (default: the model's)")
     p.add_argument("--height", type=int, help="pixels, a multiple of 32 (default: the model's)")
@@ -226,7 +230,14 @@ def _render(args, width, height, out, reserved, sig) -> int:
         else:
             outs.check_input(v, f"reference {'audio' if kind == 'audio' else 'video'} {i}: {v}")
             refs.append((kind, v))
-    if refs and not (Path(args.model_dir or default_model_dir()) / "Ref2VA").is_dir():
+    from . import components
+
+    parts = components.from_args(args)
+    folder, files = components.resolve(args.model_dir, ref2va=bool(refs), **parts)  # before any model is read
+    if files and components.needs_tokenizer(folder or default_model_dir(), files):
+        raise H3Error("a render from single files needs the Qwen tokenizer, which h3ctl does not ship (only h3-tiny's "
+                      "small one): give the official tokenizer/ folder with --tokenizer DIR, or -d the official folder")
+    if refs and not files and not (Path(args.model_dir or default_model_dir()) / "Ref2VA").is_dir():
         which = ("--ref-image" if args.ref_image else "--ref-video" if args.ref_video else
                  "--ref-silent-video" if args.ref_silent_video else "--ref-audio")
         raise H3Error(f"{args.model_dir or 'the embedded h3-tiny'}: {which} needs a model with a Ref2VA/ folder")
@@ -239,7 +250,7 @@ def _render(args, width, height, out, reserved, sig) -> int:
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
                     precision=precision, ref2va=bool(refs),
                     vram=getattr(args, "vram", None), fp8_attention=getattr(args, "fp8_attention", False),
-                    quantized=getattr(args, "quantized", None))
+                    quantized=getattr(args, "quantized", None), **parts)
     # read now: the engine is closed before the profile is printed
     # where h3_stages_device says the text encoder and the decoders run (the device unless H3_STAGES_CPU=1)
     stages = getattr(engine, "stages_device", None) or engine.device

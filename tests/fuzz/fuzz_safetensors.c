@@ -3,12 +3,45 @@
  * or fail with a message, never crash, leak or trip UBSan. libFuzzer-compatible entry point; with
  * gcc it runs under tests/fuzz/driver.c, a small coverage-guided loop built on gcc's trace-pc.
  */
+#define _GNU_SOURCE
 #include "core/internal.h"
+#include "core/singlefile.h"
 #include "fuzz.h"
+
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A header that validates is also read as a single-file transformer (core/singlefile.c): the name mapping,
+   the comfy_quant / _quantization_metadata JSON, the refusals, and (when it opens) the dequantisation jobs. */
+static void single_file(const uint8_t *data, size_t size)
+{
+#if defined(__linux__) && defined(MFD_CLOEXEC)
+    int fd = memfd_create("fuzz", MFD_CLOEXEC);
+    if (fd < 0) return;
+    if (write(fd, data, size) == (ssize_t)size) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        h3_store st;
+        char desc[256];
+        h3_err_clear();
+        int rc = h3_sf_open(&st, path, H3_COMP_TRANSFORMER, 2, desc, sizeof desc);
+        if (rc != 0 && h3_last_error()[0] == 0) __builtin_trap();
+        if (rc == 0) {
+            h3_store_ready(&st);
+            h3_store_close(&st);
+        }
+    }
+    close(fd);
+#else
+    (void)data;
+    (void)size;
+#endif
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -16,6 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc = h3_store_check_buffer(data, size, "<fuzz>");
     /* A failure must come with a message; success with none. */
     if (rc != 0 && h3_last_error()[0] == 0) __builtin_trap();
+    if (rc == 0) single_file(data, size);
     /* The same bytes as a bare JSON document exercise the reader on its own. */
     h3_json doc;
     if (h3_json_parse(&doc, (const char *)data, size) == 0) {
@@ -37,6 +71,20 @@ static const char *k_headers[][2] = {
      "\"data_offsets\":[8,16]},\"__metadata__\":{\"k\":\"v\"}}", "16"},
     {"{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[0,5],\"data_offsets\":[0,0]},\"y\":{\"dtype\":\"U8\",\"shape\":[3],"
      "\"data_offsets\":[0,3]}}  ", "3"},
+    /* single files: a transformer's identity, a [q;k;v] projection, quantised layers in both spellings */
+    {"{\"blocks.0.attn.qkv_proj.weight\":{\"dtype\":\"I8\",\"shape\":[6,4],\"data_offsets\":[0,24]},"
+     "\"blocks.0.attn.qkv_proj.weight_scale\":{\"dtype\":\"F32\",\"shape\":[6,1],\"data_offsets\":[24,48]},"
+     "\"condition_proj.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[48,52]},"
+     "\"audio_patch_proj.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[52,56]},"
+     "\"__metadata__\":{\"_quantization_metadata\":\"{\\\"layers\\\":{\\\"blocks.0.attn.qkv_proj\\\":"
+     "{\\\"format\\\":\\\"int8_tensorwise\\\",\\\"convrot\\\":true,\\\"convrot_groupsize\\\":4}}}\"}}", "56"},
+    {"{\"model.diffusion_model.blocks.0.attn.qkv_proj.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[6,2],"
+     "\"data_offsets\":[0,12]},\"model.diffusion_model.blocks.0.attn.qkv_proj.weight_scale\":{\"dtype\":\"F32\","
+     "\"shape\":[],\"data_offsets\":[12,16]},\"model.diffusion_model.condition_proj.weight\":{\"dtype\":\"BF16\","
+     "\"shape\":[2],\"data_offsets\":[16,20]},\"model.diffusion_model.audio_patch_proj.weight\":{\"dtype\":"
+     "\"BF16\",\"shape\":[2],\"data_offsets\":[20,24]},\"scaled_fp8\":{\"dtype\":\"F8_E4M3\",\"shape\":[],"
+     "\"data_offsets\":[24,25]},\"adaln_t_table\":{\"dtype\":\"F32\",\"shape\":[2,1],\"data_offsets\":[25,33]}}",
+     "33"},
 };
 #define NSEEDS (sizeof k_headers / sizeof *k_headers)
 
@@ -45,11 +93,13 @@ static const char *const k_dict[] = {
     "\"I64\"", "\"F8_E4M3\"", "\"U8\"", "\"BOOL\"", "[", "]", "{", "}", ",", ":", "0", "1", "-1",
     "18446744073709551615", "9223372036854775808", "1e309", "1.5", "\"\\u0000\"", "\"\\ud800\"",
     "\"\\ud83d\\ude00\"", "null", "true", "false", "\"a\"", " ", "\"\\", "\xff", "\xc3\xa9",
+    "\"I8\"", "\"F8_E5M2\"", "model.diffusion_model.", ".attn.qkv_proj.weight", ".weight_scale", ".comfy_quant",
+    "\"scaled_fp8\"", "\"adaln_t_table\"", "lora_A.", "convrot_groupsize", "int8_tensorwise", "float8_e4m3fn",
 };
 
 const fuzz_target *fuzz_target_info(void)
 {
-    static uint8_t bufs[NSEEDS][512];
+    static uint8_t bufs[NSEEDS][1024];
     static fuzz_input seeds[NSEEDS];
     static fuzz_target t = {"fuzz_safetensors", 4096, seeds, NSEEDS, k_dict, sizeof k_dict / sizeof *k_dict, 1};
     for (size_t i = 0; i < NSEEDS; i++) {

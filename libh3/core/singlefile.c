@@ -1,0 +1,453 @@
+/*
+ * Single-file components as tensor sources (the contract is in singlefile.h). The file's header is
+ * validated as any shard's (h3_store_add_file into a private store), then every tensor is either
+ * presented as it is (a view under its stripped name) or given a job that writes its presented form
+ * into the owned file; the jobs run once, at the first data access (h3_store_ready).
+ */
+#define _GNU_SOURCE
+#include "core/singlefile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define SF_PREFIX "model.diffusion_model."
+#define SF_ALIGN 64
+
+enum { JOB_PERMUTE = 1, JOB_FP8, JOB_INT8 };
+
+typedef struct {
+    size_t dst;      /* index of the presented tensor */
+    size_t src;      /* the raw weight */
+    long scale;      /* the raw scale tensor (fp8/int8), -1 else */
+    int kind;
+    bool qkv;        /* reorder [q; k; v] rows to the per-head interleaving */
+    bool e5m2;
+    int group;       /* int8: ConvRot group size, 0 = none */
+} sf_job;
+
+struct h3_sf_source {
+    h3_store raw;    /* the file itself, its own names */
+    sf_job *jobs;
+    size_t njobs;
+    int heads;
+    int fd;          /* the owned file */
+    char *tmp_path;  /* a temporary file to unlink at the end (no memfd) */
+    uint64_t owned;
+    /* Filled once, by whichever thread first needs a tensor's bytes; the others wait for it. */
+    pthread_mutex_t mu;
+    atomic_bool filled;
+    int fill_rc;
+};
+
+void h3_sf_source_free(struct h3_sf_source *src)
+{
+    if (!src) return;
+    h3_store_close(&src->raw);
+    if (src->fd >= 0) close(src->fd);
+    if (src->tmp_path) {
+        unlink(src->tmp_path);
+        free(src->tmp_path);
+    }
+    free(src->jobs);
+    pthread_mutex_destroy(&src->mu);
+    free(src);
+}
+
+uint64_t h3_sf_owned_bytes(const h3_store *s) { return s && s->source ? s->source->owned : 0; }
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Sidecar tensors of quantised layers: read by the jobs, never presented. */
+static bool is_sidecar(const char *n)
+{
+    return ends_with(n, ".comfy_quant") || ends_with(n, ".weight_scale") || ends_with(n, ".input_scale") ||
+           ends_with(n, ".scale_weight") || ends_with(n, ".scale_input") || ends_with(n, ".weight_scale_2") ||
+           strcmp(n, "scaled_fp8") == 0 || ends_with(n, ".scaled_fp8");
+}
+
+static const char *strip(const char *n, bool prefixed)
+{
+    return prefixed && strncmp(n, SF_PREFIX, strlen(SF_PREFIX)) == 0 ? n + strlen(SF_PREFIX) : n;
+}
+
+/* The raw tensor `base` + `suffix` (base: a raw name without ".weight"). */
+static long raw_find(const h3_store *raw, const char *base, const char *suffix)
+{
+    char n[640];
+    snprintf(n, sizeof n, "%s%s", base, suffix);
+    const h3_tensor *t = h3_store_find(raw, n);
+    return t ? (long)(t - raw->tensors) : -1;
+}
+
+static uint64_t numel(const h3_tensor *t)
+{
+    uint64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
+    return n;
+}
+
+/* The layer's quantisation spec: {"format": ..., "convrot": ..., "convrot_groupsize": ...} from the
+   layer's comfy_quant tensor or the file's _quantization_metadata. fmt gets the format ("" if none). */
+static int layer_spec(h3_store *raw, const h3_json *meta, const char *base, char *fmt, size_t cap, int *group,
+                      const char *path)
+{
+    fmt[0] = 0;
+    *group = 0;
+    h3_json doc;
+    bool have = false;
+    long qi = raw_find(raw, base, ".comfy_quant");
+    if (qi >= 0) {
+        const h3_tensor *t = &raw->tensors[qi];
+        const int64_t len = (int64_t)numel(t);
+        const uint8_t *b = t->dtype == H3_DT_U8 && t->ndim == 1 ? h3_store_get(raw, h3_tensor_name(raw, t), H3_DT_U8, 1, &len)
+                                                                  : NULL;
+        if (!b) return h3_err(H3_E_FORMAT, "%s: %s.comfy_quant is not a U8 vector of JSON", path, base);
+        if (h3_json_parse(&doc, (const char *)b, (size_t)len)) {
+            h3_err_prefix("%s: %s.comfy_quant", path, base);
+            return -H3_E_FORMAT;
+        }
+        have = true;
+    }
+    const h3j *obj = have ? h3j_root(&doc) : NULL;
+    if (!have && meta) {
+        const h3j *layers = h3j_get(meta, h3j_root(meta), "layers");
+        obj = h3j_get(meta, layers, base);
+    }
+    const h3_json *d = have ? &doc : meta;
+    if (obj && obj->type == H3J_OBJ) {
+        const h3j *f = h3j_get(d, obj, "format");
+        if (f && f->type == H3J_STR) snprintf(fmt, cap, "%s", h3j_str(d, f));
+        const h3j *cr = h3j_get(d, obj, "convrot");
+        const h3j *gs = h3j_get(d, obj, "convrot_groupsize");
+        if (cr && cr->type == H3J_TRUE) *group = gs && gs->type == H3J_NUM && gs->is_int ? (int)gs->i : 256;
+    }
+    if (have) h3_json_free(&doc);
+    return 0;
+}
+
+/* What a raw name says about the file, for refusing what is not a model component. */
+static int identify(const h3_store *raw, h3_component comp, bool prefixed, const char *path)
+{
+    for (size_t i = 0; i < raw->ntensors; i++) {
+        const char *n = h3_tensor_name(raw, &raw->tensors[i]);
+        if (strstr(n, "lora_A.") || strstr(n, "lora_B.") || strstr(n, "lora_down.") || strstr(n, "lora_up.") ||
+            strstr(n, ".lora."))
+            return h3_err(H3_E_INVALID, "%s: this is a LoRA (tensor '%s'), not a model: give it with --lora", path, n);
+    }
+#define HAS(name) (h3_store_find(raw, prefixed ? SF_PREFIX name : name) != NULL)
+    switch (comp) {
+    case H3_COMP_TRANSFORMER:
+        if (HAS("transformer_blocks.0.attn.to_q.weight"))
+            return h3_err(H3_E_UNSUPPORTED, "%s: a transformer under diffusers' names (transformer_blocks.*.to_q); "
+                          "give its diffusers folder with -d, or a file under the original MiniMax names", path);
+        if (!HAS("blocks.0.attn.qkv_proj.weight") || !HAS("condition_proj.weight") || !HAS("audio_patch_proj.weight"))
+            break;
+        return 0;
+    case H3_COMP_TEXT_ENCODER:
+        if (!HAS("model.language_model.embed_tokens.weight")) break;
+        return 0;
+    case H3_COMP_VIDEO_VAE:
+        if (!HAS("decoder.conv_in.weight") && !HAS("decoder.proj_in.weight") && !HAS("encoder.conv_in.weight")) break;
+        return 0;
+    case H3_COMP_AUDIO_VAE:
+        if (!HAS("decoder.model.0.weight_v") && !HAS("decoder.model.0.weight") && !HAS("encoder.block.0.weight_v") &&
+            !HAS("decoder.model.0.conv.weight"))
+            break;
+        return 0;
+    default:
+        break;
+    }
+#undef HAS
+    const char *first = raw->ntensors ? h3_tensor_name(raw, &raw->tensors[0]) : "(none)";
+    static const char *const what[H3_COMP_COUNT] = {"transformer", "text encoder", "tokenizer", "video VAE",
+                                                    "audio VAE"};
+    return h3_err(H3_E_INVALID, "%s: not a MiniMax-H3 %s file (its first tensor is '%s')", path,
+                  (unsigned)comp < H3_COMP_COUNT ? what[comp] : "model", first);
+}
+
+/* The presented form of raw tensor i: a view, or a job (appended to src->jobs). */
+static int present(h3_store *s, struct h3_sf_source *src, const h3_json *meta, size_t i, bool prefixed,
+                   bool legacy_fp8, const char *path, int counts[4])
+{
+    h3_store *raw = &src->raw;
+    const h3_tensor *t = &raw->tensors[i];
+    const char *rname = h3_tensor_name(raw, t);
+    if (is_sidecar(rname)) return 0;
+    const char *name = strip(rname, prefixed);
+    if (strcmp(name, "adaln_t_table") == 0) name = "time_embedder.table";
+    const bool qkv = ends_with(name, ".attn.qkv_proj.weight");
+    h3_tensor v = *t;
+    v.file = 0;
+    sf_job job = {.src = i, .scale = -1, .qkv = qkv};
+    if (t->dtype == H3_DT_F8_E4M3 || t->dtype == H3_DT_F8_E5M2 || t->dtype == H3_DT_I8) {
+        if (!ends_with(rname, ".weight") || t->ndim != 2)
+            return h3_err(H3_E_UNSUPPORTED, "%s: tensor '%s' is %s but not a 2-D layer weight (unknown variant)",
+                          path, rname, h3_dtype_name(t->dtype));
+        char base[512], fmt[64];
+        snprintf(base, sizeof base, "%.*s", (int)(strlen(rname) - strlen(".weight")), rname);
+        int group = 0, rc = layer_spec(raw, meta, base, fmt, sizeof fmt, &group, path);
+        if (rc) return rc;
+        long sc = raw_find(raw, base, ".weight_scale");
+        if (sc < 0) sc = raw_find(raw, base, ".scale_weight");
+        if (!fmt[0] && legacy_fp8 && t->dtype != H3_DT_I8) snprintf(fmt, sizeof fmt, "float8_e4m3fn");
+        const int64_t N = t->shape[0], K = t->shape[1];
+        if (strstr(fmt, "nvfp4") || strstr(fmt, "mxfp") || strstr(fmt, "w4a"))
+            return h3_err(H3_E_UNSUPPORTED, "%s: layer '%s' is %s, which libh3 does not read (use the bf16 or "
+                          "int8_convrot file)", path, base, fmt);
+        if (sc < 0 || raw->tensors[sc].dtype != H3_DT_F32)
+            return h3_err(H3_E_FORMAT, "%s: quantised layer '%s' (%s) has no F32 weight_scale", path, base,
+                          h3_dtype_name(t->dtype));
+        const uint64_t ns = numel(&raw->tensors[sc]);
+        if (t->dtype == H3_DT_I8) {
+            if (strcmp(fmt, "int8_tensorwise") != 0 && strcmp(fmt, "int8") != 0)
+                return h3_err(H3_E_UNSUPPORTED, "%s: layer '%s' is I8 with format '%s' (known: int8_tensorwise, "
+                              "with or without convrot)", path, base, fmt[0] ? fmt : "none given");
+            if (ns != 1 && ns != (uint64_t)N)
+                return h3_err(H3_E_FORMAT, "%s: layer '%s' has %llu scales for %lld rows", path, base,
+                              (unsigned long long)ns, (long long)N);
+            bool pow4 = group > 0;
+            for (int g = group; g > 1 && pow4; g /= 4) pow4 = g % 4 == 0;
+            if (group && (!pow4 || K % group))
+                return h3_err(H3_E_FORMAT, "%s: layer '%s': convrot group size %d is not a power of 4 dividing %lld",
+                              path, base, group, (long long)K);
+            job.kind = JOB_INT8;
+            job.group = group;
+            counts[2]++;
+            counts[3] += group > 0;
+        } else {
+            if (strncmp(fmt, "float8_e4m3", 11) != 0 && strncmp(fmt, "float8_e5m2", 11) != 0)
+                return h3_err(H3_E_UNSUPPORTED, "%s: layer '%s' is %s with format '%s' (known: float8_e4m3fn)",
+                              path, base, h3_dtype_name(t->dtype), fmt[0] ? fmt : "none given");
+            if (ns != 1)
+                return h3_err(H3_E_FORMAT, "%s: fp8 layer '%s' has %llu scales (one per tensor expected)", path,
+                              base, (unsigned long long)ns);
+            job.kind = JOB_FP8;
+            job.e5m2 = t->dtype == H3_DT_F8_E5M2;
+            counts[1]++;
+        }
+        job.scale = sc;
+        v.dtype = H3_DT_BF16;
+    } else if (qkv) {
+        job.kind = JOB_PERMUTE;
+    }
+    if (qkv) {
+        counts[0]++;
+        if (src->heads <= 0 || t->ndim != 2 || t->shape[0] % (3 * src->heads))
+            return h3_err(H3_E_SCHEMA, "%s: '%s' has %lld rows, not 3 x %d heads x head_dim", path, rname,
+                          (long long)t->shape[0], src->heads);
+    }
+    if (job.kind) {
+        const uint64_t bytes = numel(t) * h3_dtype_size(v.dtype);
+        v.file = 1;
+        v.begin = src->owned;
+        v.end = src->owned + bytes;
+        src->owned += (bytes + SF_ALIGN - 1) / SF_ALIGN * SF_ALIGN;
+        job.dst = s->ntensors;
+        sf_job *nj = h3_realloc(src->jobs, (src->njobs + 1) * sizeof *nj);
+        if (!nj) return -H3_E_NOMEM;
+        src->jobs = nj;
+        src->jobs[src->njobs++] = job;
+    }
+    return h3_store_push(s, name, &v, path);
+}
+
+static int owned_file(struct h3_sf_source *src)
+{
+#if defined(__linux__) && defined(MFD_CLOEXEC)
+    src->fd = memfd_create("h3-single-file", MFD_CLOEXEC);
+    if (src->fd >= 0) return 0;
+#endif
+    const char *dir = getenv("TMPDIR");
+    src->tmp_path = h3_asprintf("%s/h3-single-file-XXXXXX", dir && dir[0] ? dir : "/tmp");
+    if (!src->tmp_path) return -H3_E_NOMEM;
+    src->fd = mkstemp(src->tmp_path);
+    if (src->fd < 0) return h3_err(H3_E_IO, "%s: cannot create the owned file: %s", src->tmp_path, strerror(errno));
+    return 0;
+}
+
+int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char *desc, size_t cap)
+{
+    memset(s, 0, sizeof *s);
+    if (desc && cap) desc[0] = 0;
+    struct h3_sf_source *src = h3_calloc(1, sizeof *src);
+    if (!src) return -H3_E_NOMEM;
+    src->fd = -1;
+    src->heads = heads;
+    pthread_mutex_init(&src->mu, NULL);
+    int rc = h3_store_add_file(&src->raw, path);
+    h3_json meta;
+    bool meta_loaded = false;
+    if (!rc) {
+        /* The header once more for __metadata__ (the store keeps none of it). */
+        char *hdr = NULL;
+        uint64_t hlen = 0, fsize = 0;
+        rc = h3_st_read_header(path, &hdr, &hlen, &fsize);
+        h3_json doc;
+        if (!rc && h3_json_parse(&doc, hdr, (size_t)hlen) == 0) {
+            const h3j *m = h3j_get(&doc, h3j_root(&doc), "__metadata__");
+            const h3j *q = h3j_get(&doc, m, "_quantization_metadata");
+            if (q && q->type == H3J_STR) {
+                const char *txt = h3j_str(&doc, q);
+                if (h3_json_parse(&meta, txt, strlen(txt)) == 0) meta_loaded = true;
+                else rc = h3_err(H3_E_FORMAT, "%s: __metadata__._quantization_metadata is not JSON", path);
+            }
+            h3_json_free(&doc);
+        }
+        free(hdr);
+    }
+    h3_store *raw = &src->raw;
+    bool prefixed = false;
+    for (size_t i = 0; !rc && i < raw->ntensors && !prefixed; i++)
+        prefixed = strncmp(h3_tensor_name(raw, &raw->tensors[i]), SF_PREFIX, strlen(SF_PREFIX)) == 0;
+    if (!rc) rc = identify(raw, comp, prefixed, path);
+    const bool legacy = !rc && (h3_store_find(raw, "scaled_fp8") || h3_store_find(raw, SF_PREFIX "scaled_fp8"));
+    /* files[0]: the file itself (views); files[1]: the owned file, filled later. */
+    if (!rc && !(s->files = h3_calloc(2, sizeof *s->files))) rc = -H3_E_NOMEM;
+    if (!rc) {
+        s->files[0] = raw->files[0];
+        s->files[0].path = h3_strdup(raw->files[0].path);
+        s->files[0].fd = -1;
+        s->files[0].map = NULL;
+        s->nfiles = 1;
+        if (!s->files[0].path) rc = -H3_E_NOMEM;
+    }
+    int counts[4] = {0};
+    for (size_t i = 0; !rc && i < raw->ntensors; i++) rc = present(s, src, meta_loaded ? &meta : NULL, i, prefixed, legacy, path, counts);
+    if (meta_loaded) h3_json_free(&meta);
+    if (!rc && src->njobs) {
+        rc = owned_file(src);
+        if (!rc) {
+            h3_st_file *f = &s->files[1];
+            memset(f, 0, sizeof *f);
+            f->path = src->tmp_path ? h3_strdup(src->tmp_path) : h3_asprintf("/proc/self/fd/%d", src->fd);
+            f->size = src->owned;
+            f->fd = -1;
+            s->nfiles = 2;
+            if (!f->path) rc = -H3_E_NOMEM;
+        }
+    }
+    /* The raw store's mapping is only needed while the jobs run. */
+    h3_store_release(raw);
+    if (rc) {
+        h3_store_close(s);
+        h3_sf_source_free(src);
+        return rc;
+    }
+    s->source = src;
+    atomic_store(&src->filled, src->njobs == 0);
+    if (desc && cap) {
+        uint64_t by[H3_DT_COUNT] = {0};
+        for (size_t i = 0; i < raw->ntensors; i++) by[raw->tensors[i].dtype] += raw->tensors[i].end - raw->tensors[i].begin;
+        const h3_tensor *tab = h3_store_find(s, "time_embedder.table");
+        char pruned[96] = "";
+        if (tab && tab->ndim == 2)
+            snprintf(pruned, sizeof pruned, ", pruned (AdaLN curve table %lld x %lld: the basis width replaces "
+                     "time_embed_dim)", (long long)tab->shape[0], (long long)tab->shape[1]);
+        size_t n = (size_t)snprintf(desc, cap, "single file (%s names%s); variant: %s%s%s%s",
+                                    prefixed ? "model.diffusion_model." : "bare", "",
+                                    counts[3] ? "int8_convrot" : counts[2] ? "int8" : counts[1] ? "fp8_scaled" : "bf16",
+                                    pruned,
+                                    counts[0] ? ", QKV [q;k;v]" : "", legacy ? ", legacy scaled_fp8" : "");
+        for (int d = 0; d < H3_DT_COUNT && n < cap; d++)
+            if (by[d]) n += (size_t)snprintf(desc + n, cap - n, "%s %s %.1f MB", d == 0 || n == 0 ? ";" : ";",
+                                             h3_dtype_name((h3_dtype)d), (double)by[d] / 1e6);
+        if (n < cap)
+            snprintf(desc + n, cap - n, "; %d fp8 + %d int8 layers dequantised to BF16, %d QKV reordered (%.1f MB owned)",
+                     counts[1], counts[2], counts[0], (double)src->owned / 1e6);
+    }
+    return 0;
+}
+
+/* Run every job into the owned file. */
+static int fill(h3_store *s)
+{
+    struct h3_sf_source *src = s->source;
+    h3_store *raw = &src->raw;
+    if (ftruncate(src->fd, (off_t)src->owned) != 0)
+        return h3_err(H3_E_NOMEM, "%s: cannot size the owned file for its transformed tensors (%llu bytes): %s",
+                      raw->files[0].path, (unsigned long long)src->owned, strerror(errno));
+    uint8_t *out = mmap(NULL, (size_t)src->owned, PROT_READ | PROT_WRITE, MAP_SHARED, src->fd, 0);
+    if (out == MAP_FAILED)
+        return h3_err(H3_E_NOMEM, "%s: cannot map the owned file (%llu bytes): %s", raw->files[0].path,
+                      (unsigned long long)src->owned, strerror(errno));
+    int rc = 0;
+    uint8_t *tmp = NULL;
+    size_t tmp_cap = 0;
+    for (size_t j = 0; !rc && j < src->njobs; j++) {
+        const sf_job *job = &src->jobs[j];
+        const h3_tensor *rt = &raw->tensors[job->src], *dt = &s->tensors[job->dst];
+        const void *in = h3_store_get(raw, h3_tensor_name(raw, rt), rt->dtype, rt->ndim, rt->shape);
+        const float *sc = NULL;
+        if (in && job->scale >= 0) {
+            const h3_tensor *st = &raw->tensors[job->scale];
+            sc = h3_store_get(raw, h3_tensor_name(raw, st), H3_DT_F32, st->ndim, st->shape);
+        }
+        if (!in || (job->scale >= 0 && !sc)) {
+            rc = -H3_E_IO;
+            break;
+        }
+        const int64_t N = dt->shape[0], K = dt->ndim > 1 ? (int64_t)(numel(dt) / (uint64_t)N) : 1;
+        const size_t es = h3_dtype_size(dt->dtype), bytes = (size_t)(dt->end - dt->begin);
+        uint8_t *dst = out + dt->begin, *stage = dst;
+        if (job->qkv && job->kind != JOB_PERMUTE) { /* dequantise into a scratch, then reorder */
+            if (bytes > tmp_cap) {
+                free(tmp);
+                tmp_cap = bytes;
+                if (!(tmp = h3_malloc(tmp_cap))) {
+                    rc = -H3_E_NOMEM;
+                    break;
+                }
+            }
+            stage = tmp;
+        }
+        if (job->kind == JOB_FP8)
+            h3_deq_fp8(in, job->e5m2, sc[0], N, K, (uint16_t *)stage);
+        else if (job->kind == JOB_INT8)
+            h3_deq_int8(in, sc, (int64_t)numel(&raw->tensors[job->scale]), job->group, N, K, (uint16_t *)stage);
+        else
+            stage = (uint8_t *)in;
+        if (job->qkv) {
+            /* [q_all; k_all; v_all] -> head h: q_h, k_h, v_h (D rows each). */
+            const int64_t A = N / 3, D = A / src->heads;
+            const size_t row = (size_t)K * es;
+            for (int64_t h = 0; h < src->heads; h++)
+                for (int64_t p = 0; p < 3; p++)
+                    memcpy(dst + (size_t)((h * 3 + p) * D) * row, stage + (size_t)(p * A + h * D) * row, (size_t)D * row);
+        }
+    }
+    free(tmp);
+    if (munmap(out, (size_t)src->owned) != 0 && !rc) rc = h3_err(H3_E_IO, "cannot unmap the owned file");
+    h3_store_release(raw);
+    return rc;
+}
+
+int h3_store_ready(const h3_store *cs)
+{
+    struct h3_sf_source *src = cs->source;
+    if (!src) return 0;
+    if (atomic_load_explicit(&src->filled, memory_order_acquire))
+        return src->fill_rc ? h3_err(-src->fill_rc, "%s: its transformed tensors could not be written (see the first "
+                                     "error)", src->raw.files[0].path)
+                            : 0;
+    pthread_mutex_lock(&src->mu);
+    int rc = 0;
+    if (!atomic_load_explicit(&src->filled, memory_order_relaxed)) {
+        rc = src->fill_rc = fill((h3_store *)cs);
+        atomic_store_explicit(&src->filled, true, memory_order_release);
+    } else {
+        rc = src->fill_rc;
+    }
+    pthread_mutex_unlock(&src->mu);
+    return rc;
+}

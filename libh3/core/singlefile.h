@@ -1,0 +1,49 @@
+/*
+ * Single-file components (ComfyUI's repackages of MiniMax-H3 and files like them): one safetensors
+ * file that holds a component's weights under the original MiniMax names, read as if it were the
+ * official shards. The source presents the tensors under the names the loaders already use:
+ *   - a `model.diffusion_model.` prefix (ComfyUI's own saver) is stripped;
+ *   - the fused attention projection `attn.qkv_proj.weight`, stored [q_all; k_all; v_all], is
+ *     reordered to the official per-head interleaving [h0: q k v, h1: q k v, ...];
+ *   - fp8_scaled layers (F8 weight, one F32 `weight_scale`) and int8 layers (I8 weight, F32 per-row
+ *     `weight_scale`, optionally ConvRot-rotated) are dequantised to BF16, the value rounded once to
+ *     nearest-even from the exact product (see quant_formats.c);
+ *   - the pruned ("curve form") table `adaln_t_table` is presented as `time_embedder.table`.
+ * Tensors that need no transform are views of the file (mapped, as the shards are); the others are
+ * written once, on the first data access, into an owned file (a memfd on Linux, an unlinked temporary
+ * file elsewhere) that the mmap and pread readers use like any shard. Its size is h3_sf_owned_bytes.
+ */
+#ifndef H3_CORE_SINGLEFILE_H
+#define H3_CORE_SINGLEFILE_H
+
+#include "core/internal.h"
+
+/*
+ * Open `path` as component `comp` into `s` (zeroed by the call): header read and checked, the file
+ * identified (a file of another model, a LoRA, an unknown or unsupported quantisation is refused with
+ * one line), the presented names built. Nothing is dequantised yet. `heads`: the transformer's
+ * attention heads (the QKV reorder), 0 for other components. `desc` (cap bytes) gets one line:
+ * format, variant, dtypes, what is transformed.
+ */
+H3_INTERNAL int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char *desc, size_t cap);
+/* Bytes of the owned file (transformed tensors) a store from h3_sf_open fills; 0 for other stores. */
+H3_INTERNAL uint64_t h3_sf_owned_bytes(const h3_store *s);
+
+/* ---- quantised formats (quant_formats.c) ------------------------------------------------------ */
+
+/* The BF16 bits nearest (ties to even) to x, rounded once (x finite or not). */
+H3_INTERNAL uint16_t h3_bf16_from_double(double x);
+/* Value of an fp8 byte: e4m3 (fn: no infinities, 0x7f/0xff NaN) or e5m2 (IEEE-like). */
+H3_INTERNAL double h3_fp8_value(uint8_t b, bool e5m2);
+/* W[n][k] = bf16(float(q[n][k]) * scale), scale one F32 for the whole tensor. */
+H3_INTERNAL void h3_deq_fp8(const uint8_t *q, bool e5m2, float scale, int64_t N, int64_t K, uint16_t *out);
+/*
+ * int8 with per-row scales s[N] (n_scale == N) or one (n_scale == 1). group == 0: W = q * s. group g (a
+ * power of 4 dividing K): ConvRot, W = ((q * s).reshape(N, K/g, g) @ H^T).reshape(N, K) with
+ * H = kron(H4, ..., H4) / sqrt(g), computed exactly (integer Hadamard sums, a power-of-two divide) and
+ * rounded once to BF16.
+ */
+H3_INTERNAL void h3_deq_int8(const int8_t *q, const float *s, int64_t n_scale, int group, int64_t N, int64_t K,
+                             uint16_t *out);
+
+#endif

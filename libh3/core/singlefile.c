@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "core/singlefile.h"
+#include "core/tuning.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -268,8 +269,7 @@ static int owned_file(struct h3_sf_source *src)
     src->fd = memfd_create("h3-single-file", MFD_CLOEXEC);
     if (src->fd >= 0) return 0;
 #endif
-    const char *dir = getenv("TMPDIR");
-    src->tmp_path = h3_asprintf("%s/h3-single-file-XXXXXX", dir && dir[0] ? dir : "/tmp");
+    src->tmp_path = h3_asprintf("%s/h3-single-file-XXXXXX", h3_env_tmpdir());
     if (!src->tmp_path) return -H3_E_NOMEM;
     src->fd = mkstemp(src->tmp_path);
     if (src->fd < 0) return h3_err(H3_E_IO, "%s: cannot create the owned file: %s", src->tmp_path, strerror(errno));

@@ -37,6 +37,14 @@ const char *h3_env_cuda_lib(void)
     return g_cuda_lib;
 }
 
+/* TMPDIR is the platform's, not a knob: read where a temporary file is made (no copy kept, so a
+   caller that changes it between opens is followed, as mkstemp's other users would be). */
+const char *h3_env_tmpdir(void)
+{
+    const char *v = env("TMPDIR");
+    return v && v[0] ? v : "/tmp";
+}
+
 /* The exact-path flags: a variable set to a value other than 0 turns its switch on, set to 0 turns
    it off; `inverted`: the variable names the fast path (H3_DIT_PRECOMPUTE=0 -> per-step). */
 static const struct {

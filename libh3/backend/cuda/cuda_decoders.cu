@@ -1,6 +1,6 @@
 /*
  * The decoders' layout and convolution ops of backend.h on the GPU (contracts in backend.h; the CPU
- * versions, which every result here is checked against, are in backend/cpu/cpu_models.c and
+ * versions, which every result here is checked against, are in backend/cpu/cpu_vae.c and
  * avae_kern.inc):
  *
  *   channels_last  host latents -> pinned staging -> one upload -> a de-normalising transpose

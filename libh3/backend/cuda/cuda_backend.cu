@@ -4,7 +4,8 @@
  *
  * One stream per backend: uploads, ops and downloads run in issue order on it; `download` and
  * `sync` wait for it and report any fault a queued kernel hit. Kernels live in cuda_gemm.cu
- * (cuBLASLt), cuda_attention.cu (flash attention) and cuda_rows.cu (the row-wise ops).
+ * (cuBLASLt, its plans cached in cuda_lt_plans.cu), cuda_attention.cu (flash attention) and
+ * cuda_rows.cu (the row-wise ops).
  *
  * This library links the CUDA runtime statically and cuBLASLt dynamically (libcublasLt.so.13,
  * found through the loader's normal search path: LD_LIBRARY_PATH or ld.so.conf), so the only
@@ -563,7 +564,7 @@ static int be_abs_diff_sum(h3_backend *be, const float *a, const float *bb, int6
     return rc ? rc : abs_diff_sum(b, a, bb, n, diff, ref);
 }
 
-/* The text encoder's and the decoders' ops: layernorm, copy and add_div in cuda_models.cu, the
+/* The text encoder's and the decoders' ops: layernorm, copy and add_div in cuda_layernorm.cu, the
    layout and convolution ops in cuda_decoders.cu. */
 static int be_layernorm(h3_backend *be, const h3_bt *x, const float *w, const float *bb, float eps, const h3_bt *y)
 {
@@ -657,8 +658,7 @@ static void release_all(Backend *b)
     if (b->stream) cudaStreamSynchronize(b->stream);
     decoders_destroy(b);
     wstream_destroy(b);
-    gemm_destroy(b);
-    fp8_destroy(b);
+    lt_plans_destroy(b);
     if (b->lt) cublasLtDestroy(b->lt);
     if (b->lt_ws) cudaFree(b->lt_ws);
     for (int i = 0; i < SCR_COUNT; i++)
@@ -804,7 +804,7 @@ static int create(Backend *b, int ord)
     /* A fixed workspace: cuBLASLt picks the same algorithm (hence the same bits) every run. */
     b->lt_ws_bytes = (size_t)32 << 20;
     if (!(b->lt_ws = dev_alloc(b, b->lt_ws_bytes, "the cuBLASLt workspace"))) return -H3_E_NOMEM;
-    int rc = gemm_init(b);
+    int rc = lt_plans_init(b);
     if (rc) return rc;
     const char *impl = getenv("H3_CUDA_ATTENTION");
     if (!impl || !*impl || !strcmp(impl, "auto"))

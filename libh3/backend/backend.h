@@ -1,14 +1,34 @@
 /*
  * The backend seam: where model logic (models/) meets the kernels of one kind of hardware.
  *
- * A stage is written once against this table of operations; each backend (backend/cpu/ today,
+ * A stage is written once against these tables of operations; each backend (backend/cpu/ today,
  * backend/cuda/ built as a separate shared library and loaded at run time, a Metal folder later)
- * supplies the table. The style is ggml's plain-C vtable with an opaque context, without a graph
+ * supplies them. The style is ggml's plain-C vtable with an opaque context, without a graph
  * compiler: our stages are a fixed sequence of large ops, and an eager table is enough to keep a
  * GPU busy when each op is big and the row kernels are fused.
  *
- * Memory. Every pointer an op takes lives on the backend that runs it: host memory on the CPU,
- * device memory on a GPU. `alloc`/`upload`/`download` move data across; uploads and ops run in
+ * The tables. A backend is `struct h3_backend` below: what it is (name, ABI, capabilities, whether
+ * its memory is host memory) and four tables of functions, split by what a caller needs:
+ *   mem      memory and the stream: every backend fills it;
+ *   weights  weight handles, and the streaming machinery (rings, layer streams) a GPU needs;
+ *   ops      the compute ops every stage shares (GEMMs, attention, norms, element-wise steps);
+ *   dec      the VAEs' (decoders' and encoders') own ops: optional, NULL for a backend that runs
+ *            the diffusion transformer only (a stage that needs it is refused with the op named).
+ * Why split: a new backend (Metal, a second GPU vendor) starts with mem + weights + ops and the
+ * transformer runs; the decoder ops and the GPU streaming features come later, one capability at
+ * a time, without stub functions. Optional entries are NULL; callers ask h3_backend_has (a
+ * capability bit, for a group of functions that go together) or h3_backend_supports (one op),
+ * never test a pointer themselves. h3_backend_check refuses, at creation, a backend whose tables
+ * lack a required entry or a function its capability bits promise.
+ *
+ * The ABI. libh3_cuda is built separately and loaded at run time; H3_BACKEND_ABI names the layout
+ * of everything in this header that crosses that boundary (these tables, struct h3_backend,
+ * h3_backend_host, the op argument structs). The library exports it (H3_BACKEND_ABI_ENTRY) and
+ * backend.c refuses a library whose number differs before calling anything else in it. Bump it
+ * with any change to those structs or to an op's meaning.
+ *
+ * Memory. Every pointer an op takes lives on the backend that runs it: host memory on the CPU
+ * (is_host), device memory on a GPU. `alloc`/`upload`/`download` move data across; uploads and ops run in
  * issue order on the backend's one stream, and `download` returns when the data is on the host.
  * Index and table arrays (rows to gather, AdaLN entries) are backend memory too.
  *
@@ -147,27 +167,7 @@ typedef struct h3_bwspec {
     int64_t rows, cols;
 } h3_bwspec;
 
-/*
- * The tables. A backend is `struct h3_backend` below: what it is (name, ABI, capabilities, whether
- * its memory is host memory) and four tables of functions, split by what a caller needs:
- *   mem      memory and the stream: every backend fills it;
- *   weights  weight handles, and the streaming machinery (rings, layer streams) a GPU needs;
- *   ops      the compute ops every stage shares (GEMMs, attention, norms, element-wise steps);
- *   dec      the VAEs' (decoders' and encoders') own ops: optional, NULL for a backend that runs
- *            the diffusion transformer only (a stage that needs it is refused with the op named).
- * Why split: a new backend (Metal, a second GPU vendor) starts with mem + weights + ops and the
- * transformer runs; the decoder ops and the GPU streaming features come later, one capability at
- * a time, without stub functions. Optional entries are NULL; callers ask h3_backend_has (a
- * capability bit, for a group of functions that go together) or h3_backend_supports (one op),
- * never test a pointer themselves. h3_backend_check refuses, at creation, a backend whose tables
- * lack a required entry or a function its capability bits promise.
- *
- * The ABI. libh3_cuda is built separately and loaded at run time; H3_BACKEND_ABI names the layout
- * of everything in this header that crosses that boundary (these tables, struct h3_backend,
- * h3_backend_host, the op argument structs). The library exports it (H3_BACKEND_ABI_ENTRY) and
- * backend.c refuses a library whose number differs before calling anything else in it. Bump it
- * with any change to those structs or to an op's meaning.
- */
+/* The layout of the tables and structs below, as libh3_cuda must have been built with (see the top). */
 #define H3_BACKEND_ABI 2u
 
 /* Memory and the stream. */

@@ -209,7 +209,9 @@ struct LtKey {
     uint32_t align_a, align_b, align_d; /* alignment classes in bytes (lt_align) */
     int32_t epi_bias;                   /* an f32 bias fused in the epilogue (its pointer set per call) */
     int32_t scale_outer;                /* fp8: f32 scale vectors over A's and B's outer dims (per call) */
+    int32_t unused;                     /* zero: no padding bytes, so copies of a key hash and compare alike */
 };
+static_assert(sizeof(LtKey) == 6 * 8 + 10 * 4, "LtKey must have no padding");
 /* Descriptors and the algorithm of a key. The op descriptor's per-call pointers (bias, scales) are
    set by the caller just before its matmul. */
 struct LtPlan {

@@ -101,6 +101,17 @@ build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wstream.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wpack.inc
 
+# test_backend_abi loads fake backend libraries (tests/c/fake_backend.c, plain C) built next to it.
+FAKE_BACKENDS := noabi wrong hollow
+build/tests/test_backend_abi: $(FAKE_BACKENDS:%=build/tests/fake_backend_%.so)
+build/tests-asan/test_backend_abi: $(FAKE_BACKENDS:%=build/tests-asan/fake_backend_%.so)
+build/tests/fake_backend_%.so: tests/c/fake_backend.c $(HDR) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -shared -DFAKE_$* -o $@ $<
+build/tests-asan/fake_backend_%.so: tests/c/fake_backend.c $(HDR) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -shared -DFAKE_$* -o $@ $<
+
 test-c: check-layers $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
 
@@ -192,7 +203,7 @@ build/cuda/%.o: libh3/%.cu $(CUDA_HDR) Makefile
 # and --exclude-libs keeps the static CUDA runtime's symbols out of the dynamic table.
 $(CUDA_LIB): $(CUDA_OBJ)
 	@mkdir -p $(dir $@) build/cuda
-	@printf '{ global: h3_backend_cuda_create; local: *; };\n' > build/cuda/exports.map
+	@printf '{ global: h3_backend_cuda_create; h3_backend_cuda_abi; local: *; };\n' > build/cuda/exports.map
 	$(NVCC) -shared $(CUDA_ARCH) -cudart static -o $@ $(CUDA_OBJ) -L$(CUDA_LIBDIR) -L$(CUBLAS_LIBDIR) \
 	  -l:libcublasLt.so.13 -Xlinker --exclude-libs,ALL -Xlinker --version-script=build/cuda/exports.map \
 	  -Xlinker --no-undefined -lrt -lpthread -ldl

@@ -279,8 +279,8 @@ H3_API int h3_device_memory_peak(h3_ctx *ctx, int reset, uint64_t *peak_bytes)
     if (!ctx || !peak_bytes) return h3_err(H3_E_INVALID, "NULL context or output");
     *peak_bytes = 0;
     h3_backend *g = ctx->rt.gpu;
-    if (!g || !g->ops->mem_peak) return 0;
-    int rc = g->ops->mem_peak(g, reset != 0, peak_bytes);
+    if (!g || !h3_backend_has(g, H3_CAP_MEM_PEAK)) return 0;
+    int rc = g->mem->mem_peak(g, reset != 0, peak_bytes);
     return rc ? rc : 1;
 }
 
@@ -298,7 +298,7 @@ H3_API const char *h3_backends_json(void)
     free(t);
     if (rc == 0) {
         uint64_t fr = 0, tot = 0;
-        be->ops->mem_info(be, &fr, &tot);
+        be->mem->mem_info(be, &fr, &tot);
         h3_buf_printf(&b, ", \"available\": true, \"device\": ");
         h3_buf_json_str(&b, be->desc);
         h3_buf_printf(&b, ", \"compute_capability\": \"%d.%d\", \"memory_bytes\": %llu, \"free_bytes\": %llu",

@@ -123,7 +123,7 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
     const size_t abytes = sizeof(float) * (size_t)(l.n_audio * c->audio_ch);
     float *vrows = h3_alloc_aligned(vbytes + 4), *arows = h3_alloc_aligned(abytes + 4);
     /* The latents stay on the transformer's backend for the whole loop. */
-    float *dv = be->ops->alloc(be, vbytes + 4), *da = be->ops->alloc(be, abytes + 4);
+    float *dv = be->mem->alloc(be, vbytes + 4), *da = be->mem->alloc(be, abytes + 4);
     if (!vrows || !arows || !dv || !da) rc = -H3_E_NOMEM;
     if (!rc) rc = h3_dit_set_layout(d, &l);
     if (!rc) rc = h3_dit_set_text(d, prompt_embeds, n_text);
@@ -135,17 +135,17 @@ H3_API int h3_dit_denoise(h3_ctx *ctx, const float *prompt_embeds, int64_t n_tex
         rc = 0;
         h3_dit_patchify_video(c, latents, latent_frames, latent_height, latent_width, vrows);
         h3_dit_pack_audio(c->audio_ch, audio_latents, audio_latents_io, arows);
-        if (!(rc = be->ops->upload(be, dv, vrows, vbytes))) rc = be->ops->upload(be, da, arows, abytes);
+        if (!(rc = be->mem->upload(be, dv, vrows, vbytes))) rc = be->mem->upload(be, da, arows, abytes);
         for (int i = 0; !rc && i < evals; i++)
             if ((rc = h3_dit_step(d, i, dv, da)) > 0) rc = 0;
-        if (!rc && !(rc = be->ops->download(be, vrows, dv, vbytes))) rc = be->ops->download(be, arows, da, abytes);
+        if (!rc && !(rc = be->mem->download(be, vrows, dv, vbytes))) rc = be->mem->download(be, arows, da, abytes);
     }
     if (!rc) {
         h3_dit_unpatchify_video(c, vrows, latent_frames, latent_height, latent_width, latents);
         h3_dit_unpack_audio(c->audio_ch, audio_latents, arows, audio_latents_io);
     }
-    be->ops->release(be, dv);
-    be->ops->release(be, da);
+    be->mem->release(be, dv);
+    be->mem->release(be, da);
     h3_free_aligned(vrows);
     h3_free_aligned(arows);
     h3_dit_layout_free(&l);

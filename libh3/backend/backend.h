@@ -1,14 +1,34 @@
 /*
  * The backend seam: where model logic (models/) meets the kernels of one kind of hardware.
  *
- * A stage is written once against this table of operations; each backend (backend/cpu/ today,
+ * A stage is written once against these tables of operations; each backend (backend/cpu/ today,
  * backend/cuda/ built as a separate shared library and loaded at run time, a Metal folder later)
- * supplies the table. The style is ggml's plain-C vtable with an opaque context, without a graph
+ * supplies them. The style is ggml's plain-C vtable with an opaque context, without a graph
  * compiler: our stages are a fixed sequence of large ops, and an eager table is enough to keep a
  * GPU busy when each op is big and the row kernels are fused.
  *
- * Memory. Every pointer an op takes lives on the backend that runs it: host memory on the CPU,
- * device memory on a GPU. `alloc`/`upload`/`download` move data across; uploads and ops run in
+ * The tables. A backend is `struct h3_backend` below: what it is (name, ABI, capabilities, whether
+ * its memory is host memory) and four tables of functions, split by what a caller needs:
+ *   mem      memory and the stream: every backend fills it;
+ *   weights  weight handles, and the streaming machinery (rings, layer streams) a GPU needs;
+ *   ops      the compute ops every stage shares (GEMMs, attention, norms, element-wise steps);
+ *   dec      the VAEs' (decoders' and encoders') own ops: optional, NULL for a backend that runs
+ *            the diffusion transformer only (a stage that needs it is refused with the op named).
+ * Why split: a new backend (Metal, a second GPU vendor) starts with mem + weights + ops and the
+ * transformer runs; the decoder ops and the GPU streaming features come later, one capability at
+ * a time, without stub functions. Optional entries are NULL; callers ask h3_backend_has (a
+ * capability bit, for a group of functions that go together) or h3_backend_supports (one op),
+ * never test a pointer themselves. h3_backend_check refuses, at creation, a backend whose tables
+ * lack a required entry or a function its capability bits promise.
+ *
+ * The ABI. libh3_cuda is built separately and loaded at run time; H3_BACKEND_ABI names the layout
+ * of everything in this header that crosses that boundary (these tables, struct h3_backend,
+ * h3_backend_host, the op argument structs). The library exports it (H3_BACKEND_ABI_ENTRY) and
+ * backend.c refuses a library whose number differs before calling anything else in it. Bump it
+ * with any change to those structs or to an op's meaning.
+ *
+ * Memory. Every pointer an op takes lives on the backend that runs it: host memory on the CPU
+ * (is_host), device memory on a GPU. `alloc`/`upload`/`download` move data across; uploads and ops run in
  * issue order on the backend's one stream, and `download` returns when the data is on the host.
  * Index and table arrays (rows to gather, AdaLN entries) are backend memory too.
  *
@@ -147,11 +167,11 @@ typedef struct h3_bwspec {
     int64_t rows, cols;
 } h3_bwspec;
 
-typedef struct h3_backend_ops {
-    const char *name; /* "cpu", "cuda" */
-    void (*destroy)(h3_backend *be);
+/* The layout of the tables and structs below, as libh3_cuda must have been built with (see the top). */
+#define H3_BACKEND_ABI 2u
 
-    /* ---- memory ---- */
+/* Memory and the stream. */
+typedef struct h3_backend_mem {
     /* `bytes` of backend memory (64-byte aligned on the host, 256 on a GPU); NULL + error when out
        of memory (the message says how much was asked and how much is free). */
     void *(*alloc)(h3_backend *be, size_t bytes);
@@ -162,15 +182,105 @@ typedef struct h3_backend_ops {
     int (*sync)(h3_backend *be); /* wait for all issued work; reports a deferred fault */
     /* Device memory free/total in bytes (the CPU answers 0/0). */
     int (*mem_info)(h3_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
+    /* dst = src, `bytes` bytes of this backend's memory (alloc'd, or what a weight views), queued in
+       order with the ops: a copy of weights an op still has to read, or of a buffer the next op
+       overwrites, sees the bytes in between. Ranges must not overlap. */
+    int (*dcopy)(h3_backend *be, void *dst, const void *src, size_t bytes);
 
-    /* ---- weights ---- */
+    /* ---- optional (H3_CAP_PINNED): page-locked host memory for the weight streaming below ---- */
+    /* Page-locked host memory (the copy engine reads it while kernels run); NULL + error. */
+    void *(*host_alloc)(h3_backend *be, size_t bytes);
+    void (*host_free)(h3_backend *be, void *p); /* NULL is ignored */
+    /* ---- optional (H3_CAP_MEM_PEAK) ---- */
+    /* Peak device memory in use (bytes) since the last reset (reset: start a new interval at the
+       current use). The CUDA backend samples cudaMemGetInfo's total - free after each of its own
+       allocations, so the figure includes the CUDA context, library workspaces and any other
+       process on the GPU. NULL on the CPU (the profile reads the process's peak RSS there). */
+    int (*mem_peak)(h3_backend *be, bool reset, uint64_t *peak);
+} h3_backend_mem;
+
+/* Weights: handles, and the streaming of weights that do not stay on the device. */
+typedef struct h3_backend_weights {
     /* Make the host matrix (stored dtype F32/BF16/F16, rows x cols, row-major, typically an mmap
        of the shard) usable by `linear`. The host data must stay valid while the handle lives on
        the CPU; a GPU copies it and keeps no reference. */
     int (*weight_load)(h3_backend *be, const void *host, h3_dtype dt, int64_t rows, int64_t cols, h3_bw *out);
     void (*weight_free)(h3_backend *be, h3_bw *w);
 
-    /* ---- ops ---- */
+    /* ---- optional (H3_CAP_FP8_WEIGHTS) ---- */
+    /* A pre-quantised fp8 weight (models/dit_fp8file.h): q [rows * cols] e4m3 bytes and scale
+       [rows] f32, host memory, as weight_load under H3_PRECISION_FP8 makes them from the weight they
+       were quantised from (one scale per output channel); the handle is that weight's, to the byte
+       (weight_bytes / weight_save / weight_view and the GEMMs cannot tell them apart). The host
+       data may go once the call returns. NULL where fp8 GEMMs do not exist (the CPU). */
+    int (*weight_load_fp8)(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
+                           h3_bw *out);
+
+    /* ---- weight streaming (models/dit.c under a memory budget, h3_options.vram_bytes): a GPU
+       keeps the weights that do not fit as pinned host copies of their device form and moves
+       them into a ring of device slots on a copy stream of its own, while the previous slot's
+       weights compute. Optional (H3_CAP_RINGS, which needs H3_CAP_PINNED): absent on the CPU,
+       which streams from the page cache instead (runtime/streamer.h). ---- */
+    /* Bytes of a loaded weight's device form (its values, and an fp8 weight's scales), each part
+       rounded up to 256 bytes (the padding saved as zeros): what weight_save writes and
+       weight_view reads. */
+    size_t (*weight_bytes)(h3_backend *be, const h3_bw *w);
+    /* Copy a loaded weight's device form to host memory dst (weight_bytes of it); returns when
+       the copy is done. */
+    int (*weight_save)(h3_backend *be, const h3_bw *w, void *dst);
+    /* A handle over a device form that weight_save wrote, now at dev (256-byte aligned device
+       memory); `like` is the weight it was saved from. Nothing is copied or owned: the handle is
+       never passed to weight_free, and the GEMMs see the bytes, alignment and plans of `like`. */
+    int (*weight_view)(h3_backend *be, const h3_bw *like, const void *dev, h3_bw *out);
+    /* A ring of `slots` device slots of slot_bytes each (256-byte aligned) with its own copy
+       stream. The message of a failure says what was needed and what is free. */
+    int (*ring_open)(h3_backend *be, int slots, size_t slot_bytes, struct h3_bring **out);
+    void (*ring_close)(h3_backend *be, struct h3_bring *r); /* waits for its copies first */
+    /* Queue the copy of `bytes` of pinned host memory into slot s on the copy stream, ordered
+       after the ops that last read the slot (ring_done); returns at once. */
+    int (*ring_fill)(h3_backend *be, struct h3_bring *r, int s, const void *host, size_t bytes);
+    /* Slot s's device address; ops issued from now on run after its last fill has landed. */
+    int (*ring_wait)(h3_backend *be, struct h3_bring *r, int s, void **dev);
+    /* The ops issued so far are the last to read slot s before its next fill. */
+    int (*ring_done)(h3_backend *be, struct h3_bring *r, int s);
+    /* ---- optional (H3_CAP_PACKED_RING, with H3_CAP_RINGS) ---- */
+    /* A packed ring: `slots` staging buffers of stage_bytes, each for a whole packed image
+       (core/wpack.h, chunks of H3_WPACK_CHUNK), and ONE buffer of out_bytes of words. ring_fill_packed
+       queues the copy of an image of out_bytes of bf16 words (packed_bytes <= stage_bytes of pinned
+       host memory: ~3/4 of the words' bytes) into slot s's staging on the copy stream, as ring_fill
+       does; ring_wait then decodes the slot's image into the one buffer on the compute stream
+       (after the ops issued before it: the previous block's) and returns it: exactly the words
+       that were packed. ring_fill is refused on a packed ring and ring_fill_packed on a plain one.
+       NULL where rings do not exist (the CPU). */
+    int (*ring_open_packed)(h3_backend *be, int slots, size_t out_bytes, size_t stage_bytes, struct h3_bring **out);
+    int (*ring_fill_packed)(h3_backend *be, struct h3_bring *r, int s, const void *packed, size_t packed_bytes,
+                            size_t out_bytes);
+
+    /* ---- streamed weights: a stage that reads its weights a layer at a time (the text encoder)
+       hands each layer's bytes to the device while the previous layer computes. Optional (H3_CAP_WSTREAM); a backend
+       that computes on host memory (the CPU takes views of the read buffer with weight_load). The
+       handle owns `slots` pinned host buffers (for the stage's reader to fill), as many device
+       slots of the same size and a copy stream. ---- */
+    /* Open: host[0..slots) receive the host buffers (`bytes` each), *ws the handle. */
+    int (*wstream_open)(h3_backend *be, size_t bytes, int slots, void **host, void **ws);
+    /* Copy host[slot][0, bytes) to device slot `slot` on the copy stream, once the ops that read
+       the slot last (wstream_done) are over. The n GEMM weights it holds (spec[i]: byte offset,
+       stored dtype, rows, cols) become w[i] as weight_load at the default precision makes them
+       (the same bits; stored bf16 is used in place, f32/f16 are rounded on the device); w[i] is
+       valid until the next load into the slot and must not be handed to weight_free. Ops issued
+       after this call wait for the copy; the call itself returns at once. */
+    int (*wstream_load)(h3_backend *be, void *ws, int slot, size_t bytes, int n, const h3_bwspec *spec,
+                        h3_bw *w);
+    /* Wait until host[slot] may be refilled (the copy that last read it is over). */
+    int (*wstream_wait_host)(h3_backend *be, void *ws, int slot);
+    /* The ops issued so far are the last to read device slot `slot` before its next load. */
+    int (*wstream_done)(h3_backend *be, void *ws, int slot);
+    /* Wait for everything and free the handle (NULL is ignored). */
+    void (*wstream_close)(h3_backend *be, void *ws);
+} h3_backend_weights;
+
+/* The compute ops every stage shares. Each is required unless marked optional (h3_backend_supports). */
+typedef struct h3_backend_ops {
     /* Y[M, N] = X[M, K] W^T (+ bias f32 [N], may be NULL). X: act dtype or f32; Y: f32 or act
        dtype. Y must not alias X. */
     int (*linear)(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
@@ -215,7 +325,7 @@ typedef struct h3_backend_ops {
 
     /* ---- speed knobs: the arithmetic of step reuse, core reuse, token reduction and the step
        cache (models/dit.c). All f32, element-wise or row-wise; the CPU versions are in
-       backend/cpu/cpu_extra.c. ---- */
+       backend/cpu/cpu_knobs.c. ---- */
     /* out[i] = a[i] + r * (a[i] - b[i]) over n values, rounded in that order (difference, product,
        sum; no fused multiply-add), so every backend gives the CPU's bits. b = NULL: out[i] = a[i],
        a copy inside backend memory. out may alias a or b. Step reuse extrapolates the velocity with
@@ -239,9 +349,8 @@ typedef struct h3_backend_ops {
        on the host. The step cache's relative-change test. */
     int (*abs_diff_sum)(h3_backend *be, const float *a, const float *b, int64_t n, double *diff, double *ref);
 
-    /* ---- the text encoder's and the decoders' ops (models/text_encoder.c, video_vae.c,
-       audio_vae.c; the text encoder needs nothing beyond the ops above). The CPU versions are in
-       backend/cpu/cpu_models.c. ---- */
+    /* ---- the text encoder's and the VAEs' shared ops (models/text_encoder.c, video_vae.c,
+       audio_vae.c, the encoders). ---- */
     /* y = LayerNorm(x) * w + b per row over n = x->cols: mean, then variance, each summed in double
        in index order; w, b f32 [n] (NULL: 1, 0). y may alias x. */
     int (*layernorm)(h3_backend *be, const h3_bt *x, const float *w, const float *b, float eps, const h3_bt *y);
@@ -250,6 +359,38 @@ typedef struct h3_backend_ops {
     /* y = (y + x) / div element-wise: the sum rounded, then a true division (diffusers divides the
        sum of the resblocks by their count; a product with 1/div rounds differently). */
     int (*add_div)(h3_backend *be, const h3_bt *y, const h3_bt *x, float div);
+    /* Y[m] = bias + W x_m for m < Y->rows, x_m the W->cols floats from X->data + m * X->ld. Unlike
+       `linear`, the windows may overlap (ld < cols): over a zero-margined time-major buffer
+       [time, cin] with ld = cin and W's columns ordered (tap, input channel) this is a 1-D
+       convolution without an im2col copy (a dilated or transposed one runs once per phase). The
+       sums are `linear`'s, at every M (the CPU takes no few-rows shortcut here, so a short clip
+       sums as a long one does). bias f32 [W->rows] or NULL; Y f32, not aliasing X.
+       W comes from weight_load, or is an f32 matrix in backend memory ({data, H3_DT_F32, rows,
+       cols, priv NULL}, row-major): what the audio decoder hands a backend whose GEMMs are not
+       f32 (a GPU then sums in f32 with f32 operands, as diffusers keeps that decoder in f32 at any
+       pipeline dtype; on the CPU it is the same handle weight_load makes of f32 data). */
+    int (*conv_gemm)(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
+
+    /* ---- optional: the vision tower's and the audio VAE encoder's element-wise ops
+       (models/vision_tower.c, audio_vae_encoder.c). ---- */
+    /* y = GELU(x) element-wise over rows x cols (f32; y may alias x): tanh_approx ?
+       0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (transformers' gelu_pytorch_tanh) :
+       0.5 x (1 + erf(x / sqrt(2))) (torch's nn.GELU()). */
+    int (*gelu)(h3_backend *be, const h3_bt *x, bool tanh_approx, const h3_bt *y);
+    /* Rotate-half RoPE in place, no normalisation: in row r of x, head h (columns [h*D, (h+1)*D)),
+       for d < half: x[d] <- x[d] c - x[d+half] s and x[d+half] <- x[d+half] c + x[d] s with
+       c = cos[r*half + d], s = sin[r*half + d], each product rounded before the sum; dims from
+       2*half on are left alone. cos/sin f32 [x->rows, half]; x f32 (a strided view may pick the
+       q or k columns of a fused qkv row). */
+    int (*rope)(h3_backend *be, const h3_bt *x, int heads, int D, int half, const float *cos, const float *sin);
+    /* y = a * b element-wise over rows x cols (y may alias a or b): GeGLU's product. */
+    int (*mul)(h3_backend *be, const h3_bt *a, const h3_bt *b, const h3_bt *y);
+} h3_backend_ops;
+
+/* The VAEs' own ops: optional as a table (be->dec NULL: h3_backend_has(be, H3_CAP_DECODERS) is false)
+   and entry by entry (h3_backend_supports). */
+typedef struct h3_backend_decoders {
+    /* ---- the decoders' (models/video_vae.c, audio_vae.c) ---- */
     /* The decoders' input: a box of channel-first latents to channel-last rows, de-normalised.
        Column c of row (t * ny + i) * nx + j of y (y->cols = C channels) is
        x[c * cs + min(t, t_avail - 1) * ts + i * rs + j] * scale[c] + shift[c], the product rounded
@@ -279,17 +420,6 @@ typedef struct h3_backend_ops {
        a = exp(alpha), rb = 1 / (exp(beta) + 1e-9): f32 [C]; fup, fdown: f32 [H3_AA_TAPS]. */
     int (*snake_aa)(h3_backend *be, const h3_bt *x, const float *a, const float *rb, const float *fup,
                     const float *fdown, const h3_bphased *dst);
-    /* Y[m] = bias + W x_m for m < Y->rows, x_m the W->cols floats from X->data + m * X->ld. Unlike
-       `linear`, the windows may overlap (ld < cols): over a zero-margined time-major buffer
-       [time, cin] with ld = cin and W's columns ordered (tap, input channel) this is a 1-D
-       convolution without an im2col copy (a dilated or transposed one runs once per phase). The
-       sums are `linear`'s, at every M (the CPU takes no few-rows shortcut here, so a short clip
-       sums as a long one does). bias f32 [W->rows] or NULL; Y f32, not aliasing X.
-       W comes from weight_load, or is an f32 matrix in backend memory ({data, H3_DT_F32, rows,
-       cols, priv NULL}, row-major): what the audio decoder hands a backend whose GEMMs are not
-       f32 (a GPU then sums in f32 with f32 operands, as diffusers keeps that decoder in f32 at any
-       pipeline dtype; on the CPU it is the same handle weight_load makes of f32 data). */
-    int (*conv_gemm)(h3_backend *be, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
     /* BigVGAN's conv_post and clamp: y[m] = clamp(w . x_m, -1, 1) for m < X->rows, x_m the X->cols
        floats from X->data + m * X->ld (overlapping windows as in conv_gemm): one output channel,
        no bias; NaN passes through. w f32 [X->cols]; y f32 [X->rows]. */
@@ -315,19 +445,6 @@ typedef struct h3_backend_ops {
     int (*group_norm)(h3_backend *be, const float *x, int frames, int64_t pixels, int C, int groups, const float *w,
                       const float *b, float eps, bool silu, float *y);
 
-    /* ---- the Qwen3-VL vision tower's ops (models/vision_tower.c; the CPU versions are in
-       backend/cpu/cpu_vision.c). ---- */
-    /* y = GELU(x) element-wise over rows x cols (f32; y may alias x): tanh_approx ?
-       0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (transformers' gelu_pytorch_tanh) :
-       0.5 x (1 + erf(x / sqrt(2))) (torch's nn.GELU()). */
-    int (*gelu)(h3_backend *be, const h3_bt *x, bool tanh_approx, const h3_bt *y);
-    /* Rotate-half RoPE in place, no normalisation: in row r of x, head h (columns [h*D, (h+1)*D)),
-       for d < half: x[d] <- x[d] c - x[d+half] s and x[d+half] <- x[d+half] c + x[d] s with
-       c = cos[r*half + d], s = sin[r*half + d], each product rounded before the sum; dims from
-       2*half on are left alone. cos/sin f32 [x->rows, half]; x f32 (a strided view may pick the
-       q or k columns of a fused qkv row). */
-    int (*rope)(h3_backend *be, const h3_bt *x, int heads, int D, int half, const float *cos, const float *sin);
-
     /* ---- the audio VAE encoder's ops (models/audio_vae_encoder.c; the CPU versions are in
        backend/cpu/cpu_audio_enc.c). ---- */
     /* The DAC trunk's plain Snake on x [L, C] (x->ld == C): v + rb[c] * sin(a[c] * v)^2, each step
@@ -339,92 +456,7 @@ typedef struct h3_backend_ops {
        adaptive_avg_pool1d's window [floor(j D / n), ceil((j + 1) D / n)), n = y->cols (any n >= 1;
        windows overlap when n does not divide D, and repeat values when n > D). */
     int (*head_pool)(h3_backend *be, const h3_bt *x, int heads, int D, const h3_bt *y);
-    /* y = a * b element-wise over rows x cols (y may alias a or b): GeGLU's product. */
-    int (*mul)(h3_backend *be, const h3_bt *a, const h3_bt *b, const h3_bt *y);
-
-    /* ---- weight streaming (models/dit.c under a memory budget, h3_options.vram_bytes): a GPU
-       keeps the weights that do not fit as pinned host copies of their device form and moves
-       them into a ring of device slots on a copy stream of its own, while the previous slot's
-       weights compute. NULL on the CPU, which streams from the page cache instead
-       (core/streamer.h). ---- */
-    /* Page-locked host memory (the copy engine reads it while kernels run); NULL + error. */
-    void *(*host_alloc)(h3_backend *be, size_t bytes);
-    void (*host_free)(h3_backend *be, void *p); /* NULL is ignored */
-    /* Bytes of a loaded weight's device form (its values, and an fp8 weight's scales), each part
-       rounded up to 256 bytes (the padding saved as zeros): what weight_save writes and
-       weight_view reads. */
-    size_t (*weight_bytes)(h3_backend *be, const h3_bw *w);
-    /* Copy a loaded weight's device form to host memory dst (weight_bytes of it); returns when
-       the copy is done. */
-    int (*weight_save)(h3_backend *be, const h3_bw *w, void *dst);
-    /* A handle over a device form that weight_save wrote, now at dev (256-byte aligned device
-       memory); `like` is the weight it was saved from. Nothing is copied or owned: the handle is
-       never passed to weight_free, and the GEMMs see the bytes, alignment and plans of `like`. */
-    int (*weight_view)(h3_backend *be, const h3_bw *like, const void *dev, h3_bw *out);
-    /* A ring of `slots` device slots of slot_bytes each (256-byte aligned) with its own copy
-       stream. The message of a failure says what was needed and what is free. */
-    int (*ring_open)(h3_backend *be, int slots, size_t slot_bytes, struct h3_bring **out);
-    void (*ring_close)(h3_backend *be, struct h3_bring *r); /* waits for its copies first */
-    /* Queue the copy of `bytes` of pinned host memory into slot s on the copy stream, ordered
-       after the ops that last read the slot (ring_done); returns at once. */
-    int (*ring_fill)(h3_backend *be, struct h3_bring *r, int s, const void *host, size_t bytes);
-    /* Slot s's device address; ops issued from now on run after its last fill has landed. */
-    int (*ring_wait)(h3_backend *be, struct h3_bring *r, int s, void **dev);
-    /* The ops issued so far are the last to read slot s before its next fill. */
-    int (*ring_done)(h3_backend *be, struct h3_bring *r, int s);
-
-    /* ---- streamed weights: a stage that reads its weights a layer at a time (the text encoder)
-       hands each layer's bytes to the device while the previous layer computes. NULL on a backend
-       that computes on host memory (the CPU takes views of the read buffer with weight_load). The
-       handle owns `slots` pinned host buffers (for the stage's reader to fill), as many device
-       slots of the same size and a copy stream. ---- */
-    /* Open: host[0..slots) receive the host buffers (`bytes` each), *ws the handle. */
-    int (*wstream_open)(h3_backend *be, size_t bytes, int slots, void **host, void **ws);
-    /* Copy host[slot][0, bytes) to device slot `slot` on the copy stream, once the ops that read
-       the slot last (wstream_done) are over. The n GEMM weights it holds (spec[i]: byte offset,
-       stored dtype, rows, cols) become w[i] as weight_load at the default precision makes them
-       (the same bits; stored bf16 is used in place, f32/f16 are rounded on the device); w[i] is
-       valid until the next load into the slot and must not be handed to weight_free. Ops issued
-       after this call wait for the copy; the call itself returns at once. */
-    int (*wstream_load)(h3_backend *be, void *ws, int slot, size_t bytes, int n, const h3_bwspec *spec,
-                        h3_bw *w);
-    /* Wait until host[slot] may be refilled (the copy that last read it is over). */
-    int (*wstream_wait_host)(h3_backend *be, void *ws, int slot);
-    /* The ops issued so far are the last to read device slot `slot` before its next load. */
-    int (*wstream_done)(h3_backend *be, void *ws, int slot);
-    /* Wait for everything and free the handle (NULL is ignored). */
-    void (*wstream_close)(h3_backend *be, void *ws);
-
-    /* Peak device memory in use (bytes) since the last reset (reset: start a new interval at the
-       current use). The CUDA backend samples cudaMemGetInfo's total - free after each of its own
-       allocations, so the figure includes the CUDA context, library workspaces and any other
-       process on the GPU. NULL on the CPU (the profile reads the process's peak RSS there). */
-    int (*mem_peak)(h3_backend *be, bool reset, uint64_t *peak);
-
-    /* A pre-quantised fp8 weight (models/dit_fp8file.h): q [rows * cols] e4m3 bytes and scale
-       [rows] f32, host memory, as weight_load under H3_PRECISION_FP8 makes them from the weight they
-       were quantised from (one scale per output channel); the handle is that weight's, to the byte
-       (weight_bytes / weight_save / weight_view and the GEMMs cannot tell them apart). The host
-       data may go once the call returns. NULL where fp8 GEMMs do not exist (the CPU). */
-    int (*weight_load_fp8)(h3_backend *be, const uint8_t *q, const float *scale, int64_t rows, int64_t cols,
-                           h3_bw *out);
-    /* dst = src, `bytes` bytes of this backend's memory (alloc'd, or what a weight views), queued in
-       order with the ops: a copy of weights an op still has to read, or of a buffer the next op
-       overwrites, sees the bytes in between. Ranges must not overlap. */
-    int (*dcopy)(h3_backend *be, void *dst, const void *src, size_t bytes);
-
-    /* A packed ring: `slots` staging buffers of stage_bytes, each for a whole packed image
-       (core/wpack.h, chunks of H3_WPACK_CHUNK), and ONE buffer of out_bytes of words. ring_fill_packed
-       queues the copy of an image of out_bytes of bf16 words (packed_bytes <= stage_bytes of pinned
-       host memory: ~3/4 of the words' bytes) into slot s's staging on the copy stream, as ring_fill
-       does; ring_wait then decodes the slot's image into the one buffer on the compute stream
-       (after the ops issued before it: the previous block's) and returns it: exactly the words
-       that were packed. ring_fill is refused on a packed ring and ring_fill_packed on a plain one.
-       NULL where rings do not exist (the CPU). */
-    int (*ring_open_packed)(h3_backend *be, int slots, size_t out_bytes, size_t stage_bytes, struct h3_bring **out);
-    int (*ring_fill_packed)(h3_backend *be, struct h3_bring *r, int s, const void *packed, size_t packed_bytes,
-                            size_t out_bytes);
-} h3_backend_ops;
+} h3_backend_decoders;
 
 /* The weight shapes the fp8 path quantises (the others stay bf16): cuBLASLt's fp8 kernels want K,
    hence the row stride, in multiples of 16 bytes. The CUDA backend also needs compute capability
@@ -435,8 +467,49 @@ static inline bool h3_fp8_weight_shape_ok(int64_t rows, int64_t cols)
 }
 
 
+/* Capability bits (h3_backend.caps): groups of optional functions that go together. */
+enum {
+    H3_CAP_PINNED = 1u << 0,      /* mem: host_alloc, host_free */
+    H3_CAP_MEM_PEAK = 1u << 1,    /* mem: mem_peak */
+    H3_CAP_FP8_WEIGHTS = 1u << 2, /* weights: weight_load_fp8 (fp8 GEMMs) */
+    H3_CAP_RINGS = 1u << 3,       /* weights: weight_bytes/save/view, ring_open/close/fill/wait/done */
+    H3_CAP_PACKED_RING = 1u << 4, /* weights: ring_open_packed, ring_fill_packed */
+    H3_CAP_WSTREAM = 1u << 5,     /* weights: wstream_open/load/wait_host/done/close */
+    H3_CAP_DECODERS = 1u << 6,    /* the dec table is there (its entries are still asked one by one) */
+    H3_CAP_SYNCHRONOUS = 1u << 7, /* every op has finished when it returns (the CPU): per-op timings are real */
+};
+
+/* Every compute op, by table and name: H3_OP_<name> for h3_backend_supports, and the table
+   backend.c walks to check a backend. R: required of every backend; O: optional. */
+#define H3_BACKEND_OP_LIST(X)                                                                              \
+    X(ops, linear, R) X(ops, attention, R) X(ops, norm_mod, R) X(ops, qk_norm_rope, R) X(ops, gated_add, R) \
+    X(ops, gated_add_norm, O) X(ops, swiglu, R) X(ops, scatter_rows, R) X(ops, euler, R) X(ops, noise, R)   \
+    X(ops, extrapolate, O) X(ops, sub, O) X(ops, pool_pairs, O) X(ops, unpool_pairs, O)                     \
+    X(ops, abs_diff_sum, O) X(ops, layernorm, O) X(ops, copy, O) X(ops, add_div, O) X(ops, conv_gemm, O)    \
+    X(ops, gelu, O) X(ops, rope, O) X(ops, mul, O)                                                          \
+    X(dec, channels_last, O) X(dec, unpatchify, O) X(dec, vae_stitch, O) X(dec, snake_aa, O)                \
+    X(dec, conv1_clamp, O) X(dec, conv3d, O) X(dec, group_norm, O) X(dec, snake, O) X(dec, head_pool, O)
+
+typedef enum h3_op {
+#define H3_OP_ENUM_(tab, name, req) H3_OP_##name,
+    H3_BACKEND_OP_LIST(H3_OP_ENUM_)
+#undef H3_OP_ENUM_
+    H3_OP_COUNT
+} h3_op;
+
 struct h3_backend {
+    const char *name;     /* "cpu", "cuda" */
+    uint32_t abi_version; /* H3_BACKEND_ABI of the headers it was built with */
+    uint32_t caps;        /* H3_CAP_* */
+    /* Its memory is the host's (alloc'd memory can be read and written by the CPU, and weights
+       can be views of mapped files instead of copies): the CPU, and later a unified-memory GPU
+       (Metal maps weights rather than copying them). false on CUDA: device memory. */
+    bool is_host;
+    const h3_backend_mem *mem;
+    const h3_backend_weights *weights;
     const h3_backend_ops *ops;
+    const h3_backend_decoders *dec; /* NULL: no VAE ops */
+    void (*destroy)(h3_backend *be);
     h3_dtype act_dtype; /* dtype of GEMM inputs and attention operands on this backend */
     char desc[160];     /* e.g. "cpu (avx2, 8 threads)", "cuda (NVIDIA H200, sm_90, 139.8 GiB)" */
     int compute_capability; /* GPUs: major * 10 + minor (90 for Hopper); 0 on the CPU */
@@ -468,6 +541,10 @@ typedef struct h3_backend_host {
 /* Entry point every loadable backend library exports (symbol name H3_BACKEND_ENTRY). */
 typedef int (*h3_backend_create_fn)(const h3_backend_host *host, int device_ordinal, h3_backend **out);
 #define H3_BACKEND_ENTRY "h3_backend_cuda_create"
+/* The library's H3_BACKEND_ABI, read before anything else is called (a library without it predates
+   the versioned ABI and is refused). */
+typedef uint32_t (*h3_backend_abi_fn)(void);
+#define H3_BACKEND_ABI_ENTRY "h3_backend_cuda_abi"
 #define H3_BACKEND_CUDA_LIB_ELF "libh3_cuda.so"
 
 /* ---- host side (backend.c) ---- */
@@ -486,6 +563,23 @@ H3_INTERNAL void h3_backend_destroy(h3_backend *be);
 
 /* Allocate and upload a host array in one go (NULL + error on failure). */
 H3_INTERNAL void *h3_backend_dup(h3_backend *be, const void *host, size_t bytes);
+
+/* Whether the backend has every capability in `caps` (H3_CAP_* or'ed). */
+static inline bool h3_backend_has(const h3_backend *be, uint32_t caps)
+{
+    return be && (be->caps & caps) == caps;
+}
+/* Whether the backend implements op `op` (its table is there and the entry filled). */
+H3_INTERNAL bool h3_backend_supports(const h3_backend *be, h3_op op);
+/* The op's name ("vae_stitch"). */
+H3_INTERNAL const char *h3_op_name(h3_op op);
+/* 0 when the backend implements all n ops, else H3_E_UNSUPPORTED with one line naming the first
+   missing op and `who` (the stage that needs it): "the cuda backend has no conv3d op (needed by
+   the video VAE encoder)". */
+H3_INTERNAL int h3_backend_need(const h3_backend *be, const h3_op *ops, int n, const char *who);
+/* 0 when the backend's tables are complete for its ABI and capability bits, else
+   H3_E_UNSUPPORTED with one line saying what is missing. Run on every backend at creation. */
+H3_INTERNAL int h3_backend_check(const h3_backend *be);
 
 #ifdef __cplusplus
 }

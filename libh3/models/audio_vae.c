@@ -220,7 +220,7 @@ static int load_bias(h3_backend *be, h3_store *s, const char *base, int n, float
    and BigVGAN's long chain of convolutions is where bf16 rounding would be heard. */
 static int conv_weight(h3_backend *be, const float *host, int64_t rows, int64_t cols, h3_bw *w)
 {
-    if (be->act_dtype == H3_DT_F32) return be->ops->weight_load(be, host, H3_DT_F32, rows, cols, w);
+    if (be->act_dtype == H3_DT_F32) return be->weights->weight_load(be, host, H3_DT_F32, rows, cols, w);
     memset(w, 0, sizeof *w);
     void *d = h3_backend_dup(be, host, sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (size_t)(cols > 0 ? cols : 1));
     if (!d) return -H3_E_NOMEM;
@@ -235,9 +235,9 @@ static void conv_weight_free(h3_backend *be, h3_bw *w)
 {
     if (!w->data && !w->priv) return;
     if (be->act_dtype == H3_DT_F32)
-        be->ops->weight_free(be, w);
+        be->weights->weight_free(be, w);
     else
-        be->ops->release(be, (void *)w->data);
+        be->mem->release(be, (void *)w->data);
     memset(w, 0, sizeof *w);
 }
 
@@ -347,15 +347,15 @@ static void free_conv(h3_backend *be, conv_w *c)
 {
     conv_weight_free(be, &c->w);
     h3_free_aligned(c->host);
-    be->ops->release(be, c->bias);
+    be->mem->release(be, c->bias);
 }
 
 static void free_act(h3_backend *be, act_w *a)
 {
-    be->ops->release(be, a->a);
-    be->ops->release(be, a->rb);
-    be->ops->release(be, a->fup);
-    be->ops->release(be, a->fdown);
+    be->mem->release(be, a->a);
+    be->mem->release(be, a->rb);
+    be->mem->release(be, a->fup);
+    be->mem->release(be, a->fdown);
 }
 
 static void dec_free(decoder *d)
@@ -369,7 +369,7 @@ static void dec_free(decoder *d)
             conv_weight_free(be, &d->ups[i].w[r]);
             h3_free_aligned(d->ups[i].host[r]);
         }
-        be->ops->release(be, d->ups[i].bias);
+        be->mem->release(be, d->ups[i].bias);
     }
     if (d->res) {
         for (int g = 0; g < d->cfg.n_up * d->cfg.n_res; g++) {
@@ -384,7 +384,7 @@ static void dec_free(decoder *d)
         free(d->res);
     }
     free_act(be, &d->post);
-    be->ops->release(be, d->post_w);
+    be->mem->release(be, d->post_w);
     free(d);
 }
 
@@ -493,7 +493,7 @@ static int run_gemm(runner *r, const float *X, int64_t M, int64_t ldx, const h3_
 static int run_act(runner *r, const act_w *w, const float *x, int64_t L, h3_bphased dst)
 {
     const h3_bt xv = f32(x, L, w->C, w->C);
-    int rc = r->be->ops->snake_aa(r->be, &xv, w->a, w->rb, w->fup, w->fdown, &dst);
+    int rc = r->be->dec->snake_aa(r->be, &xv, w->a, w->rb, w->fup, w->fdown, &dst);
     return rc ? rc : tick(r, L * w->C * ACT_COST);
 }
 
@@ -614,8 +614,8 @@ typedef struct {
 static float *slot(h3_backend *be, slots *s, int i, int64_t floats)
 {
     if (s->n[i] < floats) {
-        be->ops->release(be, s->p[i]);
-        s->p[i] = be->ops->alloc(be, sizeof(float) * (size_t)(floats > 0 ? floats : 1));
+        be->mem->release(be, s->p[i]);
+        s->p[i] = be->mem->alloc(be, sizeof(float) * (size_t)(floats > 0 ? floats : 1));
         s->n[i] = s->p[i] ? floats : 0;
     }
     return s->p[i];
@@ -624,8 +624,8 @@ static float *slot(h3_backend *be, slots *s, int i, int64_t floats)
 /* Zero `before` rows ahead of and `after` rows behind `rows` rows of `ch` floats at p. */
 static int zero_margins(h3_backend *be, float *p, int64_t before, int64_t rows, int64_t after, int64_t ch)
 {
-    int rc = be->ops->zero(be, p, sizeof(float) * (size_t)(before * ch));
-    return rc ? rc : be->ops->zero(be, p + (before + rows) * ch, sizeof(float) * (size_t)(after * ch));
+    int rc = be->mem->zero(be, p, sizeof(float) * (size_t)(before * ch));
+    return rc ? rc : be->mem->zero(be, p + (before + rows) * ch, sizeof(float) * (size_t)(after * ch));
 }
 
 static int decode_side(runner *r, const decoder *d, slots *sl, const float *lat, int64_t T, float *pcm)
@@ -642,7 +642,7 @@ static int decode_side(runner *r, const decoder *d, slots *sl, const float *lat,
 
     /* De-normalise ([C, T] -> time-major [T, C]): latents * std + mean, two f32 roundings. */
     const h3_bt Av = f32(A, T, C, C);
-    if ((rc = be->ops->channels_last(be, lat, T, 1, 0, (int)T, (int)T, 1, 1, c->latents_std, c->latents_mean, &Av)))
+    if ((rc = be->dec->channels_last(be, lat, T, 1, 0, (int)T, (int)T, 1, 1, c->latents_std, c->latents_mean, &Av)))
         return rc;
     /* dec_in_proj into the zero-margined input of conv_pre, whose output is stage 0's input. */
     if ((rc = zero_margins(be, B, H, T, H, D)) ||
@@ -688,8 +688,8 @@ static int decode_side(runner *r, const decoder *d, slots *sl, const float *lat,
     if (!P || !out) return -H3_E_NOMEM;
     const h3_bt Pv = f32(P, L, (int64_t)PRE_K * d->post.C, d->post.C);
     if ((rc = run_act(r, &d->post, U, L, conv_dst(P, L, PRE_K, 1))) ||
-        (rc = be->ops->conv1_clamp(be, &Pv, d->post_w, out)) ||
-        (rc = be->ops->download(be, pcm, out, sizeof(float) * (size_t)L)))
+        (rc = be->dec->conv1_clamp(be, &Pv, d->post_w, out)) ||
+        (rc = be->mem->download(be, pcm, out, sizeof(float) * (size_t)L)))
         return rc;
     return tick(r, L * (int64_t)d->post.C * PRE_K);
 }
@@ -753,9 +753,12 @@ int h3_avae_run_keep(h3_model *m, h3_backend *be, const float *latents, int chan
                      int64_t pcm_cap, h3_progress_fn progress, void *user, h3_avae_keep **keep)
 {
     if (!latents || !pcm || !be) return h3_err(H3_E_INVALID, "audio decode: NULL latents, PCM buffer or backend");
-    h3_avae_cfg cfg;
-    int rc = h3_avae_cfg_load(m, &cfg);
+    static const h3_op need[] = {H3_OP_channels_last, H3_OP_snake_aa, H3_OP_conv_gemm, H3_OP_conv1_clamp, H3_OP_add_div,
+                                 H3_OP_copy};
+    int rc = h3_backend_need(be, need, (int)(sizeof need / sizeof *need), "the audio VAE decoder");
     if (rc) return rc;
+    h3_avae_cfg cfg;
+    if ((rc = h3_avae_cfg_load(m, &cfg))) return rc;
     if ((rc = h3_avae_check_geometry(&cfg, m->comp[H3_COMP_AUDIO_VAE].config_path))) return rc;
     if (channels != cfg.latent_ch)
         return h3_err(H3_E_INVALID, "audio decode: latents have %d channels, the audio VAE (%s) expects %d",
@@ -767,7 +770,7 @@ int h3_avae_run_keep(h3_model *m, h3_backend *be, const float *latents, int chan
                       (long long)pcm_cap, (long long)frames, (long long)S);
     /* Kept only where the weights were copied to the backend (the CPU decodes from host copies it
        would rebuild cheaply; keeping them there would only pin host memory). */
-    if (keep && be->act_dtype == H3_DT_F32) keep = NULL;
+    if (keep && be->is_host) keep = NULL;
     if (keep && *keep && (*keep)->d->be != be) {
         h3_avae_keep_free(*keep);
         *keep = NULL;
@@ -785,7 +788,7 @@ int h3_avae_run_keep(h3_model *m, h3_backend *be, const float *latents, int chan
     slots sl = {{0}, {0}};
     for (int side = 0; !rc && side < 2; side++)
         rc = decode_side(&r, d, &sl, latents + (int64_t)side * channels * frames, frames, pcm + side * S);
-    for (int i = 0; i < SL_COUNT; i++) be->ops->release(be, sl.p[i]);
+    for (int i = 0; i < SL_COUNT; i++) be->mem->release(be, sl.p[i]);
     if (!keep) dec_free(d);
     return rc;
 }

@@ -2,7 +2,7 @@
  * Audio VAE decoder (BigVGAN) internals: the entry points the pipeline and the API call. The
  * decoder's activations, convolutions and element-wise steps are backend ops (backend.h:
  * snake_aa, conv_gemm, conv1_clamp, add_div, ...); the CPU kernels behind them are in
- * backend/cpu/ (cpu_models.c, avae_kern.inc).
+ * backend/cpu/ (cpu_vae.c, avae_kern.inc).
  *
  * Activations are time-major ([time, channels], one row per sample) so that a convolution over
  * a zero-margined buffer is a plain GEMM whose input rows overlap: row t of the im2col matrix is

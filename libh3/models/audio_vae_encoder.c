@@ -214,7 +214,7 @@ static int load_conv(h3_backend *be, h3_store *s, const char *base, int cout, in
                     const float x = v[((int64_t)o * cin + i) * k + t];
                     *dst++ = wn ? x * scale[o] : x;
                 }
-        rc = be->ops->weight_load(be, cv->host, H3_DT_F32, cout, (int64_t)k * cin, &cv->w);
+        rc = be->weights->weight_load(be, cv->host, H3_DT_F32, cout, (int64_t)k * cin, &cv->w);
     }
     free(v), free(scale);
     cv->cin = cin, cv->cout = cout, cv->k = k;
@@ -253,16 +253,16 @@ static int load_norm(h3_backend *be, h3_store *s, const char *base, int n, enorm
 
 static void free_conv(h3_backend *be, econv *c)
 {
-    if (c->w.data || c->w.priv) be->ops->weight_free(be, &c->w);
+    if (c->w.data || c->w.priv) be->weights->weight_free(be, &c->w);
     h3_free_aligned(c->host);
-    be->ops->release(be, c->bias);
+    be->mem->release(be, c->bias);
     memset(c, 0, sizeof *c);
 }
 
 static void free_snake(h3_backend *be, esnake *s)
 {
-    be->ops->release(be, s->a);
-    be->ops->release(be, s->rb);
+    be->mem->release(be, s->a);
+    be->mem->release(be, s->rb);
 }
 
 static void enc_free(encoder *e)
@@ -284,8 +284,8 @@ static void enc_free(encoder *e)
     free_snake(be, &e->snake_f);
     enorm *ns[4] = {&e->n1, &e->n2, &e->n3, &e->mlp_n};
     for (int i = 0; i < 4; i++) {
-        be->ops->release(be, ns[i]->w);
-        be->ops->release(be, ns[i]->b);
+        be->mem->release(be, ns[i]->w);
+        be->mem->release(be, ns[i]->b);
     }
     econv *ls[7] = {&e->qkv, &e->proj, &e->aproj, &e->w0, &e->w1, &e->w2, &e->meanp};
     for (int i = 0; i < 7; i++) free_conv(be, ls[i]);
@@ -389,8 +389,8 @@ typedef struct {
 static float *slot(slots *s, int i, int64_t floats)
 {
     if (s->n[i] < floats) {
-        s->be->ops->release(s->be, s->p[i]);
-        s->p[i] = s->be->ops->alloc(s->be, sizeof(float) * (size_t)(floats > 0 ? floats : 1));
+        s->be->mem->release(s->be, s->p[i]);
+        s->p[i] = s->be->mem->alloc(s->be, sizeof(float) * (size_t)(floats > 0 ? floats : 1));
         s->n[i] = s->p[i] ? floats : 0;
     }
     return s->p[i];
@@ -425,7 +425,7 @@ static h3_bphased phased(float *P, int64_t L, int k, int dil)
 static int snake(h3_backend *be, const esnake *sn, const float *x, int64_t L, int C, h3_bphased dst)
 {
     const h3_bt xv = f32(x, L, C, C);
-    return be->ops->snake(be, &xv, sn->a, sn->rb, &dst);
+    return be->dec->snake(be, &xv, sn->a, sn->rb, &dst);
 }
 
 /* One residual unit in place on x [L, ch]. */
@@ -451,8 +451,8 @@ static int run_trunk(const encoder *e, slots *sl, const float *pcm, int64_t samp
     /* The input of conv0: 3 zero rows, the waveform, its zero padding to the hop, 3 zero rows. */
     float *P = slot(sl, SL_P, L0 + 6), *X = slot(sl, SL_X, L0 * c->dim0);
     if (!P || !X) return -H3_E_NOMEM;
-    if ((rc = be->ops->zero(be, P, sizeof(float) * (size_t)(L0 + 6))) ||
-        (rc = be->ops->upload(be, P + 3, pcm, sizeof(float) * (size_t)samples)) ||
+    if ((rc = be->mem->zero(be, P, sizeof(float) * (size_t)(L0 + 6))) ||
+        (rc = be->mem->upload(be, P + 3, pcm, sizeof(float) * (size_t)samples)) ||
         (rc = run_conv(be, &e->conv0, P, L0, 1, X)))
         return rc;
     int64_t L = L0;
@@ -520,7 +520,7 @@ static int run_head(const encoder *e, slots *sl, const float *x, int64_t T, floa
         (rc = o->layernorm(be, &xv, e->n1.w, e->n1.b, LN_EPS, &nv)) ||
         (rc = o->linear(be, &nv, &e->qkv.w, e->qkv.bias, &qkv)) ||
         (rc = o->attention(be, &q, &k, &v, H, H, Dh, (float)(1.0 / sqrt((double)Dh)), true, &ov)) ||
-        (rc = o->head_pool(be, &ov, H, Dh, &bv)))
+        (rc = be->dec->head_pool(be, &ov, H, Dh, &bv)))
         return rc;
     /* attn.proj from B into the first half of G0 (free until the MLP), then added. */
     const h3_bt pv = f32(G0, T, C, C);
@@ -541,17 +541,8 @@ static int run_head(const encoder *e, slots *sl, const float *x, int64_t T, floa
 /* The ops this stage needs beyond the always-present ones, named when a backend lacks one. */
 static int check_ops(h3_backend *be)
 {
-    const h3_backend_ops *o = be->ops;
-    const struct {
-        const char *name;
-        bool ok;
-    } need[] = {{"snake", o->snake != NULL},     {"head_pool", o->head_pool != NULL}, {"mul", o->mul != NULL},
-                {"gelu", o->gelu != NULL},       {"layernorm", o->layernorm != NULL}, {"conv_gemm", o->conv_gemm != NULL}};
-    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
-        if (!need[i].ok)
-            return h3_err(H3_E_UNSUPPORTED, "%s is not implemented by the %s backend yet (audio encode)", need[i].name,
-                          o->name);
-    return 0;
+    static const h3_op need[] = {H3_OP_snake, H3_OP_head_pool, H3_OP_mul, H3_OP_gelu, H3_OP_layernorm, H3_OP_conv_gemm};
+    return h3_backend_need(be, need, (int)(sizeof need / sizeof *need), "the audio VAE encoder");
 }
 
 int h3_aenc_run(h3_model *m, h3_backend *be, const float *pcm, int channels, int64_t samples, float *mean,
@@ -582,7 +573,7 @@ int h3_aenc_run(h3_model *m, h3_backend *be, const float *pcm, int channels, int
         float *rows = NULL, *mrows = NULL;
         if ((rc = run_trunk(e, &sl, pcm + ch * samples, samples, &Tt, &rows, progress, user, &done, total)) ||
             (rc = run_head(e, &sl, rows, Tt, &mrows)) ||
-            (rc = be->ops->download(be, host, mrows, sizeof(float) * (size_t)(T * C))))
+            (rc = be->mem->download(be, host, mrows, sizeof(float) * (size_t)(T * C))))
             break;
         /* Rows [T, C] -> the posterior's [C, T] layout. */
         float *dst = mean + (int64_t)ch * C * T;
@@ -590,7 +581,7 @@ int h3_aenc_run(h3_model *m, h3_backend *be, const float *pcm, int channels, int
             for (int c = 0; c < C; c++) dst[(int64_t)c * T + t] = host[t * C + c];
     }
     free(host);
-    for (int i = 0; i < SL_COUNT; i++) be->ops->release(be, sl.p[i]);
+    for (int i = 0; i < SL_COUNT; i++) be->mem->release(be, sl.p[i]);
     enc_free(e);
     return rc;
 }

@@ -127,7 +127,7 @@ static int get_w(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *fm
     va_end(ap);
     h3_mat m;
     int rc = host_mat(d, &m, rows, cols, name);
-    if (!rc) rc = d->be->ops->weight_load(d->be, m.data, m.dtype, rows, cols, w);
+    if (!rc) rc = d->be->weights->weight_load(d->be, m.data, m.dtype, rows, cols, w);
     if (rc) h3_err_prefix("%s", name);
     /* A backend that made its own copy (a GPU's, int8 on the CPU) no longer reads the mapped
        bytes: let their pages go, so that only the copy stays resident. */
@@ -199,9 +199,9 @@ static int get_w_fp8(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char
     const float *s;
     int rc = h3_fp8file_get(d->fp8file, name, rows, cols, &q, &s);
     if (!rc)
-        rc = d->be->ops->weight_load_fp8
-                 ? d->be->ops->weight_load_fp8(d->be, q, s, rows, cols, w)
-                 : h3_err(H3_E_UNSUPPORTED, "the %s backend cannot use pre-quantised fp8 weights", d->be->ops->name);
+        rc = h3_backend_has(d->be, H3_CAP_FP8_WEIGHTS)
+                 ? d->be->weights->weight_load_fp8(d->be, q, s, rows, cols, w)
+                 : h3_err(H3_E_UNSUPPORTED, "the %s backend cannot use pre-quantised fp8 weights", d->be->name);
     if (rc) h3_err_prefix("%s", name);
     if (!rc) h3_fp8file_release(d->fp8file, name);
     return rc;
@@ -248,11 +248,11 @@ static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modu
     return 0;
 }
 
-void dit_bfree(h3_dit *d, void *p) { d->be->ops->release(d->be, p); }
+void dit_bfree(h3_dit *d, void *p) { d->be->mem->release(d->be, p); }
 
 void dit_wfree(h3_dit *d, h3_bw *w)
 {
-    if (w->data || w->priv) d->be->ops->weight_free(d->be, w);
+    if (w->data || w->priv) d->be->weights->weight_free(d->be, w);
 }
 
 /* Drop a main-stack block's GEMM weights (and their merged copies): a dropped layer holds none. */
@@ -309,7 +309,7 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     d->be = be;
     d->flags = flags;
     d->esz = h3_dtype_size(be->act_dtype);
-    d->time_parts = strcmp(be->ops->name, "cpu") == 0;
+    d->time_parts = h3_backend_has(be, H3_CAP_SYNCHRONOUS);
     int rc = h3_dit_cfg_load(m, &d->c);
     if (!rc) rc = h3_model_headers(m, H3_COMP_TRANSFORMER);
     if (rc) {
@@ -506,7 +506,7 @@ static int build_pdd(h3_dit *d, int evals)
             }
             d->pdd_host[m][s] = host;
             rc = h3_lora_pdd_head(d->lora, m, d->sig[m][s], d->sig[m][s + 1], host, host + rows[m] * H);
-            if (!rc) rc = d->be->ops->weight_load(d->be, host, H3_DT_F32, rows[m], H, &d->pdd_w[m][s]);
+            if (!rc) rc = d->be->weights->weight_load(d->be, host, H3_DT_F32, rows[m], H, &d->pdd_w[m][s]);
             if (!rc && !(d->pdd_b[m][s] = h3_backend_dup(d->be, host + rows[m] * H, sizeof(float) * (size_t)rows[m])))
                 rc = -H3_E_NOMEM;
         }
@@ -574,7 +574,7 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
                              sizeof(float) * (size_t)(H * rows), d->esz * (size_t)(big * rows),
                              d->esz * (size_t)(q3 * rows),       d->esz * (size_t)(A * rows)};
     for (int i = 0; i < 6; i++) {
-        nx[i] = d->be->ops->alloc(d->be, bytes[i]);
+        nx[i] = d->be->mem->alloc(d->be, bytes[i]);
         if (!nx[i]) {
             for (int k = 0; k < i; k++) dit_bfree(d, nx[k]);
             return -H3_E_NOMEM;
@@ -651,8 +651,8 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
     int rc = h3_dit_layout_copy(&d->lay, l);
     if (!rc) rc = ensure_buffers(d, l->seq);
     if (!rc) {
-        d->vo = be->ops->alloc(be, sizeof(float) * (size_t)(l->n_video * d->P + 1));
-        d->ao = be->ops->alloc(be, sizeof(float) * (size_t)(l->n_audio * c->audio_ch + 1));
+        d->vo = be->mem->alloc(be, sizeof(float) * (size_t)(l->n_video * d->P + 1));
+        d->ao = be->mem->alloc(be, sizeof(float) * (size_t)(l->n_audio * c->audio_ch + 1));
         d->d_text_idx = h3_backend_dup(be, l->text_idx, sizeof(int64_t) * (size_t)l->n_text);
         d->d_video_idx = h3_backend_dup(be, l->video_idx, sizeof(int64_t) * (size_t)l->n_video);
         d->d_audio_idx = h3_backend_dup(be, l->audio_idx, sizeof(int64_t) * (size_t)l->n_audio);
@@ -694,7 +694,7 @@ static int add_then_norm(h3_dit *d, const h3_bt *x, const h3_bt *y, const h3_bmo
 {
     const h3_backend_ops *o = d->be->ops;
     const float eps = (float)d->c.norm_eps;
-    if (o->gated_add_norm) return o->gated_add_norm(d->be, x, y, gate, w, mod, eps, out);
+    if (h3_backend_supports(d->be, H3_OP_gated_add_norm)) return o->gated_add_norm(d->be, x, y, gate, w, mod, eps, out);
     int rc = o->gated_add(d->be, x, y, gate);
     return rc ? rc : o->norm_mod(d->be, x, NULL, w, mod, eps, out);
 }
@@ -780,7 +780,7 @@ int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
     const int64_t H = c->hidden;
     int rc;
     if (!d->text) {
-        d->text = be->ops->alloc(be, sizeof(float) * (size_t)(n * H + 1));
+        d->text = be->mem->alloc(be, sizeof(float) * (size_t)(n * H + 1));
         if (!d->text) return -H3_E_NOMEM;
     }
     d->has_text = false;
@@ -794,7 +794,7 @@ int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
     for (int i = 0; !rc && i < c->refiner_layers; i++)
         rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL, false, NULL, false);
     if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->ref_final, NULL, (float)c->final_eps, &txt);
-    if (!rc) rc = be->ops->sync(be);
+    if (!rc) rc = be->mem->sync(be);
     dit_bfree(d, in);
     memcpy(d->stats.part_ms, saved, sizeof saved);
     if (rc) return rc;
@@ -930,9 +930,9 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
     int64_t maxrows = (int64_t)n_sets * (nc > nf ? nc : nf);
     float *X = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * E));
     float *Y = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * 6 * H));
-    float *Xd = o->alloc(be, sizeof(float) * (size_t)(maxrows * E + 1));
-    float *Yd = o->alloc(be, sizeof(float) * (size_t)(maxrows * 6 * H + 1));
-    float *bd = o->alloc(be, sizeof(float) * (size_t)(6 * H));
+    float *Xd = be->mem->alloc(be, sizeof(float) * (size_t)(maxrows * E + 1));
+    float *Yd = be->mem->alloc(be, sizeof(float) * (size_t)(maxrows * 6 * H + 1));
+    float *bd = be->mem->alloc(be, sizeof(float) * (size_t)(6 * H));
     int rc = (!tv || !emb || !X || !Y || !Xd || !Yd || !bd) ? -H3_E_NOMEM : 0;
     if (!rc) {
         memcpy(tv, t_values, sizeof(float) * (size_t)M);
@@ -949,12 +949,12 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
             if (!rows) continue;
             h3_bw W = {0};
             const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, 6 * H, 6 * H);
-            rc = o->weight_load(be, (const char *)bk->ada.data + (size_t)m * 6 * H * E * wsz, bk->ada.dtype, 6 * H, E,
-                                &W);
-            if (!rc) rc = o->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
-            if (!rc) rc = o->upload(be, bd, bk->ada_b + m * 6 * H, sizeof(float) * (size_t)(6 * H));
+            rc = be->weights->weight_load(be, (const char *)bk->ada.data + (size_t)m * 6 * H * E * wsz, bk->ada.dtype,
+                                          6 * H, E, &W);
+            if (!rc) rc = be->mem->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
+            if (!rc) rc = be->mem->upload(be, bd, bk->ada_b + m * 6 * H, sizeof(float) * (size_t)(6 * H));
             if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
-            if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 6 * H));
+            if (!rc) rc = be->mem->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 6 * H));
             dit_wfree(d, &W);
             if (rc) break;
             rows = 0;
@@ -966,7 +966,7 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
                         int slot = (int)(i / H);
                         if (slot == 1 || slot == 4) src[i] = 1.0f + src[i];
                     }
-                    rc = o->upload(be, blk + (((int64_t)s * L + b) * nc + k) * 6 * H, src,
+                    rc = be->mem->upload(be, blk + (((int64_t)s * L + b) * nc + k) * 6 * H, src,
                                    sizeof(float) * (size_t)(6 * H));
                 }
         }
@@ -985,21 +985,21 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
                 memcpy(X + (rows++) * E, emb + ((int64_t)s * p->n_t + p->fin_t[k]) * E, sizeof(float) * (size_t)E);
         h3_bw W = {0};
         const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, 2 * H, 2 * H);
-        rc = o->weight_load(be, d->fin_ada.data, d->fin_ada.dtype, 2 * H, E, &W);
-        if (!rc) rc = o->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
-        if (!rc) rc = o->upload(be, bd, d->fin_ada_b, sizeof(float) * (size_t)(2 * H));
+        rc = be->weights->weight_load(be, d->fin_ada.data, d->fin_ada.dtype, 2 * H, E, &W);
+        if (!rc) rc = be->mem->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
+        if (!rc) rc = be->mem->upload(be, bd, d->fin_ada_b, sizeof(float) * (size_t)(2 * H));
         if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
-        if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 2 * H));
+        if (!rc) rc = be->mem->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 2 * H));
         dit_wfree(d, &W);
         for (int64_t r = 0; !rc && r < rows; r++)
             for (int64_t i = 0; i < H; i++) Y[r * 2 * H + H + i] = 1.0f + Y[r * 2 * H + H + i];
-        if (!rc) rc = o->upload(be, fin, Y, sizeof(float) * (size_t)(rows * 2 * H));
+        if (!rc) rc = be->mem->upload(be, fin, Y, sizeof(float) * (size_t)(rows * 2 * H));
         if (!rc && release) {
             h3_store_release_tensor(d->st, "final_layer.adaln_proj.linear.weight");
             h3_store_release_tensor(d->st, "final_layer.adaln_proj.linear.bias");
         }
     }
-    if (!rc) rc = o->sync(be);
+    if (!rc) rc = be->mem->sync(be);
     free(tv);
     h3_free_aligned(emb);
     h3_free_aligned(X);
@@ -1054,7 +1054,7 @@ static int forward_inputs(h3_dit *d, const float *video_rows, const float *audio
     int rc = 0;
     const h3_bt x = f32(d->x, L, H, H);
     /* Rows no index names stay zero (diffusers scatters into a zero buffer). */
-    if (l->n_text + l->n_video + l->n_audio < L && (rc = o->zero(be, d->x, sizeof(float) * (size_t)(L * H))))
+    if (l->n_text + l->n_video + l->n_audio < L && (rc = be->mem->zero(be, d->x, sizeof(float) * (size_t)(L * H))))
         return rc;
     const h3_bt text = f32(d->text, l->n_text, H, H);
     if (l->n_text && (rc = o->scatter_rows(be, &text, d->d_text_idx, &x))) return rc;
@@ -1175,10 +1175,10 @@ static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const flo
         if (core == CORE_SAVE && (rc = o->extrapolate(be, d->core_delta, d->x, NULL, L * H, 0.0f))) return rc;
         /* The block stack is timed on its own (a wait before and after it): benchmarks compare it
            with one block of other engines, without the patch projections and heads. */
-        if ((rc = o->sync(be))) return rc;
+        if ((rc = be->mem->sync(be))) return rc;
         const double tb = now_ms();
         if ((rc = run_stack(d, p, tab_blk, step))) return rc;
-        if ((rc = o->sync(be))) return rc;
+        if ((rc = be->mem->sync(be))) return rc;
         const double stack_ms = now_ms() - tb;
         if (!d->stats.block_runs || stack_ms < d->stats.stack_ms_min) d->stats.stack_ms_min = stack_ms;
         d->stats.stack_ms_total += stack_ms;
@@ -1203,7 +1203,7 @@ static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const flo
             return rc;
     }
     /* One wait per forward: the timings below are the device's, and a fault surfaces here. */
-    if ((rc = o->sync(be))) return rc;
+    if ((rc = be->mem->sync(be))) return rc;
     const double ms = now_ms() - t0;
     h3_dit_stats *s = &d->stats;
     s->forward_ms_last = ms;
@@ -1229,8 +1229,8 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
     const h3_dit_layout *l = &d->lay;
     const int64_t H = d->c.hidden, Ca = d->c.audio_ch;
     const size_t vbytes = sizeof(float) * (size_t)(l->n_video * d->P), abytes = sizeof(float) * (size_t)(l->n_audio * Ca);
-    float *blk = be->ops->alloc(be, sizeof(float) * (size_t)((int64_t)d->c.layers * p.n_combo * 6 * H + 1));
-    float *fin = be->ops->alloc(be, sizeof(float) * (size_t)((int64_t)p.n_fin * 2 * H + 1));
+    float *blk = be->mem->alloc(be, sizeof(float) * (size_t)((int64_t)d->c.layers * p.n_combo * 6 * H + 1));
+    float *fin = be->mem->alloc(be, sizeof(float) * (size_t)((int64_t)p.n_fin * 2 * H + 1));
     float *vin = l->n_video ? h3_backend_dup(be, video_rows, vbytes) : NULL;
     float *ain = l->n_audio ? h3_backend_dup(be, audio_rows, abytes) : NULL;
     rc = (!blk || !fin || (l->n_video && !vin) || (l->n_audio && !ain)) ? -H3_E_NOMEM : plan_upload(d, &p);
@@ -1240,8 +1240,8 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
     if (!rc) rc = ensure_ada_bias(d);
     if (!rc) rc = compute_tables(d, &p, t_values, 1, blk, fin, false);
     if (!rc) rc = forward(d, &p, blk, fin, vin, ain, d->vo, d->ao, false, -1, CORE_PLAIN);
-    if (!rc && l->n_video) rc = be->ops->download(be, video_out, d->vo, vbytes);
-    if (!rc && l->n_audio) rc = be->ops->download(be, audio_out, d->ao, abytes);
+    if (!rc && l->n_video) rc = be->mem->download(be, video_out, d->vo, vbytes);
+    if (!rc && l->n_audio) rc = be->mem->download(be, audio_out, d->ao, abytes);
     dit_bfree(d, blk);
     dit_bfree(d, fin);
     dit_bfree(d, vin);
@@ -1328,8 +1328,8 @@ int h3_dit_prepare_sigmas(h3_dit *d, const float *sigmas_video, const float *sig
         const int64_t H = c->hidden;
         uint64_t blk_n = (uint64_t)sets * d->n_run * d->plan.n_combo * 6 * H;
         uint64_t fin_n = (uint64_t)sets * d->plan.n_fin * 2 * H;
-        d->tab_blk = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(blk_n + 1));
-        d->tab_fin = d->be->ops->alloc(d->be, sizeof(float) * (size_t)(fin_n + 1));
+        d->tab_blk = d->be->mem->alloc(d->be, sizeof(float) * (size_t)(blk_n + 1));
+        d->tab_fin = d->be->mem->alloc(d->be, sizeof(float) * (size_t)(fin_n + 1));
         if (!d->tab_blk || !d->tab_fin) rc = -H3_E_NOMEM;
         d->table_bytes = (blk_n + fin_n) * sizeof(float);
     }

@@ -69,9 +69,9 @@ static int score_layers(h3_dit *d, const dit_plan *p, const float *t_values, int
     float *emb = h3_alloc_aligned(sizeof(float) * (size_t)(M * E));
     float *X = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * E));
     float *Y = h3_alloc_aligned(sizeof(float) * (size_t)(maxrows * H));
-    float *Xd = o->alloc(be, sizeof(float) * (size_t)(maxrows * E + 1));
-    float *Yd = o->alloc(be, sizeof(float) * (size_t)(maxrows * H + 1));
-    float *bd = o->alloc(be, sizeof(float) * (size_t)H);
+    float *Xd = be->mem->alloc(be, sizeof(float) * (size_t)(maxrows * E + 1));
+    float *Yd = be->mem->alloc(be, sizeof(float) * (size_t)(maxrows * H + 1));
+    float *bd = be->mem->alloc(be, sizeof(float) * (size_t)H);
     int rc = (!emb || !X || !Y || !Xd || !Yd || !bd) ? -H3_E_NOMEM : 0;
     if (!rc) rc = dit_time_embed(d, t_values, M, emb);
     for (int b = 0; !rc && b < c->layers; b++) {
@@ -86,16 +86,17 @@ static int score_layers(h3_dit *d, const dit_plan *p, const float *t_values, int
                     if (p->combo_m[k] == m)
                         memcpy(X + (rows++) * E, emb + ((int64_t)s * p->n_t + p->combo_t[k]) * E, sizeof(float) * (size_t)E);
             if (!rows) continue;
-            rc = o->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
+            rc = be->mem->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
             static const int gate_slots[2] = {2, 5};
             for (int g = 0; g < 2 && !rc; g++) {
                 const int64_t row0 = ((int64_t)m * 6 + gate_slots[g]) * H;
                 h3_bw W = {0};
                 const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, H, H);
-                rc = o->weight_load(be, (const char *)bk->ada.data + (size_t)(row0 * E) * wsz, bk->ada.dtype, H, E, &W);
-                if (!rc) rc = o->upload(be, bd, bk->ada_b + row0, sizeof(float) * (size_t)H);
+                rc = be->weights->weight_load(be, (const char *)bk->ada.data + (size_t)(row0 * E) * wsz, bk->ada.dtype,
+                                              H, E, &W);
+                if (!rc) rc = be->mem->upload(be, bd, bk->ada_b + row0, sizeof(float) * (size_t)H);
                 if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
-                if (!rc) rc = o->download(be, Y, Yd, sizeof(float) * (size_t)(rows * H));
+                if (!rc) rc = be->mem->download(be, Y, Yd, sizeof(float) * (size_t)(rows * H));
                 dit_wfree(d, &W);
                 for (int64_t i = 0; !rc && i < rows * H; i++) sum += fabs((double)Y[i]);
                 count += rows * H;
@@ -204,8 +205,8 @@ static int build_reduction(h3_dit *d)
         d->d_red_combo = h3_backend_dup(be, combo, sizeof(int32_t) * (size_t)n);
         d->red_cos = d->F3 ? h3_backend_dup(be, hc, sizeof(float) * (size_t)(n * d->F3)) : NULL;
         d->red_sin = d->F3 ? h3_backend_dup(be, hs, sizeof(float) * (size_t)(n * d->F3)) : NULL;
-        d->snap = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
-        d->red_base = be->ops->alloc(be, sizeof(float) * (size_t)(n * H));
+        d->snap = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
+        d->red_base = be->mem->alloc(be, sizeof(float) * (size_t)(n * H));
         if (!d->d_pairs || !d->d_red_combo || (d->F3 && (!d->red_cos || !d->red_sin)) || !d->snap || !d->red_base)
             rc = -H3_E_NOMEM;
     }
@@ -228,19 +229,22 @@ int dit_apply_knobs(h3_dit *d, const float *t_values, int evals, bool release)
     h3_backend *be = d->be;
     const int64_t H = d->c.hidden, L = l->seq;
     /* A backend without the knobs' ops (one still being written) refuses the knob, not the render. */
-    const h3_backend_ops *o = be->ops;
+    static const h3_op reuse_ops[] = {H3_OP_extrapolate}, core_ops[] = {H3_OP_extrapolate, H3_OP_sub},
+                       tr_ops[] = {H3_OP_extrapolate, H3_OP_pool_pairs, H3_OP_unpool_pairs},
+                       cache_ops[] = {H3_OP_abs_diff_sum};
     const struct {
-        bool used, present;
-        const char *knob, *op;
-    } need[] = {{k->reuse > 1, o->extrapolate != NULL, "reuse", "extrapolate"},
-                {k->core_reuse > 1, o->extrapolate && o->sub && o->gated_add, "core reuse", "sub"},
-                {k->token_reduction != 0, o->extrapolate && o->pool_pairs && o->unpool_pairs, "token reduction",
-                 "pool_pairs/unpool_pairs"},
-                {k->cache_threshold > 0, o->abs_diff_sum != NULL, "cache threshold", "abs_diff_sum"}};
-    for (size_t i = 0; i < sizeof need / sizeof *need; i++)
-        if (need[i].used && !need[i].present)
-            return h3_err(H3_E_UNSUPPORTED, "%s needs the %s op, which the %s backend does not have yet", need[i].knob,
-                          need[i].op, o->name);
+        bool used;
+        const h3_op *ops;
+        int n;
+        const char *knob;
+    } need[] = {{k->reuse > 1, reuse_ops, 1, "step reuse"},
+                {k->core_reuse > 1, core_ops, 2, "core reuse"},
+                {k->token_reduction != 0, tr_ops, 3, "token reduction"},
+                {k->cache_threshold > 0, cache_ops, 1, "the step cache"}};
+    for (size_t i = 0; i < sizeof need / sizeof *need; i++) {
+        int nrc = need[i].used ? h3_backend_need(be, need[i].ops, need[i].n, need[i].knob) : 0;
+        if (nrc) return nrc;
+    }
     int rc = select_layers(d, t_values, evals, release);
     if (!rc) rc = dit_ensure_run_blocks(d);
     if (!rc && k->token_reduction) rc = build_reduction(d);
@@ -249,14 +253,14 @@ int dit_apply_knobs(h3_dit *d, const float *t_values, int evals, bool release)
                                  sizeof(float) * (size_t)(l->n_audio * d->c.audio_ch + 1)};
         for (int m = 0; m < 2 && !rc; m++)
             for (int s = 0; s < 2 && !rc; s++)
-                if (!(d->vel[m][s] = be->ops->alloc(be, bytes[m]))) rc = -H3_E_NOMEM;
+                if (!(d->vel[m][s] = be->mem->alloc(be, bytes[m]))) rc = -H3_E_NOMEM;
     }
     if (!rc && k->cache_threshold > 0) {
-        d->mod_cur = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
-        d->mod_prev = be->ops->alloc(be, sizeof(float) * (size_t)(L * H));
+        d->mod_cur = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
+        d->mod_prev = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
         if (!d->mod_cur || !d->mod_prev) rc = -H3_E_NOMEM;
     }
-    if (!rc && k->core_reuse > 1 && !(d->core_delta = be->ops->alloc(be, sizeof(float) * (size_t)(L * H))))
+    if (!rc && k->core_reuse > 1 && !(d->core_delta = be->mem->alloc(be, sizeof(float) * (size_t)(L * H))))
         rc = -H3_E_NOMEM;
     return rc;
 }

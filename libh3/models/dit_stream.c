@@ -55,9 +55,7 @@ static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
 static bool on_gpu(const h3_dit *d)
 {
-    const h3_backend_ops *o = d->be->ops;
-    return o->host_alloc && o->host_free && o->weight_bytes && o->weight_save && o->weight_view && o->ring_open &&
-           o->ring_close && o->ring_fill && o->ring_wait && o->ring_done;
+    return h3_backend_has(d->be, H3_CAP_RINGS | H3_CAP_PINNED);
 }
 
 /* Bytes a loaded weight holds: its device form on a GPU, its elements (and an int8 copy's
@@ -65,7 +63,7 @@ static bool on_gpu(const h3_dit *d)
 static uint64_t held(const h3_dit *d, const h3_bw *w)
 {
     if (!w->data && !w->priv) return 0;
-    if (on_gpu(d)) return d->be->ops->weight_bytes(d->be, w);
+    if (on_gpu(d)) return d->be->weights->weight_bytes(d->be, w);
     return (uint64_t)(w->rows * w->cols) * h3_dtype_size(w->dtype) + (w->priv ? (uint64_t)w->rows * 4 : 0);
 }
 
@@ -104,13 +102,13 @@ static int pack_block(h3_dit *d, dit_block *b, void **host, size_t *bytes)
     const uint64_t size = plan.layout.total;
     void *p = NULL;
     if (size <= h3_wpack_stream_max(d->blk_bytes)) { /* else it saves too little: the block stays plain */
-        p = be->ops->host_alloc(be, (size_t)size);
+        p = be->mem->host_alloc(be, (size_t)size);
         rc = p ? h3_wpack_write(&plan, p, size, pool_run, d->pool) : -H3_E_NOMEM;
     }
     h3_wpack_plan_free(&plan);
-    if (rc && p) be->ops->host_free(be, p);
+    if (rc && p) be->mem->host_free(be, p);
     if (rc || !p) return rc;
-    be->ops->host_free(be, *host);
+    be->mem->host_free(be, *host);
     *host = p;
     *bytes = (size_t)size;
     b->packed = true;
@@ -130,32 +128,32 @@ static int gpu_stage(h3_dit *d, int i)
        budget holds it (the budget has room for two slots and one block is less). The next forward
        allocates them again. */
     if (d->ring) {
-        be->ops->ring_close(be, d->ring);
+        be->weights->ring_close(be, d->ring);
         d->ring = NULL;
     }
     if (!b->qkv.data && (rc = dit_load_block_weights(d, b, "blocks", i))) return rc;
     for (int k = 0; k < 4; k++) {
         const size_t want = (k < 3 ? d->blk_off[k + 1] : d->blk_bytes) - d->blk_off[k];
-        if (be->ops->weight_bytes(be, dit_gemm(b, k)) != want) {
+        if (be->weights->weight_bytes(be, dit_gemm(b, k)) != want) {
             dit_unload_block_weights(d, i);
             return h3_err(H3_E_SCHEMA, "transformer: block %d's %s differs in form from block 0's: it cannot stream "
                           "through the same slots", i, h3_dit_gemm_part(k));
         }
     }
-    void *host = be->ops->host_alloc(be, d->blk_bytes);
+    void *host = be->mem->host_alloc(be, d->blk_bytes);
     if (!host) {
         dit_unload_block_weights(d, i);
         return -H3_E_NOMEM;
     }
     for (int k = 0; k < 4 && !rc; k++) {
-        rc = be->ops->weight_save(be, dit_gemm(b, k), (char *)host + d->blk_off[k]);
+        rc = be->weights->weight_save(be, dit_gemm(b, k), (char *)host + d->blk_off[k]);
         b->like[k] = *dit_gemm(b, k);
     }
     dit_unload_block_weights(d, i);
     size_t bytes = d->blk_bytes;
     if (!rc && d->stage_bytes) rc = pack_block(d, b, &host, &bytes);
     if (rc) {
-        be->ops->host_free(be, host);
+        be->mem->host_free(be, host);
         return rc;
     }
     b->host = host;
@@ -177,7 +175,7 @@ int dit_stream_stage(h3_dit *d, int i)
 void dit_stream_unstage(h3_dit *d, int i)
 {
     dit_block *b = &d->blk[i];
-    if (b->host) d->be->ops->host_free(d->be, b->host);
+    if (b->host) d->be->mem->host_free(d->be, b->host);
     b->host = NULL;
     b->host_bytes = 0;
     d->n_packed -= b->packed;
@@ -238,7 +236,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram, bool pack)
         if (!d->blk[0].loaded && (rc = dit_load_block_weights(d, &d->blk[0], "blocks", 0))) return rc;
         for (int k = 0; k < 4; k++) {
             d->blk_off[k] = B;
-            B += be->ops->weight_bytes(be, dit_gemm(&d->blk[0], k));
+            B += be->weights->weight_bytes(be, dit_gemm(&d->blk[0], k));
         }
     } else if (vram == 0) {
         /* Auto on the CPU: the mappings stay (the page cache backs them). Only the report is made
@@ -266,7 +264,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram, bool pack)
         avail = vram - (int64_t)fixed;
     } else {
         uint64_t fr = 0, tot = 0;
-        if ((rc = be->ops->mem_info(be, &fr, &tot))) return rc;
+        if ((rc = be->mem->mem_info(be, &fr, &tot))) return rc;
         avail = (int64_t)fr + (int64_t)B - DIT_AUTO_MARGIN; /* block 0 is on the device already */
     }
     if (avail >= (int64_t)B * L) { /* every block fits: the resident path */
@@ -278,7 +276,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram, bool pack)
        says). */
     d->stage_bytes = 0;
     uint64_t ring_bytes = (uint64_t)B * DIT_SLOTS;
-    if (gpu && be->ops->ring_open_packed && be->ops->ring_fill_packed && pack) {
+    if (gpu && h3_backend_has(be, H3_CAP_PACKED_RING) && pack) {
         bool bf16 = true;
         for (int k = 0; k < 4; k++) bf16 &= dit_gemm(&d->blk[0], k)->dtype == H3_DT_BF16;
         const uint64_t stage = h3_wpack_stream_max(B);
@@ -323,14 +321,14 @@ static int unpack_blocks(h3_dit *d)
     for (int i = 0; i < d->c.layers; i++) {
         dit_block *b = &d->blk[i];
         if (!b->streamed || !b->packed) continue;
-        void *plain = be->ops->host_alloc(be, d->blk_bytes);
+        void *plain = be->mem->host_alloc(be, d->blk_bytes);
         if (!plain) return -H3_E_NOMEM;
         int rc = h3_wpack_decode(b->host, b->host_bytes, plain, d->blk_bytes / 2);
         if (rc) {
-            be->ops->host_free(be, plain);
+            be->mem->host_free(be, plain);
             return rc;
         }
-        be->ops->host_free(be, b->host);
+        be->mem->host_free(be, b->host);
         b->host = plain;
         b->host_bytes = d->blk_bytes;
         b->packed = false;
@@ -343,8 +341,8 @@ static int unpack_blocks(h3_dit *d)
 static int gpu_fill(h3_dit *d, int s, const dit_block *b)
 {
     h3_backend *be = d->be;
-    if (b->packed) return be->ops->ring_fill_packed(be, d->ring, s, b->host, b->host_bytes, d->blk_bytes);
-    return be->ops->ring_fill(be, d->ring, s, b->host, d->blk_bytes);
+    if (b->packed) return be->weights->ring_fill_packed(be, d->ring, s, b->host, b->host_bytes, d->blk_bytes);
+    return be->weights->ring_fill(be, d->ring, s, b->host, d->blk_bytes);
 }
 
 int dit_stream_begin(h3_dit *d, const int *seq, int n)
@@ -361,8 +359,8 @@ int dit_stream_begin(h3_dit *d, const int *seq, int n)
         h3_backend *be = d->be;
         /* Packed only when every streamed block is; else the packed ones go back to plain images. */
         if (d->n_packed > 0 && d->n_packed < d->n_streamed && (rc = unpack_blocks(d))) return rc;
-        rc = d->n_packed > 0 ? be->ops->ring_open_packed(be, d->slots, d->blk_bytes, d->stage_bytes, &d->ring)
-                             : be->ops->ring_open(be, d->slots, d->blk_bytes, &d->ring);
+        rc = d->n_packed > 0 ? be->weights->ring_open_packed(be, d->slots, d->blk_bytes, d->stage_bytes, &d->ring)
+                             : be->weights->ring_open(be, d->slots, d->blk_bytes, &d->ring);
         if (rc) return rc;
     }
     /* The first slots fill at once: they overlap whatever runs before their blocks. */
@@ -381,7 +379,7 @@ int dit_stream_acquire(h3_dit *d, int j, int b, dit_block *view)
         if ((rc = h3_streamer_get(d->streamer, &base))) return rc;
     } else {
         void *dev;
-        if ((rc = be->ops->ring_wait(be, d->ring, j % d->slots, &dev))) return rc;
+        if ((rc = be->weights->ring_wait(be, d->ring, j % d->slots, &dev))) return rc;
         base = dev;
     }
     for (int k = 0; k < 4; k++) {
@@ -389,13 +387,13 @@ int dit_stream_acquire(h3_dit *d, int j, int b, dit_block *view)
         h3_bw *w = dit_gemm(view, k);
         if (d->streamer) {
             /* The CPU's weight_load of stored bytes at the default precision is a view: nothing to free. */
-            rc = be->ops->weight_load(be, base + d->blk_off[k], like->dtype, like->rows, like->cols, w);
+            rc = be->weights->weight_load(be, base + d->blk_off[k], like->dtype, like->rows, like->cols, w);
             if (!rc && w->priv) {
-                be->ops->weight_free(be, w);
+                be->weights->weight_free(be, w);
                 rc = h3_err(H3_E_UNSUPPORTED, "transformer: the backend copied a streamed weight (only views stream)");
             }
         } else {
-            rc = be->ops->weight_view(be, like, base + d->blk_off[k], w);
+            rc = be->weights->weight_view(be, like, base + d->blk_off[k], w);
         }
         if (rc) return rc;
     }
@@ -412,7 +410,7 @@ int dit_stream_release(h3_dit *d, int j)
     }
     h3_backend *be = d->be;
     const int s = j % d->slots;
-    int rc = be->ops->ring_done(be, d->ring, s);
+    int rc = be->weights->ring_done(be, d->ring, s);
     /* The slot refills with the block `slots` places on, once these GEMMs are done with it. */
     if (!rc && j + d->slots < d->pass_n)
         rc = gpu_fill(d, s, &d->blk[d->pass[j + d->slots]]);
@@ -421,7 +419,7 @@ int dit_stream_release(h3_dit *d, int j)
 
 void dit_stream_close(h3_dit *d)
 {
-    if (d->ring) d->be->ops->ring_close(d->be, d->ring);
+    if (d->ring) d->be->weights->ring_close(d->be, d->ring);
     d->ring = NULL;
     h3_streamer_close(d->streamer);
     d->streamer = NULL;

@@ -190,8 +190,8 @@ static bool prefetch_default(void) { return true; }
 static bool use_stream(const h3_backend *be, const h3_tuning *t)
 {
     const int e = t ? t->text_stream : -1;
-    if (!be->ops->wstream_open || be->weight_precision != H3_PRECISION_DEFAULT || e == 0) return false;
-    return be->act_dtype != H3_DT_F32 || e == 1;
+    if (!h3_backend_has(be, H3_CAP_WSTREAM) || be->weight_precision != H3_PRECISION_DEFAULT || e == 0) return false;
+    return !be->is_host || e == 1;
 }
 
 /* Threads reading a layer: H3_TEXT_READERS (1-16), else 8 on the streamed path (the host's cores
@@ -255,7 +255,7 @@ static int act_alloc(te_act *a, h3_backend *be, const h3_text_cfg *c, int n, voi
     a->KD = c->kv_heads * c->head_dim;
     a->I = c->inter;
     uint64_t total = act_floats(c, (uint64_t)n) - stage_floats(c) + 16ull * 16; /* + alignment slack */
-    float *cur = *block = be->ops->alloc(be, total * sizeof(float));
+    float *cur = *block = be->mem->alloc(be, total * sizeof(float));
     a->stage = h3_malloc(stage_floats(c) * sizeof(float));
     if (!cur || !a->stage)
         return h3_err(H3_E_NOMEM, "text encoder: cannot allocate %llu MiB of activations for %d tokens",
@@ -301,8 +301,8 @@ static int rope_table(h3_backend *be, te_act *a, double theta, const int32_t *co
         }
         const size_t bytes = sizeof(float) * (size_t)(rows * half);
         int rc;
-        if ((rc = be->ops->upload(be, a->cosb + p0 * half, cs, bytes)) ||
-            (rc = be->ops->upload(be, a->sinb + p0 * half, sn, bytes)))
+        if ((rc = be->mem->upload(be, a->cosb + p0 * half, cs, bytes)) ||
+            (rc = be->mem->upload(be, a->sinb + p0 * half, sn, bytes)))
             return rc;
     }
     return 0;
@@ -315,7 +315,7 @@ static int norm_weight(h3_backend *be, const te_layer *L, const uint8_t *buf, in
 {
     const int64_t n = L->t[w]->shape[0];
     h3_to_f32(buf + L->off[w], L->t[w]->dtype, stage, n);
-    return be->ops->upload(be, dst, stage, sizeof(float) * (size_t)n);
+    return be->mem->upload(be, dst, stage, sizeof(float) * (size_t)n);
 }
 
 /* One decoder layer, in place on the residual stream a->x [n, H]. `W` holds the layer's seven
@@ -375,7 +375,7 @@ static int layer_stream(h3_backend *be, void *ws, int slot, const te_layer *L, h
         const h3_tensor *t = L->t[k_gemms[i]];
         spec[i] = (h3_bwspec){L->off[k_gemms[i]], t->dtype, t->shape[0], t->shape[1]};
     }
-    if ((rc = be->ops->wstream_load(be, ws, slot, L->buf_bytes, TE_GEMMS, spec, got))) return rc;
+    if ((rc = be->weights->wstream_load(be, ws, slot, L->buf_bytes, TE_GEMMS, spec, got))) return rc;
     memset(W, 0, sizeof(h3_bw) * W_COUNT);
     for (int i = 0; i < TE_GEMMS; i++) W[k_gemms[i]] = got[i];
     return 0;
@@ -392,12 +392,12 @@ static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_l
     if ((rc = layer_norms(be, a, L, buf))) return rc;
     for (; loaded < TE_GEMMS && !rc; loaded++) {
         const h3_tensor *t = L->t[gemms[loaded]];
-        rc = be->ops->weight_load(be, buf + L->off[gemms[loaded]], t->dtype, t->shape[0], t->shape[1],
+        rc = be->weights->weight_load(be, buf + L->off[gemms[loaded]], t->dtype, t->shape[0], t->shape[1],
                                   &W[gemms[loaded]]);
     }
     if (!rc) rc = layer_forward(be, a, c, W);
     for (int i = 0; i < loaded; i++)
-        if (W[gemms[i]].data || W[gemms[i]].priv) be->ops->weight_free(be, &W[gemms[i]]);
+        if (W[gemms[i]].data || W[gemms[i]].priv) be->weights->weight_free(be, &W[gemms[i]]);
     return rc;
 }
 
@@ -442,7 +442,7 @@ void h3_text_keep_free(h3_text_keep *k)
 {
     if (!k) return;
     for (int l = 0; l < k->layers; l++) {
-        if (k->dev && k->dev[l]) k->be->ops->release(k->be, k->dev[l]);
+        if (k->dev && k->dev[l]) k->be->mem->release(k->be, k->dev[l]);
         if (k->norm) free(k->norm[l]);
     }
     free(k->dev);
@@ -457,16 +457,16 @@ void h3_text_keep_free(h3_text_keep *k)
 static bool keep_wanted(h3_backend *be, const te_plan *p, uint64_t reserve, const h3_tuning *tu)
 {
     const int e = tu ? tu->text_keep : -1;
-    if (e == 0 || !be->ops->dcopy) return false;
+    if (e == 0) return false;
     if (e == 1) return true;
-    if (be->act_dtype == H3_DT_F32 || !be->ops->mem_info) return false; /* the CPU computes on the mapping */
+    if (be->is_host) return false; /* host memory: it computes on the mapping */
     uint64_t need = 0, fr = 0, tot = 0;
     for (int l = 0; l < p->cfg.cond_layer; l++)
         for (int i = 0; i < TE_GEMMS; i++) {
             const h3_tensor *t = p->layers[l].t[k_gemms[i]];
             need += (uint64_t)t->shape[0] * (uint64_t)t->shape[1] * 2 + 256;
         }
-    if (be->ops->mem_info(be, &fr, &tot)) {
+    if (be->mem->mem_info(be, &fr, &tot)) {
         h3_err_clear();
         return false;
     }
@@ -505,13 +505,13 @@ static int keep_layer(h3_text_keep *k, int l, const te_layer *L, const uint8_t *
         total += align256((size_t)(w->rows * w->cols) * h3_dtype_size(w->dtype));
     }
     for (int j = 0; j < 4; j++) nf += (size_t)L->t[k_norms[j]]->shape[0];
-    if (!(k->norm[l] = malloc(sizeof(float) * nf)) || !(k->dev[l] = be->ops->alloc(be, total))) return -H3_E_NOMEM;
+    if (!(k->norm[l] = malloc(sizeof(float) * nf)) || !(k->dev[l] = be->mem->alloc(be, total))) return -H3_E_NOMEM;
     size_t at = 0;
     for (int i = 0; i < TE_GEMMS; i++) {
         const h3_bw *w = &W[k_gemms[i]];
         const size_t bytes = (size_t)(w->rows * w->cols) * h3_dtype_size(w->dtype);
         char *dst = (char *)k->dev[l] + at;
-        int rc = be->ops->dcopy(be, dst, w->data, bytes);
+        int rc = be->mem->dcopy(be, dst, w->data, bytes);
         if (rc) return rc;
         k->w[l][k_gemms[i]] = (h3_bw){dst, w->dtype, w->rows, w->cols, NULL};
         at += align256(bytes);
@@ -531,7 +531,7 @@ static int kept_norms(h3_backend *be, te_act *a, const h3_text_keep *k, int l, c
     size_t o = 0;
     for (int j = 0; j < 4; j++) {
         const size_t n = (size_t)L->t[k_norms[j]]->shape[0];
-        int rc = be->ops->upload(be, dst[j], k->norm[l] + o, sizeof(float) * n);
+        int rc = be->mem->upload(be, dst[j], k->norm[l] + o, sizeof(float) * n);
         if (rc) return rc;
         o += n;
     }
@@ -698,7 +698,7 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
         if ((rc = layers_open(&p, 1, NULL, 1, &st))) goto done;
     } else if (use_stream(be, run ? run->tuning : NULL)) {
         void *host[2] = {NULL, NULL};
-        if ((rc = be->ops->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, nslots, host, &ws)) ||
+        if ((rc = be->weights->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, nslots, host, &ws)) ||
             (rc = layers_open(&p, nslots, host, reader_threads(true, run ? run->tuning : NULL), &st)))
             goto done;
         if (run && run->keep && keep_wanted(be, &p, run->keep_reserve, run->tuning) && !(making = keep_new(be, &p))) {
@@ -732,7 +732,7 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     } else {
         rc = rope_table(be, &a, p.cfg.rope_theta, NULL, NULL);
     }
-    if (rc || (rc = be->ops->upload(be, a.x, out, stream_bytes))) goto done;
+    if (rc || (rc = be->mem->upload(be, a.x, out, stream_bytes))) goto done;
     if ((rc = h3_progress_check(progress, user, "text_encoder", 0, L))) goto done;
     for (int l = 0; l < L; l++) {
         const uint8_t *buf = NULL;
@@ -749,7 +749,7 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
             h3_bw W[W_COUNT];
             if ((rc = layer_stream(be, ws, slot, &p.layers[l], W))) break;
             if (l + 1 < L) {
-                if ((rc = be->ops->wstream_wait_host(be, ws, (l + 1) % nslots))) break;
+                if ((rc = be->weights->wstream_wait_host(be, ws, (l + 1) % nslots))) break;
                 if (l + 1 - nslots >= 0) h3_streamer_done(st); /* layer l + 1 - nslots: the oldest not done */
             }
             /* The norm weights go last: an upload from pageable memory may wait for the ops queued
@@ -765,7 +765,7 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
                 making = NULL;
                 rc = 0;
             }
-            if ((rc = be->ops->wstream_done(be, ws, slot))) break;
+            if ((rc = be->weights->wstream_done(be, ws, slot))) break;
         } else {
             if ((rc = layer_run(be, &a, &p.cfg, &p.layers[l], buf))) break;
             h3_streamer_done(st);
@@ -773,7 +773,7 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
         if (l < n_ds && (rc = vision_add(be, &a, vis, ds + (size_t)l * (size_t)vtok * H))) break;
         if ((rc = h3_progress_check(progress, user, "text_encoder", l + 1, L))) break;
     }
-    if (!rc) rc = be->ops->download(be, out, a.x, stream_bytes);
+    if (!rc) rc = be->mem->download(be, out, a.x, stream_bytes);
     if (!rc && making) { /* every layer is in: the next encodes use them */
         *run->keep = making;
         making = NULL;
@@ -782,10 +782,10 @@ done:
     h3_text_keep_free(making);
     if (run) run->bytes_read = st ? h3_streamer_bytes(st) : 0;
     h3_streamer_close(st);
-    if (ws) be->ops->wstream_close(be, ws); /* after the streamer: it may be filling a pinned buffer */
+    if (ws) be->weights->wstream_close(be, ws); /* after the streamer: it may be filling a pinned buffer */
     free(seq);
-    if (block) be->ops->release(be, block);
-    if (ds) be->ops->release(be, ds);
+    if (block) be->mem->release(be, block);
+    if (ds) be->mem->release(be, ds);
     free(pos);
     free(a.stage);
     plan_free(&p);

@@ -268,7 +268,7 @@ struct h3_vvae_keep {
 
 static void vv_free_w(vv_model *M, h3_bw *w)
 {
-    if (w->data || w->priv) M->be->ops->weight_free(M->be, w);
+    if (w->data || w->priv) M->be->weights->weight_free(M->be, w);
 }
 
 static void vv_model_free(vv_model *M)
@@ -283,7 +283,7 @@ static void vv_model_free(vv_model *M)
             vv_free_w(M, &M->layers[i].w1);
             vv_free_w(M, &M->layers[i].w2);
         }
-        M->be->ops->release(M->be, M->barena);
+        M->be->mem->release(M->be, M->barena);
     }
     for (int i = 0; i < M->nowned; i++) h3_free_aligned(M->owned[i]);
     free(M->owned);
@@ -330,7 +330,7 @@ static int vv_mat(vv_model *M, const char *name, int ndim, const int64_t *shape,
     if (!src) return -H3_E_SCHEMA;
     size_t es = h3_dtype_size(dt), n = (size_t)shape[0] * (size_t)shape[1];
     /* bf16 on a GPU (weight_load's copy), as stored on the CPU (a view) */
-    M->dev_bytes += (uint64_t)n * (M->be->act_dtype == H3_DT_F32 ? es : 2);
+    M->dev_bytes += (uint64_t)n * (M->be->is_host ? es : 2);
     if ((uintptr_t)src % es) {
         /* The kernels read weights in place; an oddly aligned tensor gets an aligned copy. */
         void **o = realloc(M->owned, sizeof(void *) * (size_t)(M->nowned + 1));
@@ -342,7 +342,7 @@ static int vv_mat(vv_model *M, const char *name, int ndim, const int64_t *shape,
         M->owned[M->nowned++] = copy;
         src = copy;
     }
-    return M->be->ops->weight_load(M->be, src, dt, shape[0], shape[1], out);
+    return M->be->weights->weight_load(M->be, src, dt, shape[0], shape[1], out);
 }
 
 /* The vectors' pointers moved from the host arena to its backend copy. */
@@ -503,7 +503,7 @@ static int rope_table(vv_run *r)
         }
         const size_t bytes = sizeof(float) * (size_t)(rows * half);
         float *dc = r->b.rope + t0 * half, *ds = r->b.rope + G * half + t0 * half;
-        if (!(rc = r->be->ops->upload(r->be, dc, cs, bytes))) rc = r->be->ops->upload(r->be, ds, sn, bytes);
+        if (!(rc = r->be->mem->upload(r->be, dc, cs, bytes))) rc = r->be->mem->upload(r->be, ds, sn, bytes);
     }
     free(cs);
     return rc;
@@ -537,14 +537,14 @@ static int decode_tile(vv_run *r, int win_start, int ly0, int lx0)
     const int64_t plane = (int64_t)P->h * P->w;
     const float *box = r->rq->latents + (int64_t)win_start * plane + (int64_t)ly0 * P->w + lx0;
     const h3_bt lat = f32(r->b.lat, G, C, C), lat2 = f32(r->b.lat2, G, C, C), Xg = f32(r->b.X, G, D, D);
-    if ((rc = o->channels_last(be, box, (int64_t)P->T * plane, plane, P->w, P->win, P->T - win_start, r->th, r->tw,
-                               c->latents_std, c->latents_mean, &lat)) ||
+    if ((rc = be->dec->channels_last(be, box, (int64_t)P->T * plane, plane, P->w, P->win, P->T - win_start, r->th,
+                                     r->tw, c->latents_std, c->latents_mean, &lat)) ||
         (rc = o->linear(be, &lat, &M->pq, M->pq_b, &lat2)) || (rc = o->linear(be, &lat2, &M->emb, M->emb_b, &Xg)))
         return rc;
     /* The register tokens, then the all-zero token. */
     const h3_bt reg = f32((float *)M->reg, M->R, D, D), Xr = f32(r->b.X + G * D, M->R, D, D);
     if (M->R && (rc = o->copy(be, &reg, &Xr))) return rc;
-    if ((rc = o->zero(be, r->b.X + (G + M->R) * D, sizeof(float) * (size_t)D))) return rc;
+    if ((rc = be->mem->zero(be, r->b.X + (G + M->R) * D, sizeof(float) * (size_t)D))) return rc;
 
     const float scale = (float)(1.0 / sqrt((double)M->dh));
     const h3_bt X = f32(r->b.X, L, D, D), T = f32(r->b.T, L, D, D), S = f32(r->b.S, L, 3 * D, 3 * D),
@@ -590,7 +590,7 @@ static int decode_tile(vv_run *r, int win_start, int ly0, int lx0)
         const int64_t n = G - r0 < RB ? G - r0 : RB;
         const h3_bt in = f32(r->b.S + r0 * D, n, D, D), px = f32(r->b.P, n, M->pix, M->pix);
         if ((rc = o->linear(be, &in, &M->proj, M->proj_b, &px)) ||
-            (rc = o->unpatchify(be, &px, r0, r->th, r->tw, c->out_ch, P->pt, P->ps, r->b.kmap, r->b.tile)))
+            (rc = be->dec->unpatchify(be, &px, r0, r->th, r->tw, c->out_ch, P->pt, P->ps, r->b.kmap, r->b.tile)))
             return rc;
     }
     return 0;
@@ -616,13 +616,13 @@ static int run_decode(const vv_model *M, h3_backend *be, const h3_vvae_plan *P, 
         else
             kmap[f] = -1;
     }
-    char *ws = be->ops->alloc(be, P->workspace_bytes);
+    char *ws = be->mem->alloc(be, P->workspace_bytes);
     if (!ws) return -H3_E_NOMEM;
     vv_layout(&M->cfg, P, &r.b, ws);
     int rc;
-    if ((rc = be->ops->upload(be, r.b.kmap, kmap, sizeof(int32_t) * (size_t)(P->win * P->pt))) ||
-        (rc = be->ops->zero(be, r.b.zero_entry, sizeof(int32_t) * (size_t)P->tokens)) || (rc = rope_table(&r))) {
-        be->ops->release(be, ws);
+    if ((rc = be->mem->upload(be, r.b.kmap, kmap, sizeof(int32_t) * (size_t)(P->win * P->pt))) ||
+        (rc = be->mem->zero(be, r.b.zero_entry, sizeof(int32_t) * (size_t)P->tokens)) || (rc = rope_table(&r))) {
+        be->mem->release(be, ws);
         return rc;
     }
     int ntiles = P->ny * P->nx, total = P->windows * ntiles, done = 0;
@@ -647,10 +647,10 @@ static int run_decode(const vv_model *M, h3_backend *be, const h3_vvae_plan *P, 
                 .raw = (rq->flags & H3_VVAE_RAW) != 0, .rgb = rq->rgb, .pixels = rq->pixels,
                 .pix_mean = k_pixel_mean, .pix_std = k_pixel_std};
             s.own_h = s.th - s.ov_bottom, s.own_w = s.tw - s.ov_right;
-            if ((rc = be->ops->vae_stitch(be, &s))) break;
+            if ((rc = be->dec->vae_stitch(be, &s))) break;
             rc = h3_progress_check(rq->progress, rq->user, PHASE, ++done, total);
         }
-    be->ops->release(be, ws);
+    be->mem->release(be, ws);
     return rc;
 }
 
@@ -658,9 +658,11 @@ int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
 {
     if (!rq->latents) return h3_err(H3_E_INVALID, "video decode: NULL latents");
     if (!rq->rgb && !rq->pixels) return h3_err(H3_E_INVALID, "video decode: no output buffer given");
-    h3_vvae_cfg cfg;
-    int rc = h3_vvae_cfg_load(m, &cfg);
+    static const h3_op need[] = {H3_OP_channels_last, H3_OP_unpatchify, H3_OP_vae_stitch, H3_OP_layernorm, H3_OP_copy};
+    int rc = h3_backend_need(be, need, (int)(sizeof need / sizeof *need), "the video VAE decoder");
     if (rc) return rc;
+    h3_vvae_cfg cfg;
+    if ((rc = h3_vvae_cfg_load(m, &cfg))) return rc;
     if (rq->C != cfg.latent_ch)
         return h3_err(H3_E_INVALID, "video decode: latents have %d channels, the video VAE (%s) expects %d", rq->C,
                       m->comp[H3_COMP_VIDEO_VAE].config_path, cfg.latent_ch);
@@ -673,8 +675,8 @@ int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
     h3_vvae_plan_for_backend(&cfg, be, &plan);
     /* A backend that copies the weights (bf16 on a GPU) can keep them for the next call: the video
        decoder of the release is 9.7 GB of f32 on disk, seconds of conversion and upload per call.
-       The CPU computes on views of the mapping: nothing to keep there. */
-    const bool keep = rq->keep && be->act_dtype != H3_DT_F32;
+       A host-memory backend (the CPU) computes on views of the mapping: nothing to keep there. */
+    const bool keep = rq->keep && !be->is_host;
     if (keep && *rq->keep && (*rq->keep)->M.be != be) {
         h3_vvae_keep_free(*rq->keep);
         *rq->keep = NULL;

@@ -210,7 +210,7 @@ static int track(void ***list, int *n, void *p)
 
 static void conv_free(venc_model *M, venc_conv *c)
 {
-    if (c->w.data || c->w.priv) M->be->ops->weight_free(M->be, &c->w);
+    if (c->w.data || c->w.priv) M->be->weights->weight_free(M->be, &c->w);
 }
 
 static void venc_free(venc_model *M)
@@ -221,7 +221,7 @@ static void venc_free(venc_model *M)
         for (int i = 0; M->res && i < M->cfg.levels * M->cfg.res_blocks; i++) {
             conv_free(M, &M->res[i].c1), conv_free(M, &M->res[i].c2), conv_free(M, &M->res[i].sc);
         }
-        for (int i = 0; i < M->ndev; i++) M->be->ops->release(M->be, M->dev[i]);
+        for (int i = 0; i < M->ndev; i++) M->be->mem->release(M->be, M->dev[i]);
     }
     for (int i = 0; i < M->nhost; i++) h3_free_aligned(M->host[i]);
     free(M->host);
@@ -269,7 +269,7 @@ static const float *vec(venc_model *M, const char *name, int64_t n)
     float *d = h3_backend_dup(M->be, h, sizeof(float) * (size_t)n);
     h3_free_aligned(h);
     if (!d || track(&M->dev, &M->ndev, d)) {
-        if (d) M->be->ops->release(M->be, d);
+        if (d) M->be->mem->release(M->be, d);
         return NULL;
     }
     return d;
@@ -312,7 +312,7 @@ static int conv_load(venc_model *M, const char *pre, int cin, int cout, int k, v
         h3_free_aligned(r);
         return rc;
     }
-    if ((rc = M->be->ops->weight_load(M->be, r, H3_DT_F32, cout, K, &cv->w))) return rc;
+    if ((rc = M->be->weights->weight_load(M->be, r, H3_DT_F32, cout, K, &cv->w))) return rc;
     snprintf(n, sizeof n, "%s.bias", pre);
     if (!(cv->b = vec(M, n, cout))) return -H3_E_SCHEMA;
     cv->cin = cin, cv->cout = cout;
@@ -407,14 +407,14 @@ static int pass_conv(venc_pass *p, const venc_conv *cv, const h3_bconv3d *g, con
                       p->tw, p->th, level, g->W, g->H);
     grow(p, (int64_t)To * Ho * Wo * g->cout);
     if (!p->M) return 0;
-    return p->be->ops->conv3d(p->be, in, g, &cv->w, cv->b, out);
+    return p->be->dec->conv3d(p->be, in, g, &cv->w, cv->b, out);
 }
 
 static int pass_norm(venc_pass *p, const float *x, int T, int64_t pixels, int C, const float *w, const float *b,
                      float *y)
 {
     if (!p->M) return 0;
-    return p->be->ops->group_norm(p->be, x, T, pixels, C, p->c->groups, w, b, (float)p->c->eps, true, y);
+    return p->be->dec->group_norm(p->be, x, T, pixels, C, p->c->groups, w, b, (float)p->c->eps, true, y);
 }
 
 /* The tile `in` ([T][H][W][3] in backend memory) -> moments in p->out; the latent shape in *geo. */
@@ -658,10 +658,9 @@ static int run_encode(const venc_model *M, h3_backend *be, const venc_plan *P, c
                       float *logvar, h3_progress_fn progress, void *user)
 {
     const h3_venc_cfg *c = &M->cfg;
-    const h3_backend_ops *o = be->ops;
-    const char *miss = !o->conv3d ? "conv3d" : !o->group_norm ? "group_norm" : !o->channels_last ? "channels_last"
-                       : !o->add_div ? "add_div" : NULL;
-    if (miss) return h3_err(H3_E_UNSUPPORTED, "%s is not implemented by the %s backend yet", miss, o->name);
+    static const h3_op need[] = {H3_OP_conv3d, H3_OP_group_norm, H3_OP_channels_last, H3_OP_add_div};
+    int nrc = h3_backend_need(be, need, (int)(sizeof need / sizeof *need), "the video VAE encoder");
+    if (nrc) return nrc;
     const int L2 = 2 * c->latent_ch, ntiles = P->ny * P->nx;
     size_t host_n = 0;
     for (int i = 0; i < P->ny; i++)
@@ -669,7 +668,7 @@ static int run_encode(const venc_model *M, h3_backend *be, const venc_plan *P, c
     float *hbuf = h3_malloc(sizeof(float) * host_n), **tiles = h3_calloc((size_t)ntiles, sizeof(float *));
     /* Backend workspace: the input tile and three activations of the largest size. */
     const size_t nin = up16(P->max_in), nel = up16(P->max_el);
-    float *ws = hbuf && tiles ? o->alloc(be, sizeof(float) * (nin + 3 * nel)) : NULL;
+    float *ws = hbuf && tiles ? be->mem->alloc(be, sizeof(float) * (nin + 3 * nel)) : NULL;
     if (!ws) {
         free(hbuf), free(tiles);
         return -H3_E_NOMEM;
@@ -692,20 +691,20 @@ static int run_encode(const venc_model *M, h3_backend *be, const venc_plan *P, c
             const h3_bt tin = h3_bt_make(in, H3_DT_F32, (int64_t)P->Tc * th * tw, c->in_ch, c->in_ch);
             venc_pass ps = {.c = c, .M = M, .be = be, .spatial = P->spatial, .th = th, .tw = tw, .X = X, .A = A, .B = B};
             tile_geom g;
-            if ((rc = o->channels_last(be, box, (int64_t)P->T * plane, plane, P->W, P->Tc, P->T - k * P->Tc, th, tw,
-                                       one, zero, &tin)) ||
+            if ((rc = be->dec->channels_last(be, box, (int64_t)P->T * plane, plane, P->W, P->Tc, P->T - k * P->Tc, th,
+                                             tw, one, zero, &tin)) ||
                 (rc = pass_tile(&ps, in, P->Tc, th, tw, &g)))
                 break;
             if (g.T != P->Tlc || g.H != P->lh[i] || g.W != P->lw[j]) { /* the plan walked the same network */
                 rc = h3_err(H3_E_INVALID, "video encode: internal shape mismatch in tile %d", t);
                 break;
             }
-            if ((rc = o->download(be, tiles[t], ps.out, sizeof(float) * (size_t)g.T * g.H * g.W * L2))) break;
+            if ((rc = be->mem->download(be, tiles[t], ps.out, sizeof(float) * (size_t)g.T * g.H * g.W * L2))) break;
             rc = h3_progress_check(progress, user, PHASE, ++done, total);
         }
         if (!rc) stitch(c, P, tiles, k, mean, logvar);
     }
-    o->release(be, ws);
+    be->mem->release(be, ws);
     free(hbuf), free(tiles);
     return rc;
 }

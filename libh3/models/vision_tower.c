@@ -183,7 +183,7 @@ static int load_lin(vt_model *v, const char *base, int64_t rows, int64_t cols, v
     snprintf(name, sizeof name, VT_PREFIX "%s.weight", base);
     const void *w = h3_store_get_float(v->store, name, 2, shape, &dt);
     if (!w) return -H3_E_SCHEMA;
-    int rc = v->be->ops->weight_load(v->be, w, dt, rows, cols, &l->w);
+    int rc = v->be->weights->weight_load(v->be, w, dt, rows, cols, &l->w);
     if (rc) return rc;
     snprintf(name, sizeof name, VT_PREFIX "%s.bias", base);
     return load_vec(v, name, rows, &l->b);
@@ -201,15 +201,15 @@ static int load_ln(vt_model *v, const char *base, int64_t n, vt_ln *l)
 
 static void free_lin(vt_model *v, vt_lin *l)
 {
-    if (l->w.data || l->w.priv) v->be->ops->weight_free(v->be, &l->w);
-    v->be->ops->release(v->be, l->b);
+    if (l->w.data || l->w.priv) v->be->weights->weight_free(v->be, &l->w);
+    v->be->mem->release(v->be, l->b);
     memset(l, 0, sizeof *l);
 }
 
 static void free_ln(vt_model *v, vt_ln *l)
 {
-    v->be->ops->release(v->be, l->w);
-    v->be->ops->release(v->be, l->b);
+    v->be->mem->release(v->be, l->w);
+    v->be->mem->release(v->be, l->b);
     memset(l, 0, sizeof *l);
 }
 
@@ -280,7 +280,7 @@ static int vt_load(h3_model *m, h3_backend *be, vt_model *v)
     const int64_t posshape[2] = {c->num_pos, C};
     h3_dtype dt;
     const void *pw = h3_store_get_float(v->store, VT_PREFIX "patch_embed.proj.weight", 5, pshape, &dt);
-    if (!pw || (rc = be->ops->weight_load(be, pw, dt, C, pd, &v->patch.w)) ||
+    if (!pw || (rc = be->weights->weight_load(be, pw, dt, C, pd, &v->patch.w)) ||
         (rc = load_vec(v, VT_PREFIX "patch_embed.proj.bias", C, &v->patch.b)))
         goto fail;
     const void *pe = h3_store_get_float(v->store, VT_PREFIX "pos_embed.weight", 2, posshape, &dt);
@@ -397,7 +397,7 @@ static int act_alloc(const vt_model *v, int64_t N, vt_act *a)
                                Nm * c->out_hidden, N * C, N * half, N * half};
     int64_t total = 0;
     for (int i = 0; i < 12; i++) total += (sizes[i] + 15) / 16 * 16;
-    float *cur = a->block = v->be->ops->alloc(v->be, sizeof(float) * (size_t)total);
+    float *cur = a->block = v->be->mem->alloc(v->be, sizeof(float) * (size_t)total);
     if (!cur)
         return h3_err(H3_E_NOMEM, "vision tower: cannot allocate %lld MiB of activations for %lld patches",
                       (long long)(total * 4 >> 20), (long long)N);
@@ -428,7 +428,7 @@ static int merger_run(const vt_model *v, const vt_merger *g, bool postshuffle, v
     if (rc || (rc = o->linear(v->be, &mg, &g->fc1.w, g->fc1.b, &mh)) || (rc = o->gelu(v->be, &mh, false, &mh)) ||
         (rc = o->linear(v->be, &mh, &g->fc2.w, g->fc2.b, &mo)))
         return rc;
-    return o->download(v->be, dst_host, a->mo, sizeof(float) * (size_t)(Nm * c->out_hidden));
+    return v->be->mem->download(v->be, dst_host, a->mo, sizeof(float) * (size_t)(Nm * c->out_hidden));
 }
 
 static int block_run(const vt_model *v, const vt_block *b, vt_act *a, int64_t N)
@@ -458,12 +458,8 @@ static int block_run(const vt_model *v, const vt_block *b, vt_act *a, int64_t N)
 /* The ops this tower needs beyond the text encoder's, named when a backend lacks one. */
 static int check_ops(h3_backend *be)
 {
-    const h3_backend_ops *o = be->ops;
-    const char *missing = !o->layernorm ? "layernorm" : !o->gelu ? "gelu" : !o->rope ? "rope" : NULL;
-    if (missing)
-        return h3_err(H3_E_UNSUPPORTED, "%s is not implemented by the %s backend yet (needed by the vision tower)",
-                      missing, o->name);
-    return 0;
+    static const h3_op need[] = {H3_OP_layernorm, H3_OP_gelu, H3_OP_rope};
+    return h3_backend_need(be, need, (int)(sizeof need / sizeof *need), "the vision tower");
 }
 
 /* One image through a loaded tower. progress: blocks done so far (`done0` before this image). */
@@ -487,10 +483,10 @@ static int vt_image(const vt_model *v, const float *pixels, int gh, int gw, floa
     float *pos = host, *cs = host + N * C, *sn = cs + N * half;
     image_tables(v, gh, gw, pos, cs, sn);
     const h3_bt px = f32v(a.px, N, pd, pd), x = f32v(a.x, N, C, C), pv = f32v(a.pos, N, C, C);
-    if ((rc = o->upload(v->be, a.px, pixels, sizeof(float) * (size_t)(N * pd))) ||
-        (rc = o->upload(v->be, a.pos, pos, sizeof(float) * (size_t)(N * C))) ||
-        (rc = o->upload(v->be, a.cs, cs, sizeof(float) * (size_t)(N * half))) ||
-        (rc = o->upload(v->be, a.sn, sn, sizeof(float) * (size_t)(N * half))) ||
+    if ((rc = v->be->mem->upload(v->be, a.px, pixels, sizeof(float) * (size_t)(N * pd))) ||
+        (rc = v->be->mem->upload(v->be, a.pos, pos, sizeof(float) * (size_t)(N * C))) ||
+        (rc = v->be->mem->upload(v->be, a.cs, cs, sizeof(float) * (size_t)(N * half))) ||
+        (rc = v->be->mem->upload(v->be, a.sn, sn, sizeof(float) * (size_t)(N * half))) ||
         (rc = o->linear(v->be, &px, &v->patch.w, v->patch.b, &x)) || (rc = o->gated_add(v->be, &x, &pv, NULL)))
         goto done;
     int ds_done = 0;
@@ -505,7 +501,7 @@ static int vt_image(const vt_model *v, const float *pixels, int gh, int gw, floa
     }
     if (!rc) rc = merger_run(v, &v->merger, false, &a, a.x, N, embeds);
 done:
-    v->be->ops->release(v->be, a.block);
+    v->be->mem->release(v->be, a.block);
     free(host);
     return rc;
 }

@@ -10,7 +10,7 @@
 #include "core/geometry.h"
 #include "runtime/runtime.h"
 #include "backend/cpu/cpu_int8.h"
-#include "backend/cpu/cpu_models.h" /* the CPU backend's per-thread decoder scratch */
+#include "backend/cpu/cpu_vae.h" /* the CPU backend's per-thread decoder scratch */
 
 #include <math.h>
 #include <stdio.h>

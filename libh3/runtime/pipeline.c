@@ -76,8 +76,8 @@ static void render_free(struct h3_render *r)
     free(r->text_tags);
     h3_dit_layout_free(&r->layout);
     if (r->be) {
-        r->be->ops->release(r->be, r->vrows);
-        r->be->ops->release(r->be, r->arows);
+        r->be->mem->release(r->be, r->vrows);
+        r->be->mem->release(r->be, r->arows);
     }
     free(r);
 }
@@ -976,8 +976,8 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     float *arows = h3_alloc_aligned(sizeof(float) * (size_t)r->arow_floats);
     /* The latents live where the transformer runs, for the whole denoise loop. */
     r->be = h3_dit_backend(d);
-    r->vrows = r->be->ops->alloc(r->be, sizeof(float) * (size_t)(r->vrow_floats + 1));
-    r->arows = r->be->ops->alloc(r->be, sizeof(float) * (size_t)(r->arow_floats + 1));
+    r->vrows = r->be->mem->alloc(r->be, sizeof(float) * (size_t)(r->vrow_floats + 1));
+    r->arows = r->be->mem->alloc(r->be, sizeof(float) * (size_t)(r->arow_floats + 1));
     if (!vlatents || !alatents || !vrows || !arows || !r->vrows || !r->arows) {
         h3_free_aligned(vlatents);
         h3_free_aligned(alatents);
@@ -1001,9 +1001,9 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, vrows + r->cond_floats);
     if (rp.n_audio) memcpy(arows, aref, sizeof(float) * (size_t)rp.a_floats);
     h3_dit_pack_audio(dc.audio_ch, r->Ta, alatents, arows + r->acond_floats);
-    if (!rc) rc = r->be->ops->upload(r->be, r->vrows, vrows, sizeof(float) * (size_t)r->vrow_floats);
-    if (!rc) rc = r->be->ops->upload(r->be, r->arows, arows, sizeof(float) * (size_t)r->arow_floats);
-    if (!rc) rc = r->be->ops->sync(r->be);
+    if (!rc) rc = r->be->mem->upload(r->be, r->vrows, vrows, sizeof(float) * (size_t)r->vrow_floats);
+    if (!rc) rc = r->be->mem->upload(r->be, r->arows, arows, sizeof(float) * (size_t)r->arow_floats);
+    if (!rc) rc = r->be->mem->sync(r->be);
     h3_free_aligned(vlatents);
     h3_free_aligned(alatents);
     h3_free_aligned(vrows);
@@ -1039,7 +1039,7 @@ int h3_rt_step(h3_runtime *rt)
     r->done++;
     /* The last step waits for the device, so the denoise phase's wall time (a profile reads it
        at the next phase's first callback) holds the queued work and the decode's does not. */
-    if (r->done == r->evals && (rc = r->be->ops->sync(r->be))) return rc;
+    if (r->done == r->evals && (rc = r->be->mem->sync(r->be))) return rc;
     if ((rc = progress(rt, "denoise", r->done, r->evals))) return rc;
     return r->evals - r->done;
 }
@@ -1060,7 +1060,7 @@ static int download_rows(const struct h3_render *r, const float *rows, int64_t n
 {
     *out = h3_alloc_aligned(sizeof(float) * (size_t)(n + 1));
     if (!*out) return -H3_E_NOMEM;
-    return r->be->ops->download(r->be, *out, rows, sizeof(float) * (size_t)n);
+    return r->be->mem->download(r->be, *out, rows, sizeof(float) * (size_t)n);
 }
 
 int h3_rt_get_latents(h3_runtime *rt, float *video, float *audio)

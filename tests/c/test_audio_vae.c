@@ -210,7 +210,7 @@ static void test_gemm(int64_t M, int N, int64_t K, int64_t ldx, bool bias)
     CHECK(h3_backend_cpu_create(g_pool1, &be[0]) == 0 && h3_backend_cpu_create(g_pool3, &be[1]) == 0);
     for (int v = 0; v < 2; v++) {
         h3_bw w;
-        CHECK(be[v]->ops->weight_load(be[v], Wf, H3_DT_F32, N, K, &w) == 0);
+        CHECK(be[v]->weights->weight_load(be[v], Wf, H3_DT_F32, N, K, &w) == 0);
         h3_bt x = h3_bt_make(X, H3_DT_F32, M, K, ldx), y = h3_bt_make(Y[v], H3_DT_F32, M, N, ldy);
         CHECK(be[v]->ops->conv_gemm(be[v], &x, &w, bias ? b : NULL, &y) == 0);
         if (v == 0) { /* the first rows on their own: 1, then 5 */
@@ -221,7 +221,7 @@ static void test_gemm(int64_t M, int N, int64_t K, int64_t ldx, bool bias)
                 CHECK(be[v]->ops->conv_gemm(be[v], &xs, &w, bias ? b : NULL, &ys) == 0);
             }
         }
-        be[v]->ops->weight_free(be[v], &w);
+        be[v]->weights->weight_free(be[v], &w);
         h3_backend_destroy(be[v]);
     }
     double num = 0, den = 0;

@@ -83,7 +83,7 @@ static size_t esz(h3_dtype dt) { return dt == H3_DT_F32 ? 4 : 2; }
 
 static void *dnew(bk *b, size_t bytes)
 {
-    void *p = b->be->ops->alloc(b->be, bytes ? bytes : 1);
+    void *p = b->be->mem->alloc(b->be, bytes ? bytes : 1);
     if (!p) {
         fprintf(stderr, "%s: alloc of %zu bytes failed: %s\n", b->name, bytes, h3_last_error());
         exit(2);
@@ -93,13 +93,13 @@ static void *dnew(bk *b, size_t bytes)
 
 static void dput(bk *b, void *dst, const void *src, size_t bytes)
 {
-    int rc = b->be->ops->upload(b->be, dst, src, bytes);
+    int rc = b->be->mem->upload(b->be, dst, src, bytes);
     CHECK_MSG(rc == 0, "%s: upload: %s", b->name, h3_last_error());
 }
 
 static void dget(bk *b, void *dst, const void *src, size_t bytes)
 {
-    int rc = b->be->ops->download(b->be, dst, src, bytes);
+    int rc = b->be->mem->download(b->be, dst, src, bytes);
     CHECK_MSG(rc == 0, "%s: download: %s", b->name, h3_last_error());
 }
 
@@ -186,7 +186,7 @@ static float *mread(bk *b, const mat *m, bool *pad_ok)
 
 static void mfree(bk *b, mat *m)
 {
-    b->be->ops->release(b->be, m->t.data);
+    b->be->mem->release(b->be, m->t.data);
     free(m->v);
 }
 
@@ -229,7 +229,7 @@ static void t_linear(bk *b, int64_t M, int64_t N, int64_t K, h3_dtype wdt, h3_dt
         wv[i] = b->gpu ? bf16r(stored) : stored; /* a GPU rounds every weight to bf16 once */
     }
     h3_bw W;
-    int rc = b->be->ops->weight_load(b->be, wraw, wdt, N, K, &W);
+    int rc = b->be->weights->weight_load(b->be, wraw, wdt, N, K, &W);
     CHECK_MSG(rc == 0, "%s: weight_load: %s", b->name, h3_last_error());
     float *bh = malloc(sizeof(float) * (size_t)N);
     for (int64_t i = 0; i < N; i++) bh[i] = rnd(1.0f);
@@ -266,8 +266,8 @@ static void t_linear(bk *b, int64_t M, int64_t N, int64_t K, h3_dtype wdt, h3_dt
     free(ref);
     mfree(b, &X);
     mfree(b, &Y);
-    if (bd) b->be->ops->release(b->be, bd);
-    b->be->ops->weight_free(b->be, &W);
+    if (bd) b->be->mem->release(b->be, bd);
+    b->be->weights->weight_free(b->be, &W);
     free(bh);
     free(wv);
     free(wraw);
@@ -426,7 +426,7 @@ static void t_norm(bk *b, int64_t rows_in, int64_t rows_out, int64_t n, bool gat
     mfree(b, &X);
     mfree(b, &Y);
     void *dev[] = {wd, tabd, entd, idxd};
-    for (int i = 0; i < 4; i++) b->be->ops->release(b->be, dev[i]);
+    for (int i = 0; i < 4; i++) b->be->mem->release(b->be, dev[i]);
     free(wh);
     free(tab);
     free(ent);
@@ -530,7 +530,7 @@ static void t_qkv(bk *b, int64_t L, int H, int KVH, int D, int half, bool rope, 
     else
         mfree(b, &Qm), mfree(b, &Km);
     void *dev[] = {qnd, knd, csd, snd};
-    for (int i = 0; i < 4; i++) b->be->ops->release(b->be, dev[i]);
+    for (int i = 0; i < 4; i++) b->be->mem->release(b->be, dev[i]);
     free(qn), free(kn), free(cs), free(sn);
 }
 
@@ -567,8 +567,8 @@ static void t_layernorm(bk *b, int64_t rows, int64_t n, bool affine, bool inplac
              inplace ? " in place" : "");
     report(b, "layernorm", what, rel_l2(y, ref, rows * n), TOL_F32);
     free(y), free(ref), free(w), free(bb), free(xh);
-    if (wd) b->be->ops->release(b->be, wd);
-    if (bd) b->be->ops->release(b->be, bd);
+    if (wd) b->be->mem->release(b->be, wd);
+    if (bd) b->be->mem->release(b->be, bd);
     mfree(b, &X);
     if (!inplace) mfree(b, &Y);
 }
@@ -609,16 +609,15 @@ static void t_copy_add_div(bk *b, int64_t rows, int64_t n)
    and every byte value, NaN patterns included: nothing may be read as a number). */
 static void t_dcopy(bk *b, size_t bytes)
 {
-    const h3_backend_ops *o = b->be->ops;
     unsigned char *src = malloc(bytes + 8), *got = malloc(bytes + 8);
     for (size_t i = 0; i < bytes + 8; i++) src[i] = (unsigned char)(i * 131u + 7u);
-    char *d1 = o->alloc(b->be, bytes + 8), *d2 = o->alloc(b->be, bytes + 8);
+    char *d1 = b->be->mem->alloc(b->be, bytes + 8), *d2 = b->be->mem->alloc(b->be, bytes + 8);
     int rc = d1 && d2 ? 0 : -1;
-    if (!rc) rc = o->upload(b->be, d1, src, bytes + 8);
-    if (!rc) rc = o->zero(b->be, d2, bytes + 8);
-    if (!rc) rc = o->dcopy(b->be, d2 + 3, d1 + 1, bytes);
-    if (!rc) rc = o->dcopy(b->be, d2, d1, 0); /* nothing */
-    if (!rc) rc = o->download(b->be, got, d2, bytes + 8);
+    if (!rc) rc = b->be->mem->upload(b->be, d1, src, bytes + 8);
+    if (!rc) rc = b->be->mem->zero(b->be, d2, bytes + 8);
+    if (!rc) rc = b->be->mem->dcopy(b->be, d2 + 3, d1 + 1, bytes);
+    if (!rc) rc = b->be->mem->dcopy(b->be, d2, d1, 0); /* nothing */
+    if (!rc) rc = b->be->mem->download(b->be, got, d2, bytes + 8);
     CHECK_MSG(rc == 0, "%s: dcopy: %s", b->name, h3_last_error());
     bool same = rc == 0 && memcmp(got + 3, src + 1, bytes) == 0 && got[0] == 0 && got[1] == 0 && got[2] == 0;
     for (size_t i = bytes + 3; i < bytes + 8; i++) same = same && got[i] == 0;
@@ -626,8 +625,8 @@ static void t_dcopy(bk *b, size_t bytes)
     snprintf(what, sizeof what, "%zu bytes at odd offsets", bytes);
     report_bits(b, "dcopy", what, same, 0.0);
     h3_err_clear();
-    CHECK(o->dcopy(b->be, NULL, d1, 4) < 0 && h3_last_error()[0]);
-    o->release(b->be, d1), o->release(b->be, d2);
+    CHECK(b->be->mem->dcopy(b->be, NULL, d1, 4) < 0 && h3_last_error()[0]);
+    b->be->mem->release(b->be, d1), b->be->mem->release(b->be, d2);
     free(src), free(got);
 }
 
@@ -660,8 +659,8 @@ static void t_gated(bk *b, int64_t rows, int64_t n, bool mod, h3_dtype ydt, int6
     report(b, "gated_add", what, rel_l2(x, ref, rows * n), TOL_F32);
     free(x), free(ref), free(tab), free(ent);
     mfree(b, &X), mfree(b, &Y);
-    if (tabd) b->be->ops->release(b->be, tabd);
-    if (entd) b->be->ops->release(b->be, entd);
+    if (tabd) b->be->mem->release(b->be, tabd);
+    if (entd) b->be->mem->release(b->be, entd);
 }
 
 /* gated_add_norm: the residual add (gate slot 2 of a 6-slot table, or none) then the modulated
@@ -706,9 +705,9 @@ static void t_gated_norm(bk *b, int64_t rows, int64_t n, bool gate, bool w, h3_d
            b->gpu && odt == H3_DT_BF16 ? TOL_BF16 : TOL_F32);
     free(x), free(o), free(rx), free(ro), free(tab), free(wh), free(ent);
     mfree(b, &X), mfree(b, &Y), mfree(b, &O);
-    b->be->ops->release(b->be, tabd);
-    b->be->ops->release(b->be, entd);
-    if (wd) b->be->ops->release(b->be, wd);
+    b->be->mem->release(b->be, tabd);
+    b->be->mem->release(b->be, entd);
+    if (wd) b->be->mem->release(b->be, wd);
 }
 
 /* gate and up side by side in one [rows, 2n] buffer (dit.c's layout); with `alias`, out is gate. */
@@ -808,8 +807,8 @@ static void t_rope(bk *b, int64_t rows, int heads, int D, int half)
             if ((c < C || c >= 2 * C || (c - C) % D >= 2 * half) && y[r * 3 * C + c] != X.v[r * ld + c]) same = false;
     CHECK_MSG(same, "%s rope %s: touched columns outside the rotated dims", b->name, what);
     free(y), free(ref), free(cs), free(sn);
-    b->be->ops->release(b->be, csd);
-    b->be->ops->release(b->be, snd);
+    b->be->mem->release(b->be, csd);
+    b->be->mem->release(b->be, snd);
     mfree(b, &X);
 }
 
@@ -834,7 +833,7 @@ static void t_scatter(bk *b, int64_t rows, int64_t drows, int64_t n)
     for (int64_t i = 0; i < drows * n; i++) exact = exact && (double)d[i] == ref[i];
     report_bits(b, "scatter_rows", what, exact, e);
     free(d), free(ref), free(idx);
-    b->be->ops->release(b->be, idxd);
+    b->be->mem->release(b->be, idxd);
     mfree(b, &S), mfree(b, &Dm);
 }
 
@@ -860,8 +859,8 @@ static void t_euler(bk *b, int64_t n)
     char what[192];
     snprintf(what, sizeof what, "%lld values vs h3_sched_euler", (long long)n);
     report_bits(b, "euler", what, memcmp(got, want, sizeof(float) * (size_t)n) == 0, rel_l2(got, ref, n));
-    b->be->ops->release(b->be, xd);
-    b->be->ops->release(b->be, vd);
+    b->be->mem->release(b->be, xd);
+    b->be->mem->release(b->be, vd);
     free(x), free(v), free(want), free(got), free(ref);
 }
 
@@ -884,7 +883,7 @@ static void t_noise(bk *b, int64_t n, uint64_t seed, uint32_t stream, uint64_t o
              (unsigned long long)offset, m, v);
     report_bits(b, "noise", what, memcmp(got, want, sizeof(float) * (size_t)n) == 0, 0.0);
     CHECK(fabs(m) < 0.05 && fabs(v - 1.0) < 0.1);
-    b->be->ops->release(b->be, d);
+    b->be->mem->release(b->be, d);
     free(want), free(got);
 }
 
@@ -922,7 +921,7 @@ static void t_knobs(bk *b, int64_t n)
     rc = b->be->ops->extrapolate(b->be, od, ad, NULL, n, r);
     dget(b, got, od, sizeof(float) * (size_t)n);
     report_bits(b, "extrapolate", "b = NULL (copy)", rc == 0 && memcmp(got, a, sizeof(float) * (size_t)n) == 0, 0.0);
-    b->be->ops->release(b->be, ad2);
+    b->be->mem->release(b->be, ad2);
 
     /* sub */
     for (int64_t i = 0; i < n; i++) want[i] = a[i] - c[i], ref[i] = (double)a[i] - c[i];
@@ -943,9 +942,9 @@ static void t_knobs(bk *b, int64_t n)
     rc = b->be->ops->abs_diff_sum(b->be, ad, cd, n, &dd2, &dr2);
     CHECK_MSG(rc == 0 && dd2 == dd && dr2 == dr, "%s abs_diff_sum: not deterministic", b->name);
 
-    b->be->ops->release(b->be, ad);
-    b->be->ops->release(b->be, cd);
-    b->be->ops->release(b->be, od);
+    b->be->mem->release(b->be, ad);
+    b->be->mem->release(b->be, cd);
+    b->be->mem->release(b->be, od);
     free(a), free(c), free(want), free(got), free(ref);
 }
 
@@ -1008,7 +1007,7 @@ static void t_pairs(bk *b, int64_t rows, int64_t n)
     report_bits(b, "unpool_pairs", what, memcmp(got, fh, sizeof(float) * (size_t)(rows * n)) == 0,
                 rel_l2(got, ref, rows * n));
     free(got), free(fh), free(want), free(ref), free(pairs);
-    b->be->ops->release(b->be, pd);
+    b->be->mem->release(b->be, pd);
     mfree(b, &S), mfree(b, &P), mfree(b, &R), mfree(b, &F);
 }
 
@@ -1023,18 +1022,18 @@ static void t_memory(bk *b)
     dput(b, d, h, n);
     dget(b, g, d, n);
     bool ok = memcmp(g, h, n) == 0;
-    CHECK_MSG(b->be->ops->zero(b->be, d + 100, 333) == 0, "%s: zero: %s", b->name, h3_last_error());
+    CHECK_MSG(b->be->mem->zero(b->be, d + 100, 333) == 0, "%s: zero: %s", b->name, h3_last_error());
     dget(b, g, d, n);
     for (size_t i = 0; i < n; i++) ok = ok && g[i] == (i >= 100 && i < 433 ? 0 : h[i]);
-    CHECK_MSG(b->be->ops->sync(b->be) == 0, "%s: sync: %s", b->name, h3_last_error());
+    CHECK_MSG(b->be->mem->sync(b->be) == 0, "%s: sync: %s", b->name, h3_last_error());
     uint64_t fr = 1, tot = 1;
-    CHECK(b->be->ops->mem_info(b->be, &fr, &tot) == 0);
+    CHECK(b->be->mem->mem_info(b->be, &fr, &tot) == 0);
     if (b->gpu) CHECK_MSG(tot > 0 && fr <= tot, "%s: mem_info %llu of %llu", b->name, (unsigned long long)fr,
                           (unsigned long long)tot);
     printf("%-5s %-13s %-52s %s\n", b->name, "memory", "upload, download, zero, sync, mem_info", ok ? "ok" : "FAIL");
     CHECK_MSG(ok, "%s: memory round trip", b->name);
-    b->be->ops->release(b->be, d);
-    b->be->ops->release(b->be, NULL);
+    b->be->mem->release(b->be, d);
+    b->be->mem->release(b->be, NULL);
     free(h), free(g);
 }
 
@@ -1048,11 +1047,11 @@ static void t_errors(bk *b)
     printf("%-5s %-13s %-52s %s\n", b->name, "errors", "3 heads over 2 kv heads", h3_last_error());
     if (b->gpu) {
         /* An impossible allocation: NULL and the one-line out-of-memory message. */
-        void *p = b->be->ops->alloc(b->be, (size_t)1 << 50);
+        void *p = b->be->mem->alloc(b->be, (size_t)1 << 50);
         CHECK_MSG(!p && strstr(h3_last_error(), "out of device memory"), "%s: 1 PiB alloc: %s", b->name,
                   h3_last_error());
         printf("%-5s %-13s %-52s %s\n", b->name, "errors", "1 PiB allocation", h3_last_error());
-        if (p) b->be->ops->release(b->be, p);
+        if (p) b->be->mem->release(b->be, p);
     }
     rc = b->be->ops->attention(b->be, &Q.t, &Q.t, &Q.t, 3, 3, 8, 0.35f, false, &O.t);
     CHECK_MSG(rc == 0, "%s: attention after an error: %s", b->name, h3_last_error());
@@ -1075,10 +1074,10 @@ typedef int (*bench_fn)(bk *b, void *ctx);
 static double best_time(bk *b, bench_fn fn, void *ctx, int reps)
 {
     double best = 1e30;
-    if (fn(b, ctx) || b->be->ops->sync(b->be)) return -1;
+    if (fn(b, ctx) || b->be->mem->sync(b->be)) return -1;
     for (int i = 0; i < reps; i++) {
         const double t0 = now_s();
-        if (fn(b, ctx) || b->be->ops->sync(b->be)) return -1;
+        if (fn(b, ctx) || b->be->mem->sync(b->be)) return -1;
         const double t = now_s() - t0;
         if (t < best) best = t;
     }
@@ -1188,10 +1187,10 @@ static void bench(bk *b)
                 free(q), free(k), free(v), free(o), free(sc);
             }
         }
-        b->be->ops->release(b->be, a.Q.data);
-        b->be->ops->release(b->be, a.K.data);
-        b->be->ops->release(b->be, a.V.data);
-        b->be->ops->release(b->be, a.O.data);
+        b->be->mem->release(b->be, a.Q.data);
+        b->be->mem->release(b->be, a.K.data);
+        b->be->mem->release(b->be, a.V.data);
+        b->be->mem->release(b->be, a.O.data);
 
         /* The block's GEMMs: qkv (H -> 3A), out (A -> H), fc1 (H -> 2F), fc2 (F -> H). */
         const int64_t shapes[4][2] = {{3 * A, H}, {H, A}, {2 * F, H}, {H, F}};
@@ -1202,7 +1201,7 @@ static void bench(bk *b)
             uint16_t *w = malloc((size_t)(N * K) * 2);
             for (int64_t i = 0; i < N * K; i++) w[i] = h3_f32_to_bf16(rnd(0.05f));
             gemm_ctx g;
-            int rc = b->be->ops->weight_load(b->be, w, H3_DT_BF16, N, K, &g.W);
+            int rc = b->be->weights->weight_load(b->be, w, H3_DT_BF16, N, K, &g.W);
             free(w);
             CHECK_MSG(rc == 0, "%s: weight_load: %s", b->name, h3_last_error());
             if (rc) continue;
@@ -1214,9 +1213,9 @@ static void bench(bk *b)
                    (long long)L, names[gi], (long long)N, (long long)K, tg * 1e3, tg > 0 ? gfl / tg * 1e-12 : 0.0);
             CHECK_MSG(tg > 0, "%s: linear benchmark failed: %s", b->name, h3_last_error());
             total += tg, total_fl += gfl;
-            b->be->ops->release(b->be, g.X.data);
-            b->be->ops->release(b->be, g.Y.data);
-            b->be->ops->weight_free(b->be, &g.W);
+            b->be->mem->release(b->be, g.X.data);
+            b->be->mem->release(b->be, g.Y.data);
+            b->be->weights->weight_free(b->be, &g.W);
         }
         printf("%-5s %-13s L %-6lld the block's four GEMMs           %8.3f ms  %6.1f TFLOP/s\n", b->name, "linear",
                (long long)L, total * 1e3, total > 0 ? total_fl / total * 1e-12 : 0.0);
@@ -1275,11 +1274,11 @@ static void t_conv3d(bk *b, h3_bconv3d g, const char *what)
     float *xd = dup_host(b, x, sizeof(float) * (size_t)nx), *bd = dup_host(b, bias, sizeof(float) * (size_t)g.cout);
     float *yd = dnew(b, sizeof(float) * (size_t)ny);
     h3_bw W;
-    int rc = b->be->ops->weight_load(b->be, w, H3_DT_F32, g.cout, K, &W);
+    int rc = b->be->weights->weight_load(b->be, w, H3_DT_F32, g.cout, K, &W);
     CHECK_MSG(rc == 0, "%s: weight_load: %s", b->name, h3_last_error());
     float *y = malloc(sizeof(float) * (size_t)ny), *y2 = malloc(sizeof(float) * (size_t)ny);
     dpoison(b, yd, sizeof(float) * (size_t)ny);
-    rc = b->be->ops->conv3d(b->be, xd, &g, &W, bd, yd);
+    rc = b->be->dec->conv3d(b->be, xd, &g, &W, bd, yd);
     CHECK_MSG(rc == 0, "%s: conv3d: %s", b->name, h3_last_error());
     dget(b, y, yd, sizeof(float) * (size_t)ny);
     char desc[192];
@@ -1288,12 +1287,12 @@ static void t_conv3d(bk *b, h3_bconv3d g, const char *what)
     report(b, "conv3d", desc, rel_l2(y, ref, ny), TOL_F32);
     /* The same bits again without a bias-free shortcut or state between calls. */
     dpoison(b, yd, sizeof(float) * (size_t)ny);
-    rc = b->be->ops->conv3d(b->be, xd, &g, &W, bd, yd);
+    rc = b->be->dec->conv3d(b->be, xd, &g, &W, bd, yd);
     dget(b, y2, yd, sizeof(float) * (size_t)ny);
     CHECK_MSG(rc == 0 && memcmp(y, y2, sizeof(float) * (size_t)ny) == 0, "%s conv3d %s: not deterministic", b->name,
               desc);
-    b->be->ops->weight_free(b->be, &W);
-    b->be->ops->release(b->be, xd), b->be->ops->release(b->be, bd), b->be->ops->release(b->be, yd);
+    b->be->weights->weight_free(b->be, &W);
+    b->be->mem->release(b->be, xd), b->be->mem->release(b->be, bd), b->be->mem->release(b->be, yd);
     free(x), free(w), free(bias), free(ref), free(y), free(y2);
 }
 
@@ -1328,7 +1327,7 @@ static void t_gn(bk *b, int frames, int64_t pixels, int C, int groups, bool silu
     float *xd = dup_host(b, x, sizeof(float) * (size_t)n), *wd = dup_host(b, w, sizeof(float) * (size_t)C);
     float *bd = dup_host(b, bb, sizeof(float) * (size_t)C), *yd = inplace ? xd : dnew(b, sizeof(float) * (size_t)n);
     if (!inplace) dpoison(b, yd, sizeof(float) * (size_t)n);
-    int rc = b->be->ops->group_norm(b->be, xd, frames, pixels, C, groups, wd, bd, 1e-6f, silu, yd);
+    int rc = b->be->dec->group_norm(b->be, xd, frames, pixels, C, groups, wd, bd, 1e-6f, silu, yd);
     CHECK_MSG(rc == 0, "%s: group_norm: %s", b->name, h3_last_error());
     float *y = malloc(sizeof(float) * (size_t)n);
     dget(b, y, yd, sizeof(float) * (size_t)n);
@@ -1336,8 +1335,8 @@ static void t_gn(bk *b, int frames, int64_t pixels, int C, int groups, bool silu
     snprintf(what, sizeof what, "%d frames x %lld px x %d ch / %d groups%s%s", frames, (long long)pixels, C, groups,
              silu ? " + SiLU" : "", inplace ? " in place" : "");
     report(b, "group_norm", what, rel_l2(y, ref, n), TOL_F32);
-    b->be->ops->release(b->be, xd), b->be->ops->release(b->be, wd), b->be->ops->release(b->be, bd);
-    if (!inplace) b->be->ops->release(b->be, yd);
+    b->be->mem->release(b->be, xd), b->be->mem->release(b->be, wd), b->be->mem->release(b->be, bd);
+    if (!inplace) b->be->mem->release(b->be, yd);
     free(x), free(w), free(bb), free(ref), free(y);
 }
 
@@ -1347,21 +1346,21 @@ static void t_conv3d_errors(bk *b)
     h3_bconv3d g = {2, 1, 5, 3, 4, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, 1}; /* reflect pad 1 of a 1-row frame */
     float *xd = dnew(b, sizeof(float) * 64), *yd = dnew(b, sizeof(float) * 256), w[4 * 81] = {0};
     h3_bw W;
-    int rc = b->be->ops->weight_load(b->be, w, H3_DT_F32, 4, 81, &W);
+    int rc = b->be->weights->weight_load(b->be, w, H3_DT_F32, 4, 81, &W);
     CHECK_MSG(rc == 0, "%s: weight_load: %s", b->name, h3_last_error());
-    rc = b->be->ops->conv3d(b->be, xd, &g, &W, NULL, yd);
+    rc = b->be->dec->conv3d(b->be, xd, &g, &W, NULL, yd);
     CHECK_MSG(rc == -H3_E_INVALID && strstr(h3_last_error(), "reflect"), "%s conv3d: %d %s", b->name, rc,
               h3_last_error());
     g.H = 4, g.cin = 2; /* the weight's 81 columns are not 27 x 2 */
-    rc = b->be->ops->conv3d(b->be, xd, &g, &W, NULL, yd);
+    rc = b->be->dec->conv3d(b->be, xd, &g, &W, NULL, yd);
     CHECK_MSG(rc == -H3_E_INVALID && strstr(h3_last_error(), "weight"), "%s conv3d: %d %s", b->name, rc,
               h3_last_error());
-    rc = b->be->ops->group_norm(b->be, xd, 1, 4, 6, 4, xd, xd, 1e-6f, true, yd); /* 6 channels in 4 groups */
+    rc = b->be->dec->group_norm(b->be, xd, 1, 4, 6, 4, xd, xd, 1e-6f, true, yd); /* 6 channels in 4 groups */
     CHECK_MSG(rc == -H3_E_INVALID && strstr(h3_last_error(), "groups"), "%s group_norm: %d %s", b->name, rc,
               h3_last_error());
     printf("%-5s %-13s %-52s refused with messages\n", b->name, "conv3d", "bad pads, weight shape; group count");
-    b->be->ops->weight_free(b->be, &W);
-    b->be->ops->release(b->be, xd), b->be->ops->release(b->be, yd);
+    b->be->weights->weight_free(b->be, &W);
+    b->be->mem->release(b->be, xd), b->be->mem->release(b->be, yd);
 }
 /* ---- end conv3d ---- */
 
@@ -1455,7 +1454,8 @@ static void run_all(bk *b)
     }
 
     /* The text encoder's and decoders' ops, where this backend's table has them. */
-    if (b->be->ops->layernorm && b->be->ops->copy && b->be->ops->add_div) {
+    if (h3_backend_supports(b->be, H3_OP_layernorm) && h3_backend_supports(b->be, H3_OP_copy) &&
+        h3_backend_supports(b->be, H3_OP_add_div)) {
         t_layernorm(b, 1, 5, true, false);
         t_layernorm(b, 7, 64, false, true);
         t_layernorm(b, 333, 130, true, false);
@@ -1502,7 +1502,7 @@ static void run_all(bk *b)
     run_decoder_ops(b);
 
     /* The vision tower's ops, where this backend's table has them. */
-    if (b->be->ops->gelu && b->be->ops->rope) {
+    if (h3_backend_supports(b->be, H3_OP_gelu) && h3_backend_supports(b->be, H3_OP_rope)) {
         t_gelu(b, 1, 5, true, false);
         t_gelu(b, 7, 64, false, true);
         t_gelu(b, 333, 130, true, true);
@@ -1517,7 +1517,7 @@ static void run_all(bk *b)
     /* The video encoder's ops, where this backend's table has them: conv_in-like, the downsampler
        (odd sizes, bottom/right pad, all strides 2), the one-frame encoder (kt = 1), a temporal-only
        downsampler without spatial padding, and enough windows for several im2col blocks. */
-    if (b->be->ops->conv3d && b->be->ops->group_norm) {
+    if (h3_backend_supports(b->be, H3_OP_conv3d) && h3_backend_supports(b->be, H3_OP_group_norm)) {
         t_conv3d(b, (h3_bconv3d){3, 5, 7, 3, 5, 3, 3, 3, 1, 1, 1, 2, 1, 1, 1, 1}, "causal");
         t_conv3d(b, (h3_bconv3d){5, 9, 6, 13, 17, 3, 3, 3, 2, 2, 2, 2, 0, 1, 0, 1}, "down");
         t_conv3d(b, (h3_bconv3d){1, 4, 3, 20, 7, 1, 3, 3, 1, 1, 1, 0, 1, 1, 1, 1}, "2-D");
@@ -1543,7 +1543,7 @@ int main(void)
     CHECK_MSG(rc == 0 && cpu, "cpu backend: %s", h3_last_error());
     if (cpu) {
         bk b = {"cpu", cpu, false};
-        CHECK(cpu->act_dtype == H3_DT_F32 && strcmp(cpu->ops->name, "cpu") == 0);
+        CHECK(cpu->act_dtype == H3_DT_F32 && strcmp(cpu->name, "cpu") == 0);
         run_all(&b);
         run_int8(&b);
         run_audio_enc_ops(&b);
@@ -1570,7 +1570,7 @@ int main(void)
     rc = h3_backend_cuda_open(0, NULL, &gpu);
     if (rc == 0 && gpu) {
         bk b = {"cuda", gpu, true};
-        CHECK(gpu->act_dtype == H3_DT_BF16 && strcmp(gpu->ops->name, "cuda") == 0);
+        CHECK(gpu->act_dtype == H3_DT_BF16 && strcmp(gpu->name, "cuda") == 0);
         run_all(&b);
         run_wstream(&b);
         run_ring_packed(&b, pool);

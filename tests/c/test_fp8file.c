@@ -134,10 +134,12 @@ static void test_transformer_open(h3_model *m, h3_fp8file *f)
     o.lora_paths = NULL;
     o.n_lora = 0;
     /* Every main-block GEMM weight comes from the file, the file's own bytes; nothing else does. */
-    h3_backend_ops ops = *cpu->ops;
-    ops.weight_load_fp8 = view_fp8;
-    const h3_backend_ops *keep = cpu->ops;
-    cpu->ops = &ops;
+    h3_backend_weights wt = *cpu->weights;
+    wt.weight_load_fp8 = view_fp8;
+    const h3_backend_weights *keep = cpu->weights;
+    const uint32_t keep_caps = cpu->caps;
+    cpu->weights = &wt;
+    cpu->caps |= H3_CAP_FP8_WEIGHTS;
     g_fp8_loads = 0;
     CHECK_MSG(h3_dit_open_ex(m, pool, cpu, 0, &o, &d) == 0, "%s", h3_last_error());
     if (d) {
@@ -155,7 +157,8 @@ static void test_transformer_open(h3_model *m, h3_fp8file *f)
         CHECK(d->ref[0].qkv.dtype == H3_DT_BF16); /* the refiner keeps the exact path */
         h3_dit_close(d);
     }
-    cpu->ops = keep;
+    cpu->weights = keep;
+    cpu->caps = keep_caps;
     h3_backend_destroy(cpu);
     h3_pool_destroy(pool);
 }

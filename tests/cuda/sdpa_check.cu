@@ -457,13 +457,13 @@ static void run_case(const Case &c, h3_backend *be, cudaStream_t s, bool have_cu
             return be->ops->attention(be, &qv, &kv, &vv, c.heads, c.kv_heads, c.D, scale, c.causal != 0, &ov);
         };
         int rc = call_own(o_own[0]);
-        if (rc == 0) rc = be->ops->sync(be);
+        if (rc == 0) rc = be->mem->sync(be);
         if (rc) {
             check(false, "own: %s (rc %d)", g_backend_err, rc);
         } else {
             against_ref("own", o_own[0]);
             rc = call_own(o_own[1]);
-            if (rc == 0) rc = be->ops->sync(be);
+            if (rc == 0) rc = be->mem->sync(be);
             const Compare d = compare_all(o_own[1], ldo, o_own[0], ldo, c.Lq, A);
             check(rc == 0 && d.diff_bits == 0, "own    same bits on a second run (%llu of %lld differ)", d.diff_bits,
                   (long long)(c.Lq * A));
@@ -570,7 +570,7 @@ int main(int argc, char **argv)
                t.flops / t.own_ms * 1e-9, t.own_ms / t.cudnn_ms);
     }
 
-    if (be) be->ops->destroy(be);
+    if (be) be->destroy(be);
     printf("\n%d passed, %d failed, %d skipped\n", g_passed, g_failed, g_skipped);
     return g_failed ? 1 : 0;
 }

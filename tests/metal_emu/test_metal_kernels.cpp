@@ -763,7 +763,7 @@ static void t_gn(int frames, int64_t pixels, int C, int groups, bool silu, bool 
 }
 
 /* ---- the step and the speed knobs: the CPU's bits (euler against libh3's function; the others against
-   the CPU's statements, libh3/backend/cpu/cpu_extra.c and cpu_models.c, replicated here) ---- */
+   the CPU's statements, libh3/backend/cpu/cpu_knobs.c and cpu_vae.c, replicated here) ---- */
 static void report_bits(const char *op, const char *what, bool same, const char *e)
 {
     checks++;

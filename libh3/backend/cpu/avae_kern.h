@@ -1,6 +1,6 @@
 /*
  * The CPU kernels of BigVGAN's alias-free activation and output convolution (the backend's
- * snake_aa and conv1_clamp ops, backend/cpu/cpu_models.c). Written once in avae_kern.inc and
+ * snake_aa and conv1_clamp ops, backend/cpu/cpu_vae.c). Written once in avae_kern.inc and
  * compiled per ISA like kernels.inc: avae_kern_generic.c at the baseline ISA, avae_kern_avx2.c
  * with AVX2+FMA. The decoder's other convolutions are GEMMs over overlapping rows and run on the
  * shared micro-kernel (h3_linear_blocked).

@@ -1,7 +1,8 @@
 /*
  * The CPU backend: backend.h's ops over the thread pool and the kernels of backend/cpu/ (one copy
  * of each: the GEMM micro-kernel and attention in kernels.inc, the row helpers in ops.c; the text
- * encoder's and decoders' ops are in cpu_models.c, the audio activation kernels in avae_kern.inc). All
+ * encoder's and the VAEs' layernorm, copy and add_div in cpu_layernorm.c, the decoders' ops in cpu_vae.c, the speed
+ * knobs' in cpu_knobs.c, the audio activation kernels in avae_kern.inc). All
  * activations are f32; this is the exact path every parity test checks. Buffers are host memory,
  * so upload/download are copies and weights are views of the mapped shards.
  *
@@ -9,9 +10,10 @@
  */
 #include "backend/cpu/cpu_common.h"
 #include "backend/backend.h"
-#include "backend/cpu/cpu_extra.h"
+#include "backend/cpu/cpu_knobs.h"
 #include "backend/cpu/cpu_int8.h"
-#include "backend/cpu/cpu_models.h"
+#include "backend/cpu/cpu_layernorm.h"
+#include "backend/cpu/cpu_vae.h"
 #include "backend/cpu/cpu_conv3d.h"
 #include "backend/cpu/cpu_vision.h"
 #include "backend/cpu/cpu_audio_enc.h"
@@ -413,9 +415,7 @@ static int cpu_noise(h3_backend *be, uint64_t seed, uint32_t stream, uint64_t of
     return 0;
 }
 
-static const h3_backend_ops cpu_ops = {
-    .name = "cpu",
-    .destroy = cpu_destroy,
+static const h3_backend_mem cpu_mem = {
     .alloc = cpu_alloc,
     .release = cpu_release,
     .upload = cpu_copy,
@@ -423,8 +423,22 @@ static const h3_backend_ops cpu_ops = {
     .zero = cpu_zero,
     .sync = cpu_sync,
     .mem_info = cpu_mem_info,
+    .dcopy = cpu_dcopy,
+};
+
+/* No rings: the CPU streams weights from the page cache (runtime/streamer.h). Its layer streams
+   are views of the read buffers. */
+static const h3_backend_weights cpu_weights = {
     .weight_load = cpu_weight_load,
     .weight_free = cpu_weight_free,
+    .wstream_open = cpu_wstream_open,
+    .wstream_load = cpu_wstream_load,
+    .wstream_wait_host = cpu_wstream_sync,
+    .wstream_done = cpu_wstream_sync,
+    .wstream_close = cpu_wstream_close,
+};
+
+static const h3_backend_ops cpu_ops = {
     .linear = cpu_linear,
     .attention = cpu_attention,
     .norm_mod = cpu_norm_mod,
@@ -443,25 +457,22 @@ static const h3_backend_ops cpu_ops = {
     .layernorm = h3_cpu_layernorm,
     .copy = h3_cpu_copy,
     .add_div = h3_cpu_add_div,
+    .conv_gemm = h3_cpu_conv_gemm,
+    .gelu = h3_cpu_gelu,
+    .rope = h3_cpu_rope,
+    .mul = h3_cpu_mul,
+};
+
+static const h3_backend_decoders cpu_dec = {
     .channels_last = h3_cpu_channels_last,
     .unpatchify = h3_cpu_unpatchify,
     .vae_stitch = h3_cpu_vae_stitch,
     .snake_aa = h3_cpu_snake_aa,
-    .conv_gemm = h3_cpu_conv_gemm,
     .conv1_clamp = h3_cpu_conv1_clamp,
     .conv3d = h3_cpu_conv3d,
     .group_norm = h3_cpu_group_norm,
-    .gelu = h3_cpu_gelu,
-    .rope = h3_cpu_rope,
     .snake = h3_cpu_snake,
     .head_pool = h3_cpu_head_pool,
-    .mul = h3_cpu_mul,
-    .wstream_open = cpu_wstream_open,
-    .wstream_load = cpu_wstream_load,
-    .wstream_wait_host = cpu_wstream_sync,
-    .wstream_done = cpu_wstream_sync,
-    .wstream_close = cpu_wstream_close,
-    .dcopy = cpu_dcopy,
 };
 
 int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)
@@ -470,12 +481,25 @@ int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)
     if (!pool) return h3_err(H3_E_INVALID, "cpu backend: no worker pool");
     cpu_backend *b = h3_calloc(1, sizeof *b);
     if (!b) return -H3_E_NOMEM;
+    b->base.name = "cpu";
+    b->base.abi_version = H3_BACKEND_ABI;
+    b->base.caps = H3_CAP_WSTREAM | H3_CAP_DECODERS | H3_CAP_SYNCHRONOUS;
+    b->base.is_host = true;
+    b->base.mem = &cpu_mem;
+    b->base.weights = &cpu_weights;
     b->base.ops = &cpu_ops;
+    b->base.dec = &cpu_dec;
+    b->base.destroy = cpu_destroy;
     b->base.act_dtype = H3_DT_F32;
     snprintf(b->base.attn_fp8_why, sizeof b->base.attn_fp8_why, "the CPU backend has no fp8 attention");
     b->pool = pool;
     snprintf(b->base.desc, sizeof b->base.desc, "cpu (%s kernels, %d threads)", h3_kernels_variant(),
              h3_pool_threads(pool));
+    int rc = h3_backend_check(&b->base);
+    if (rc) {
+        cpu_destroy(&b->base);
+        return rc;
+    }
     *out = &b->base;
     return 0;
 }

@@ -1,7 +1,7 @@
 /*
  * What the CPU backend's op files share: its worker pool, the f32-only check every op makes, and
- * the row grain of the element-wise ops (one definition each, used by cpu_backend.c, cpu_extra.c,
- * cpu_models.c, cpu_vision.c, cpu_audio_enc.c).
+ * the row grain of the element-wise ops (one definition each, used by cpu_backend.c, cpu_knobs.c,
+ * cpu_layernorm.c, cpu_vae.c, cpu_vision.c, cpu_audio_enc.c).
  */
 #ifndef H3_CPU_COMMON_H
 #define H3_CPU_COMMON_H

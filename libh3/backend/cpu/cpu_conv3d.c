@@ -11,7 +11,7 @@
  * then normalises row by row.
  */
 #include "backend/cpu/cpu_conv3d.h"
-#include "backend/cpu/cpu_models.h" /* h3_cpu_backend_pool */
+#include "backend/cpu/cpu_common.h" /* h3_cpu_backend_pool */
 #include "backend/cpu/ops.h"
 
 #include <math.h>

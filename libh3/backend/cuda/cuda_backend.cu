@@ -4,7 +4,8 @@
  *
  * One stream per backend: uploads, ops and downloads run in issue order on it; `download` and
  * `sync` wait for it and report any fault a queued kernel hit. Kernels live in cuda_gemm.cu
- * (cuBLASLt), cuda_attention.cu (flash attention) and cuda_rows.cu (the row-wise ops).
+ * (cuBLASLt, its plans cached in cuda_lt_plans.cu), cuda_attention.cu (flash attention) and
+ * cuda_rows.cu (the row-wise ops).
  *
  * This library links the CUDA runtime statically and cuBLASLt dynamically (libcublasLt.so.13,
  * found through the loader's normal search path: LD_LIBRARY_PATH or ld.so.conf), so the only
@@ -563,7 +564,7 @@ static int be_abs_diff_sum(h3_backend *be, const float *a, const float *bb, int6
     return rc ? rc : abs_diff_sum(b, a, bb, n, diff, ref);
 }
 
-/* The text encoder's and the decoders' ops: layernorm, copy and add_div in cuda_models.cu, the
+/* The text encoder's and the decoders' ops: layernorm, copy and add_div in cuda_layernorm.cu, the
    layout and convolution ops in cuda_decoders.cu. */
 static int be_layernorm(h3_backend *be, const h3_bt *x, const float *w, const float *bb, float eps, const h3_bt *y)
 {
@@ -657,8 +658,7 @@ static void release_all(Backend *b)
     if (b->stream) cudaStreamSynchronize(b->stream);
     decoders_destroy(b);
     wstream_destroy(b);
-    gemm_destroy(b);
-    fp8_destroy(b);
+    lt_plans_destroy(b);
     if (b->lt) cublasLtDestroy(b->lt);
     if (b->lt_ws) cudaFree(b->lt_ws);
     for (int i = 0; i < SCR_COUNT; i++)
@@ -713,28 +713,37 @@ static void be_destroy(h3_backend *be)
     release_all(b);
 }
 
-/* Positional, in backend.h's order: an op added to backend.h and missing here is a
-   -Wmissing-field-initializers warning, and a misplaced one a type error. */
-static const h3_backend_ops cuda_ops = {
-    "cuda",          be_destroy,      be_alloc,      be_release,        be_upload,
-    be_download,     be_zero,         be_sync,       be_mem_info,       be_weight_load,
-    be_weight_free,  be_linear,       be_attention,  be_norm_mod,       be_qk_norm_rope,
-    be_gated_add,    be_gated_add_norm, be_swiglu,     be_scatter_rows, be_euler,        be_noise,
-    be_extrapolate,  be_sub,          be_pool_pairs, be_unpool_pairs,   be_abs_diff_sum,
-    be_layernorm,    be_copy,         be_add_div,    be_channels_last,  be_unpatchify,
-    be_vae_stitch,   be_snake_aa,     be_conv_gemm,  be_conv1_clamp,
-    /* The video VAE encoder's conv3d / group_norm and the vision tower's gelu / rope have no CUDA
-       kernels yet: NULL, and those stages run on the CPU backend (the model code names the op when
-       a backend lacks it). */
-    NULL,            NULL,            NULL,          NULL,
-    /* The audio VAE encoder's snake / head_pool / mul: CPU only for now. */
-    NULL,            NULL,            NULL,
-    /* weight streaming */
-    be_host_alloc,   be_host_free,    be_weight_bytes, be_weight_save,  be_weight_view,
-    be_ring_open,    be_ring_close,   be_ring_fill,    be_ring_wait,    be_ring_done,
-    be_wstream_open, be_wstream_load, be_wstream_wait_host, be_wstream_done, be_wstream_close,
-    be_mem_peak,     be_weight_load_fp8, be_dcopy,
+/* Positional, in backend.h's order (C++17 has no designated initializers): an entry added to
+   backend.h and missing here is a -Wmissing-field-initializers warning, and a misplaced one a
+   type error. */
+static const h3_backend_mem cuda_mem = {
+    be_alloc,      be_release,  be_upload,  be_download, be_zero, be_sync, be_mem_info, be_dcopy,
+    be_host_alloc, be_host_free, be_mem_peak,
+};
+
+static const h3_backend_weights cuda_weights = {
+    be_weight_load,  be_weight_free,      be_weight_load_fp8,
+    be_weight_bytes, be_weight_save,      be_weight_view,
+    be_ring_open,    be_ring_close,       be_ring_fill,      be_ring_wait,    be_ring_done,
     be_ring_open_packed, be_ring_fill_packed,
+    be_wstream_open, be_wstream_load,     be_wstream_wait_host, be_wstream_done, be_wstream_close,
+};
+
+static const h3_backend_ops cuda_ops = {
+    be_linear,      be_attention,    be_norm_mod,   be_qk_norm_rope, be_gated_add,    be_gated_add_norm,
+    be_swiglu,      be_scatter_rows, be_euler,      be_noise,        be_extrapolate,  be_sub,
+    be_pool_pairs,  be_unpool_pairs, be_abs_diff_sum, be_layernorm,  be_copy,         be_add_div,
+    be_conv_gemm,
+    /* The vision tower's gelu / rope and the audio VAE encoder's mul have no CUDA kernels yet:
+       NULL, and those stages run on the CPU backend (h3_backend_need names the op otherwise). */
+    NULL,           NULL,            NULL,
+};
+
+static const h3_backend_decoders cuda_dec = {
+    be_channels_last, be_unpatchify, be_vae_stitch, be_snake_aa, be_conv1_clamp,
+    /* The video VAE encoder's conv3d / group_norm and the audio VAE encoder's snake / head_pool:
+       CPU only for now. */
+    NULL,             NULL,          NULL,          NULL,
 };
 
 /* Why the runtime found no usable device, as one line. */
@@ -795,7 +804,7 @@ static int create(Backend *b, int ord)
     /* A fixed workspace: cuBLASLt picks the same algorithm (hence the same bits) every run. */
     b->lt_ws_bytes = (size_t)32 << 20;
     if (!(b->lt_ws = dev_alloc(b, b->lt_ws_bytes, "the cuBLASLt workspace"))) return -H3_E_NOMEM;
-    int rc = gemm_init(b);
+    int rc = lt_plans_init(b);
     if (rc) return rc;
     /* The knobs come from libh3 (h3_backend_host, read once by h3_init), never from getenv here. */
     const char *impl = b->host.cuda_attention;
@@ -829,13 +838,26 @@ static int create(Backend *b, int ord)
                  why[0] ? why : why8);
     snprintf(b->base.desc, sizeof b->base.desc, "cuda (%.60s, sm_%d%d, %.1f GiB, %s attention)", prop.name, prop.major,
              prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), cudnn ? "cuDNN" : "own");
+    b->base.name = "cuda";
+    b->base.abi_version = H3_BACKEND_ABI;
+    /* weight_load_fp8 is there on every GPU and refuses, naming the need, below compute capability 8.9. */
+    b->base.caps = H3_CAP_PINNED | H3_CAP_MEM_PEAK | H3_CAP_FP8_WEIGHTS | H3_CAP_RINGS | H3_CAP_PACKED_RING |
+                   H3_CAP_WSTREAM | H3_CAP_DECODERS;
+    b->base.is_host = false;
+    b->base.mem = &cuda_mem;
+    b->base.weights = &cuda_weights;
     b->base.ops = &cuda_ops;
+    b->base.dec = &cuda_dec;
+    b->base.destroy = be_destroy;
     b->base.act_dtype = H3_DT_BF16;
     b->base.compute_capability = prop.major * 10 + prop.minor;
     return 0;
 }
 
 } /* namespace h3cuda */
+
+/* The ABI this library was built for: libh3 reads it before calling anything else here. */
+extern "C" __attribute__((visibility("default"))) uint32_t h3_backend_cuda_abi(void) { return H3_BACKEND_ABI; }
 
 extern "C" __attribute__((visibility("default"))) int h3_backend_cuda_create(const h3_backend_host *host,
                                                                              int device_ordinal, h3_backend **out)

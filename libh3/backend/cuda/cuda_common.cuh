@@ -24,8 +24,7 @@ struct h3_wpack_layout; /* core/wpack.h */
 
 namespace h3cuda {
 
-struct GemmCache; /* cuda_gemm.cu */
-struct Fp8Cache;  /* cuda_fp8.cu */
+struct LtCache;   /* cuda_lt_plans.cu */
 struct DecState;  /* cuda_decoders.cu */
 struct WsPark;    /* cuda_wstream.cu */
 
@@ -57,8 +56,7 @@ struct Backend {
     cublasLtHandle_t lt;
     void *lt_ws;
     size_t lt_ws_bytes;
-    GemmCache *gemm;
-    Fp8Cache *fp8; /* fp8 GEMM plans, created on the first fp8 linear */
+    LtCache *lt_plans; /* every cuBLASLt plan of the backend (cuda_lt_plans.cu) */
 
     void *scratch[SCR_COUNT];
     size_t scratch_bytes[SCR_COUNT];
@@ -198,13 +196,43 @@ static inline unsigned blocks_for(int64_t n, int threads, unsigned cap)
 /* ---- launchers (one per .cu file) ---------------------------------------------------------- */
 
 /* cuda_gemm.cu */
-int gemm_init(Backend *b);
-void gemm_destroy(Backend *b);
 int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
 
-/* cuda_gemm.cu: cuBLASLt's first heuristic algorithm for op over la x lb -> ld (C = D layout) with
-   the fixed workspace and no split-K, so a shape always gets the same kernel (hence the same bits);
-   alignments in bytes. False when cuBLASLt offers none. Every GEMM plan of the backend picks here. */
+/* cuda_lt_plans.cu: the one cache of cuBLASLt plans. Every cuBLASLt GEMM here is the TN form
+   Y^T = W X^T: A = W as K x N (op T, row stride lda), B = X as K x M (op N, ldb), D = Y as N x M
+   (ldd, C = D), f32 compute and scale types. A key says the rest; lt_key_init it (zero bytes, for
+   the hash and the comparison), then fill every field the GEMM uses. */
+struct LtKey {
+    int64_t M, N, K;
+    int64_t lda, ldb, ldd;              /* in elements of the matrix's type */
+    int32_t a_type, b_type, d_type;     /* cudaDataType */
+    uint32_t align_a, align_b, align_d; /* alignment classes in bytes (lt_align) */
+    int32_t epi_bias;                   /* an f32 bias fused in the epilogue (its pointer set per call) */
+    int32_t scale_outer;                /* fp8: f32 scale vectors over A's and B's outer dims (per call) */
+    int32_t unused;                     /* zero: no padding bytes, so copies of a key hash and compare alike */
+};
+static_assert(sizeof(LtKey) == 6 * 8 + 10 * 4, "LtKey must have no padding");
+/* Descriptors and the algorithm of a key. The op descriptor's per-call pointers (bias, scales) are
+   set by the caller just before its matmul. */
+struct LtPlan {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+void lt_key_init(LtKey *k);
+int lt_plans_init(Backend *b);
+void lt_plans_destroy(Backend *b);
+/* The plan of k, made on its first use and cached; NULL when cuBLASLt has no algorithm for it, or
+   a matmul turned it down (lt_plan_refuse; *refused then says so). The pointer is valid until the
+   next lt_plan call. */
+LtPlan *lt_plan(Backend *b, const LtKey &k, bool *refused = NULL);
+/* A matmul answered CUBLAS_STATUS_NOT_SUPPORTED with p: its key has no plan from now on. */
+void lt_plan_refuse(Backend *b, LtPlan *p);
+/* Alignment class (bytes, capped at 16) of a pointer and a row stride in bytes. */
+int lt_align(const void *p, int64_t ld_bytes);
+/* cuBLASLt's first heuristic algorithm for op over la x lb -> ld (C = D layout) with the fixed
+   workspace and no split-K, so a shape always gets the same kernel (hence the same bits);
+   alignments in bytes. False when cuBLASLt offers none. Every plan of the backend picks here. */
 bool lt_pick_algo(Backend *b, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
                   cublasLtMatrixLayout_t ld, uint32_t align_a, uint32_t align_b, uint32_t align_cd,
                   cublasLtMatmulAlgo_t *algo);
@@ -218,7 +246,6 @@ void fp8_weight_release(h3_bw *w);
 /* The weight quantised from its bf16 device copy. */
 int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, h3_bw *out);
 int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
-void fp8_destroy(Backend *b);
 /* cuda_attention.cu */
 int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D,
               float scale, bool causal, const h3_bt *O);
@@ -235,14 +262,14 @@ int gated_add_norm(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *ga
 int swiglu(Backend *b, const h3_bt *gate, const h3_bt *up, const h3_bt *out);
 int scatter_rows(Backend *b, const h3_bt *src, const int64_t *idx, const h3_bt *dst);
 int euler(Backend *b, float *x, const float *v, int64_t n, float t, float sigma, float sigma_next);
-/* cuda_extra.cu: the speed-knob ops (step reuse, core reuse, token reduction, step cache). */
+/* cuda_knobs.cu: the speed-knob ops (step reuse, core reuse, token reduction, step cache). */
 int extrapolate(Backend *b, float *out, const float *a, const float *bb, int64_t n, float r);
 int sub(Backend *b, float *out, const float *a, const float *bb, int64_t n);
 int pool_pairs(Backend *b, const h3_bt *src, const int64_t *pairs, const h3_bt *dst);
 int unpool_pairs(Backend *b, const h3_bt *red, const h3_bt *base, const int64_t *pairs, const h3_bt *full);
 int abs_diff_sum(Backend *b, const float *a, const float *bb, int64_t n, double *diff, double *ref);
 
-/* cuda_models.cu: the text encoder's and the decoders' ops. */
+/* cuda_layernorm.cu: layernorm, and the copy / add_div the text encoder and the VAEs share. */
 int layernorm(Backend *b, const h3_bt *x, const float *w, const float *bb, float eps, const h3_bt *y);
 int copy_view(Backend *b, const h3_bt *src, const h3_bt *dst);
 int add_div(Backend *b, const h3_bt *y, const h3_bt *x, float div);

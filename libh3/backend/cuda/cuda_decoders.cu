@@ -1,6 +1,6 @@
 /*
  * The decoders' layout and convolution ops of backend.h on the GPU (contracts in backend.h; the CPU
- * versions, which every result here is checked against, are in backend/cpu/cpu_models.c and
+ * versions, which every result here is checked against, are in backend/cpu/cpu_vae.c and
  * avae_kern.inc):
  *
  *   channels_last  host latents -> pinned staging -> one upload -> a de-normalising transpose
@@ -41,23 +41,6 @@ namespace h3cuda {
 
 /* ---- staging between the caller's host memory and the device ------------------------------ */
 
-/* An f32 GEMM of conv_gemm through cuBLASLt: descriptors and the chosen algorithm per shape. */
-struct F32Key {
-    int64_t M, N, K, ldx, ldy;
-    int bias, ax, ay; /* bias fused in the epilogue; alignment classes of X and Y */
-};
-
-struct F32Plan {
-    F32Key key;
-    bool used, ok; /* ok = false: cuBLASLt offered nothing, the own kernel runs it */
-    uint64_t stamp;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, ld;
-    cublasLtMatmulAlgo_t algo;
-};
-
-#define F32_PLANS 64
-
 struct DecState {
     void *dev;  /* device staging: channels_last's packed box, vae_stitch's converted frames */
     size_t dev_bytes;
@@ -65,18 +48,7 @@ struct DecState {
     size_t host_bytes;
     cudaEvent_t host_free; /* recorded after the last upload that reads `host` */
     bool host_busy;
-    F32Plan plans[F32_PLANS]; /* conv_gemm's f32 GEMMs (the audio decoder's shapes) */
-    uint64_t clock;
 };
-
-static void f32_plan_clear(F32Plan *p)
-{
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
-    memset(p, 0, sizeof *p);
-}
 
 /* vae_stitch converts and downloads at most this many bytes at a time (a normal 256 px tile of
    17 frames needs 3.3 MB; an untiled 1344 x 768 window needs batches). */
@@ -105,8 +77,6 @@ void decoders_destroy(Backend *b)
     DecState *s = b->dec;
     if (!s) return;
     if (s->host_free) cudaEventSynchronize(s->host_free);
-    for (int i = 0; i < F32_PLANS; i++)
-        if (s->plans[i].used) f32_plan_clear(&s->plans[i]);
     if (s->dev) cudaFree(s->dev);
     if (s->host) cudaFreeHost(s->host);
     if (s->host_free) cudaEventDestroy(s->host_free);
@@ -658,85 +628,18 @@ __global__ void im2col_kernel(const void *X, int x_bf16, int64_t ldx, int64_t M,
         }
 }
 
-/* Alignment class (bytes, capped at 16) of a pointer and a row stride. */
-static int align16(const void *p, int64_t ld_bytes)
+/* The plan key of Y = X W^T in f32 (the TN form of cuda_lt_plans.cu), compute type
+   CUBLAS_COMPUTE_32F: true f32 products and sums, no TF32. */
+static LtKey f32_key(int64_t M, int64_t N, int64_t K, int64_t ldx, int ax, int64_t ldy, int ay, bool epi_bias)
 {
-    const uintptr_t v = (uintptr_t)p | (uintptr_t)ld_bytes;
-    int a = 16;
-    while (a > 1 && (v & (uintptr_t)(a - 1))) a >>= 1;
-    return a;
-}
-
-/* Descriptors and the heuristic's first algorithm of Y = X W^T in f32 (the TN form of cuda_gemm.cu:
-   A = W as K x N, transposed; B = X as K x M; D = Y as N x M), compute type CUBLAS_COMPUTE_32F:
-   true f32 products and sums, no TF32. No split-K and a fixed workspace, so a shape gets the same
-   kernel, hence the same bits, on every run. */
-static bool f32_plan_make(Backend *b, F32Plan *p)
-{
-    const F32Key &k = p->key;
-    bool ok = false;
-    do {
-        if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
-            p->op = NULL;
-            break;
-        }
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
-            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))
-            break;
-        if (k.bias) {
-            cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-            int32_t bt = CUDA_R_32F;
-            if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
-                cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))
-                break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, (uint64_t)k.K, (uint64_t)k.N, k.K)) {
-            p->la = NULL;
-            break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, (uint64_t)k.K, (uint64_t)k.M, k.ldx)) {
-            p->lb = NULL;
-            break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, (uint64_t)k.N, (uint64_t)k.M, k.ldy)) {
-            p->ld = NULL;
-            break;
-        }
-        uint32_t aa = (uint32_t)align16(NULL, k.K * 4), abx = (uint32_t)k.ax, ayd = (uint32_t)k.ay;
-        if (!lt_pick_algo(b, p->op, p->la, p->lb, p->ld, aa, abx, ayd, &p->algo)) break;
-        ok = true;
-    } while (0);
-    if (!ok) {
-        const F32Key keep = p->key;
-        f32_plan_clear(p);
-        p->key = keep;
-    }
-    return ok;
-}
-
-static F32Plan *f32_plan(Backend *b, DecState *s, const F32Key &key)
-{
-    F32Plan *victim = NULL;
-    for (int i = 0; i < F32_PLANS; i++) {
-        F32Plan *p = &s->plans[i];
-        if (p->used && memcmp(&p->key, &key, sizeof key) == 0) {
-            p->stamp = ++s->clock;
-            return p;
-        }
-        if (!p->used) {
-            if (!victim || victim->used) victim = p;
-        } else if (!victim || (victim->used && p->stamp < victim->stamp)) {
-            victim = p;
-        }
-    }
-    if (victim->used) f32_plan_clear(victim);
-    memset(victim, 0, sizeof *victim);
-    victim->key = key;
-    victim->ok = f32_plan_make(b, victim);
-    victim->used = true;
-    victim->stamp = ++s->clock;
-    return victim;
+    LtKey k;
+    lt_key_init(&k);
+    k.M = M, k.N = N, k.K = K;
+    k.lda = K, k.ldb = ldx, k.ldd = ldy;
+    k.a_type = CUDA_R_32F, k.b_type = CUDA_R_32F, k.d_type = CUDA_R_32F;
+    k.align_a = (uint32_t)lt_align(NULL, K * 4), k.align_b = (uint32_t)ax, k.align_d = (uint32_t)ay;
+    k.epi_bias = epi_bias;
+    return k;
 }
 
 #define F32_T 16
@@ -773,33 +676,29 @@ __global__ void gemm_f32_kernel(const float *__restrict__ X, int64_t ldx, const 
 /* Y = X W^T + bias with f32 operands (W an f32 matrix in device memory). */
 static int gemm_f32(Backend *b, const float *X, int64_t ldx, const h3_bw *W, const float *bias, const h3_bt *Y)
 {
-    DecState *s = dec_state(b);
-    if (!s) return -H3_E_NOMEM;
     const int64_t M = Y->rows, N = W->rows, K = W->cols;
-    F32Key key;
-    memset(&key, 0, sizeof key);
-    key.M = M, key.N = N, key.K = K, key.ldx = ldx, key.ldy = Y->ld;
-    key.bias = bias && ((uintptr_t)bias & 15) == 0;
-    key.ax = align16(X, ldx * 4);
-    key.ay = align16(Y->data, Y->ld * 4);
-    F32Plan *p = K > 0 && ldx >= K && Y->ld >= N ? f32_plan(b, s, key) : NULL;
-    if (p && p->ok) {
+    const bool epi_bias = bias && ((uintptr_t)bias & 15) == 0;
+    LtPlan *p = K > 0 && ldx >= K && Y->ld >= N
+                    ? lt_plan(b, f32_key(M, N, K, ldx, lt_align(X, ldx * 4), Y->ld, lt_align(Y->data, Y->ld * 4),
+                                         epi_bias))
+                    : NULL;
+    if (p) {
         cublasStatus_t st;
-        if (key.bias &&
+        if (epi_bias &&
             (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
             return fail_cublas(b, st, "conv_gemm: setting the bias");
         const float one = 1.0f, zero = 0.0f;
         st = cublasLtMatmul(b->lt, p->op, &one, W->data, p->la, X, p->lb, &zero, Y->data, p->ld, Y->data, p->ld,
                             &p->algo, b->lt_ws, b->lt_ws_bytes, b->stream);
         if (st == CUBLAS_STATUS_SUCCESS) {
-            if (!bias || key.bias) return 0;
+            if (!bias || epi_bias) return 0;
             /* A bias the epilogue cannot read (not 16-byte aligned): added after, one rounding. */
             dim3 grid(blocks_for(N, 256, 64), (unsigned)(M < 65535 ? M : 65535));
             add_bias_kernel<<<grid, 256, 0, b->stream>>>((float *)Y->data, Y->ld, bias, M, N);
             return check_launch(b, "add_bias_kernel");
         }
         if (st != CUBLAS_STATUS_NOT_SUPPORTED) return fail_cublas(b, st, "conv_gemm");
-        p->ok = false; /* refused after all: this shape takes the own kernel from now on */
+        lt_plan_refuse(b, p); /* refused after all: this shape takes the own kernel from now on */
     }
     dim3 block(F32_T, F32_T), grid((unsigned)((N + F32_T - 1) / F32_T), (unsigned)((M + F32_T - 1) / F32_T));
     if (grid.y > 65535)

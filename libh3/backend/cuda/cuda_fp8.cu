@@ -94,122 +94,23 @@ bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols)
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */
 
-struct Fp8Key {
-    int64_t M, N, K, ldy;
-    int y_bf16, ay;
-};
-
 /* Where the scales go (see the top of the file); FP8_POST_BF16: the GEMM writes a bf16 scratch
    that the scale pass turns into Y, for an f32 Y where cuBLASLt has no f32-output fp8 kernel. */
 enum { FP8_OUTER = 1, FP8_POST = 2, FP8_POST_BF16 = 3 };
 
-struct Fp8Plan {
-    Fp8Key key;
-    bool used;
-    int mode; /* 0: no algorithm */
-    uint64_t stamp;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, ld;
-    cublasLtMatmulAlgo_t algo;
-};
-
-#define FP8_PLANS 64
-
-struct Fp8Cache {
-    Fp8Plan p[FP8_PLANS];
-    uint64_t clock;
-};
-
-static void fp8_plan_clear(Fp8Plan *p)
+/* The plan key of an fp8 GEMM: e4m3 W (K x N) and quantised X (K x M, row stride K), both 16-byte
+   aligned, into D of type d_bf16 ? bf16 : f32, ldd elements apart; ay is Y's alignment class (the
+   one the heuristic is given for D in every mode); `outer` puts the scale vectors in the GEMM. */
+static LtKey fp8_key(int64_t M, int64_t N, int64_t K, bool d_bf16, int64_t ldd, int ay, bool outer)
 {
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
-    memset(p, 0, sizeof *p);
-}
-
-void fp8_destroy(Backend *b)
-{
-    if (!b->fp8) return;
-    for (int i = 0; i < FP8_PLANS; i++)
-        if (b->fp8->p[i].used) fp8_plan_clear(&b->fp8->p[i]);
-    free(b->fp8);
-    b->fp8 = NULL;
-}
-
-/* Descriptors and the heuristic's first algorithm (no split-K, the fixed workspace: the same
-   kernel every run). False when cuBLASLt offers none. */
-static bool fp8_try_plan(Backend *b, Fp8Plan *p, bool outer, bool d_bf16)
-{
-    const Fp8Key &k = p->key;
-    bool ok = false;
-    do {
-        if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
-            p->op = NULL;
-            break;
-        }
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
-            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))
-            break;
-        if (outer && (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec) ||
-                      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec)))
-            break;
-        if (cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, (uint64_t)k.K, (uint64_t)k.N, k.K)) {
-            p->la = NULL;
-            break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, (uint64_t)k.K, (uint64_t)k.M, k.K)) {
-            p->lb = NULL;
-            break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->ld, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)k.N, (uint64_t)k.M,
-                                       d_bf16 && !k.y_bf16 ? k.N : k.ldy)) {
-            p->ld = NULL;
-            break;
-        }
-        uint32_t a16 = 16, ayd = (uint32_t)k.ay;
-        if (!lt_pick_algo(b, p->op, p->la, p->lb, p->ld, a16, a16, ayd, &p->algo)) break;
-        ok = true;
-    } while (0);
-    if (!ok) {
-        const Fp8Key keep = p->key;
-        fp8_plan_clear(p);
-        p->key = keep;
-    }
-    return ok;
-}
-
-static Fp8Plan *fp8_plan(Backend *b, const Fp8Key &k)
-{
-    if (!b->fp8 && !(b->fp8 = (Fp8Cache *)calloc(1, sizeof(Fp8Cache)))) return NULL;
-    Fp8Cache *c = b->fp8;
-    Fp8Plan *victim = NULL;
-    for (int i = 0; i < FP8_PLANS; i++) {
-        Fp8Plan *p = &c->p[i];
-        if (p->used && memcmp(&p->key, &k, sizeof k) == 0) {
-            p->stamp = ++c->clock;
-            return p;
-        }
-        if (!p->used) {
-            if (!victim || victim->used) victim = p;
-        } else if (!victim || (victim->used && p->stamp < victim->stamp)) {
-            victim = p;
-        }
-    }
-    if (victim->used) fp8_plan_clear(victim);
-    memset(victim, 0, sizeof *victim);
-    victim->key = k;
-    const bool yb = k.y_bf16 != 0;
-    victim->mode = fp8_try_plan(b, victim, true, yb)     ? FP8_OUTER
-                   : fp8_try_plan(b, victim, false, yb)  ? FP8_POST
-                   : !yb && fp8_try_plan(b, victim, false, true) ? FP8_POST_BF16
-                                                           : 0;
-    victim->used = true;
-    victim->stamp = ++c->clock;
-    return victim;
+    LtKey k;
+    lt_key_init(&k);
+    k.M = M, k.N = N, k.K = K;
+    k.lda = K, k.ldb = K, k.ldd = ldd;
+    k.a_type = CUDA_R_8F_E4M3, k.b_type = CUDA_R_8F_E4M3, k.d_type = d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    k.align_a = 16, k.align_b = 16, k.align_d = (uint32_t)ay;
+    k.scale_outer = outer;
+    return k;
 }
 
 /* The scale pass: y[m][n] = (d[m][n] * ws[n]) * xs[m] in f32, rounded to y's dtype (d may be y). */
@@ -243,38 +144,37 @@ int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, co
     int rc = quantize_rows(b, X->data, X->dtype == H3_DT_BF16, X->ld, M, K, xq, K, xs);
     if (rc) return rc;
     const int y_bf16 = Y->dtype == H3_DT_BF16;
-    Fp8Key key;
-    memset(&key, 0, sizeof key);
-    key.M = M;
-    key.N = N;
-    key.K = K;
-    key.ldy = Y->ld;
-    key.y_bf16 = y_bf16;
-    {
-        uintptr_t v = (uintptr_t)Y->data | (uintptr_t)(Y->ld * (y_bf16 ? 2 : 4));
-        int a = 16;
-        while (a > 1 && (v & (uintptr_t)(a - 1))) a >>= 1;
-        key.ay = a;
+    /* The scales in the GEMM, else after it by the scale pass; for an f32 Y without an f32-output
+       kernel, through a bf16 scratch of N-value rows. */
+    const bool yb = y_bf16 != 0;
+    const int ay = lt_align(Y->data, Y->ld * (y_bf16 ? 2 : 4));
+    int mode = FP8_OUTER;
+    LtPlan *p = lt_plan(b, fp8_key(M, N, K, yb, Y->ld, ay, true));
+    if (!p) {
+        mode = FP8_POST;
+        p = lt_plan(b, fp8_key(M, N, K, yb, Y->ld, ay, false));
     }
-    Fp8Plan *p = fp8_plan(b, key);
-    if (!p) return fail(b, H3_E_NOMEM, "cuda: out of host memory for the fp8 plan cache");
-    if (!p->mode)
+    if (!p && !yb) {
+        mode = FP8_POST_BF16;
+        p = lt_plan(b, fp8_key(M, N, K, true, N, ay, false));
+    }
+    if (!p)
         return fail(b, H3_E_UNSUPPORTED, "cuda: cuBLASLt has no fp8 GEMM for %lld x %lld x %lld (row stride %lld)",
                     (long long)M, (long long)N, (long long)K, (long long)Y->ld);
     cublasStatus_t st;
-    if (p->mode == FP8_OUTER &&
+    if (mode == FP8_OUTER &&
         ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wscale, sizeof wscale)) ||
          (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs))))
         return fail_cublas(b, st, "linear (fp8): setting the scales");
     const float one = 1.0f, zero = 0.0f;
     void *D = Y->data;
-    if (p->mode == FP8_POST_BF16 && !(D = scratch(b, SCR_YF32, (size_t)(M * N) * 2))) return -H3_E_NOMEM;
+    if (mode == FP8_POST_BF16 && !(D = scratch(b, SCR_YF32, (size_t)(M * N) * 2))) return -H3_E_NOMEM;
     st = cublasLtMatmul(b->lt, p->op, &one, W->data, p->la, xq, p->lb, &zero, D, p->ld, D, p->ld, &p->algo, b->lt_ws,
                         b->lt_ws_bytes, b->stream);
     if (st != CUBLAS_STATUS_SUCCESS) return fail_cublas(b, st, "linear (fp8)");
     dim3 grid(blocks_for(N, 256, 64), (unsigned)(M < 65535 ? M : 65535));
-    if (p->mode != FP8_OUTER) {
-        const bool sep = p->mode == FP8_POST_BF16;
+    if (mode != FP8_OUTER) {
+        const bool sep = mode == FP8_POST_BF16;
         fp8_scale_kernel<<<grid, 256, 0, b->stream>>>(D, sep ? 1 : y_bf16, sep ? N : Y->ld, Y->data, y_bf16, Y->ld,
                                                       wscale, xs, M, N);
         if ((rc = check_launch(b, "fp8_scale_kernel"))) return rc;

@@ -5,10 +5,10 @@
  * matrix and transposed (op T), B = X viewed as K x M (op N), D = Y viewed as N x M. This "TN"
  * form needs no copies and is the layout cuBLASLt's Hopper kernels are tuned for.
  *
- * Plans (descriptors + the chosen algorithm) are cached per shape, strides, dtypes and pointer
- * alignment, so a denoising step pays no heuristic queries after the first. The algorithm search
- * excludes split-K reductions and always runs with the same workspace, so a shape gets the same
- * kernel, hence the same bits, on every run.
+ * Plans (descriptors + the chosen algorithm) come from the backend's one plan cache
+ * (cuda_lt_plans.cu), keyed by shape, strides, dtypes and pointer alignment, so a denoising step
+ * pays no heuristic queries after the first and a shape gets the same kernel, hence the same bits,
+ * on every run.
  *
  * Fallbacks keep every shape working: when cuBLASLt cannot fuse the f32 bias into a bf16 output
  * (or the bias pointer is not 16-byte aligned) the product goes to an f32 scratch and a small
@@ -22,178 +22,23 @@
 
 namespace h3cuda {
 
-enum { MODE_DIRECT = 0, MODE_F32_SCRATCH = 1, MODE_FALLBACK = 2 };
-/* Bias classes of a key: none, fused in the epilogue, added by bias_store. */
+/* Bias classes of a call: none, fused in the epilogue, added by bias_store. */
 enum { BIAS_NONE = 0, BIAS_EPILOGUE = 1, BIAS_KERNEL = 2 };
 
-struct GemmKey {
-    int64_t M, N, K, ldx, ldy;
-    int y_bf16, bias, ax, ay;
-};
-
-struct GemmPlan {
-    GemmKey key;
-    bool used;
-    uint64_t stamp;
-    int mode;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, ld;
-    cublasLtMatmulAlgo_t algo;
-};
-
-#define GEMM_PLANS 128
-
-struct GemmCache {
-    GemmPlan p[GEMM_PLANS];
-    uint64_t clock;
-};
-
-static bool key_eq(const GemmKey &a, const GemmKey &b) { return memcmp(&a, &b, sizeof a) == 0; }
-
-/* Alignment class of a pointer plus row stride in bytes, capped at 16 (what the kernels care about). */
-static int align_of(const void *p, int64_t ld_bytes)
+/* The plan key of Y[M, N] = X[M, K] W^T with bf16 operands (X rows ldx apart, alignment class ax)
+   into D of type dt, ldd elements apart, alignment class ad; epi_bias fuses an f32 bias. Weights
+   come from cudaMalloc (256-byte aligned) with row stride K elements. */
+static LtKey bf16_key(int64_t M, int64_t N, int64_t K, int64_t ldx, int ax, cudaDataType dt, int64_t ldd, int ad,
+                      bool epi_bias)
 {
-    uintptr_t v = (uintptr_t)p | (uintptr_t)ld_bytes;
-    int a = 16;
-    while (a > 1 && (v & (uintptr_t)(a - 1))) a >>= 1;
-    return a;
-}
-
-static void plan_clear(GemmPlan *p)
-{
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
-    memset(p, 0, sizeof *p);
-}
-
-int gemm_init(Backend *b)
-{
-    b->gemm = (GemmCache *)calloc(1, sizeof(GemmCache));
-    if (!b->gemm) return fail(b, H3_E_NOMEM, "cuda: out of host memory for the GEMM plan cache");
-    return 0;
-}
-
-void gemm_destroy(Backend *b)
-{
-    if (!b->gemm) return;
-    for (int i = 0; i < GEMM_PLANS; i++)
-        if (b->gemm->p[i].used) plan_clear(&b->gemm->p[i]);
-    free(b->gemm);
-    b->gemm = NULL;
-}
-
-bool lt_pick_algo(Backend *b, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-                  cublasLtMatrixLayout_t ld, uint32_t align_a, uint32_t align_b, uint32_t align_cd,
-                  cublasLtMatmulAlgo_t *algo)
-{
-    cublasLtMatmulPreference_t pref = NULL;
-    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
-    uint64_t ws = b->lt_ws_bytes;
-    /* No split-K: a reduction over K partitions is not part of the determinism contract. */
-    uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
-    bool ok = false;
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    memset(&res, 0, sizeof res);
-    if (!cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) &&
-        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red) &&
-        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                              sizeof align_a) &&
-        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                              sizeof align_b) &&
-        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_cd,
-                                              sizeof align_cd) &&
-        !cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_cd,
-                                              sizeof align_cd) &&
-        cublasLtMatmulAlgoGetHeuristic(b->lt, op, la, lb, ld, ld, pref, 1, &res, &found) == CUBLAS_STATUS_SUCCESS &&
-        found >= 1 && res.state == CUBLAS_STATUS_SUCCESS) {
-        *algo = res.algo;
-        ok = true;
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
-    return ok;
-}
-
-/* Descriptors and the heuristic's first algorithm for D of type `dt` with row stride ldd (in D's
-   elements) and alignment class ad; `epi_bias` fuses an f32 bias. False when cuBLASLt offers no
-   algorithm (the plan is left empty). */
-static bool try_plan(Backend *b, GemmPlan *p, const GemmKey &k, cudaDataType dt, int64_t ldd, int ad, bool epi_bias)
-{
-    bool ok = false;
-    do {
-        if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
-            p->op = NULL;
-            break;
-        }
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
-            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))
-            break;
-        if (epi_bias) {
-            cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-            int32_t bt = CUDA_R_32F;
-            if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
-                cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))
-                break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)k.K, (uint64_t)k.N, k.K)) {
-            p->la = NULL;
-            break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)k.K, (uint64_t)k.M, k.ldx)) {
-            p->lb = NULL;
-            break;
-        }
-        if (cublasLtMatrixLayoutCreate(&p->ld, dt, (uint64_t)k.N, (uint64_t)k.M, ldd)) {
-            p->ld = NULL;
-            break;
-        }
-        /* Weights come from cudaMalloc (256-byte aligned) with row stride K elements. */
-        uint32_t aa = (uint32_t)align_of(NULL, k.K * 2), abx = (uint32_t)k.ax, ayd = (uint32_t)ad;
-        if (!lt_pick_algo(b, p->op, p->la, p->lb, p->ld, aa, abx, ayd, &p->algo)) break;
-        ok = true;
-    } while (0);
-    if (!ok) {
-        GemmKey keep = p->key;
-        plan_clear(p);
-        p->key = keep;
-    }
-    return ok;
-}
-
-static GemmPlan *get_plan(Backend *b, const GemmKey &k)
-{
-    GemmCache *c = b->gemm;
-    GemmPlan *victim = NULL;
-    for (int i = 0; i < GEMM_PLANS; i++) {
-        GemmPlan *p = &c->p[i];
-        if (p->used && key_eq(p->key, k)) {
-            p->stamp = ++c->clock;
-            return p;
-        }
-        /* A free slot, else the least recently used plan. */
-        if (!p->used) {
-            if (!victim || victim->used) victim = p;
-        } else if (!victim || (victim->used && p->stamp < victim->stamp)) {
-            victim = p;
-        }
-    }
-    if (victim->used) plan_clear(victim);
-    GemmPlan *p = victim;
-    memset(p, 0, sizeof *p);
-    p->key = k;
-    const cudaDataType ydt = k.y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    if (k.bias != BIAS_KERNEL && try_plan(b, p, k, ydt, k.ldy, k.ay, k.bias == BIAS_EPILOGUE))
-        p->mode = MODE_DIRECT;
-    else if (k.bias != BIAS_NONE && try_plan(b, p, k, CUDA_R_32F, k.N, align_of(NULL, k.N * 4), false))
-        p->mode = MODE_F32_SCRATCH;
-    else
-        p->mode = MODE_FALLBACK;
-    p->used = true;
-    p->stamp = ++c->clock;
-    return p;
+    LtKey k;
+    lt_key_init(&k);
+    k.M = M, k.N = N, k.K = K;
+    k.lda = K, k.ldb = ldx, k.ldd = ldd;
+    k.a_type = CUDA_R_16BF, k.b_type = CUDA_R_16BF, k.d_type = dt;
+    k.align_a = (uint32_t)lt_align(NULL, K * 2), k.align_b = (uint32_t)ax, k.align_d = (uint32_t)ad;
+    k.epi_bias = epi_bias;
+    return k;
 }
 
 int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
@@ -234,23 +79,21 @@ int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const 
     if (K == 0)
         return gemm_fallback(b, Xb, ldx, (const __nv_bfloat16 *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
 
-    GemmKey key;
-    memset(&key, 0, sizeof key);
-    key.M = M;
-    key.N = N;
-    key.K = K;
-    key.ldx = ldx;
-    key.ldy = ldy;
-    key.y_bf16 = y_bf16;
-    key.bias = !bias ? BIAS_NONE : ((uintptr_t)bias & 15) ? BIAS_KERNEL : BIAS_EPILOGUE;
-    key.ax = align_of(Xb, ldx * 2);
-    key.ay = align_of(Y->data, ldy * (y_bf16 ? 2 : 4));
-    GemmPlan *p = get_plan(b, key);
-
+    /* The plan: straight into Y (the bias fused when it is 16-byte aligned), else into an f32
+       scratch that bias_store rounds into Y, else the fallback kernel. A direct plan a matmul once
+       refused sends its shape to the fallback for good. */
+    const int bclass = !bias ? BIAS_NONE : ((uintptr_t)bias & 15) ? BIAS_KERNEL : BIAS_EPILOGUE;
+    const int ax = lt_align(Xb, ldx * 2);
+    const cudaDataType ydt = y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    bool refused = false;
+    LtPlan *p = NULL;
+    if (bclass != BIAS_KERNEL)
+        p = lt_plan(b, bf16_key(M, N, K, ldx, ax, ydt, ldy, lt_align(Y->data, ldy * (y_bf16 ? 2 : 4)),
+                                bclass == BIAS_EPILOGUE),
+                    &refused);
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t st;
-    switch (p->mode) {
-    case MODE_DIRECT:
+    if (p) {
         if (bias && (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
             return fail_cublas(b, st, "linear: setting the bias");
         st = cublasLtMatmul(b->lt, p->op, &one, W->data, p->la, Xb, p->lb, &zero, Y->data, p->ld, Y->data, p->ld,
@@ -258,16 +101,13 @@ int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const 
         if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
             /* The heuristic's algorithm refused these operands after all: this shape takes the
                fallback from now on (nothing was launched, so nothing is half done). */
-            GemmKey keep = p->key;
-            plan_clear(p);
-            p->key = keep;
-            p->used = true;
-            p->stamp = ++b->gemm->clock;
-            p->mode = MODE_FALLBACK;
+            lt_plan_refuse(b, p);
             return gemm_fallback(b, Xb, ldx, (const __nv_bfloat16 *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
         }
         return st == CUBLAS_STATUS_SUCCESS ? 0 : fail_cublas(b, st, "linear");
-    case MODE_F32_SCRATCH: {
+    }
+    if (bclass != BIAS_NONE && !refused &&
+        (p = lt_plan(b, bf16_key(M, N, K, ldx, ax, CUDA_R_32F, N, lt_align(NULL, N * 4), false)))) {
         float *t = (float *)scratch(b, SCR_YF32, (size_t)(M * N) * 4);
         if (!t) return -H3_E_NOMEM;
         st = cublasLtMatmul(b->lt, p->op, &one, W->data, p->la, Xb, p->lb, &zero, t, p->ld, t, p->ld, &p->algo,
@@ -275,9 +115,7 @@ int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const 
         if (st != CUBLAS_STATUS_SUCCESS) return fail_cublas(b, st, "linear");
         return bias_store(b, t, bias, Y->data, y_bf16, ldy, M, N);
     }
-    default:
-        return gemm_fallback(b, Xb, ldx, (const __nv_bfloat16 *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
-    }
+    return gemm_fallback(b, Xb, ldx, (const __nv_bfloat16 *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
 }
 
 /* ---- the fallback: a plain tiled GEMM ------------------------------------------------------ */

@@ -6,7 +6,7 @@
  * on the thread count.
  */
 #include "backend/cpu/cpu_common.h"
-#include "backend/cpu/cpu_extra.h"
+#include "backend/cpu/cpu_knobs.h"
 
 #include <math.h>
 #include <stdlib.h>

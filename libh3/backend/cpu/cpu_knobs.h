@@ -3,8 +3,8 @@
  * unpool_pairs, abs_diff_sum). Kept in their own file so the core kernels stay untouched; the
  * contracts are the ones in backend.h.
  */
-#ifndef H3_CPU_EXTRA_H
-#define H3_CPU_EXTRA_H
+#ifndef H3_CPU_KNOBS_H
+#define H3_CPU_KNOBS_H
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_common.h"
@@ -18,4 +18,4 @@ H3_INTERNAL int h3_cpu_unpool_pairs(h3_backend *be, const h3_bt *red, const h3_b
 H3_INTERNAL int h3_cpu_abs_diff_sum(h3_backend *be, const float *a, const float *b, int64_t n, double *diff,
                                     double *ref);
 
-#endif /* H3_CPU_EXTRA_H */
+#endif /* H3_CPU_KNOBS_H */

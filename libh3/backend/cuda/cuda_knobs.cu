@@ -2,7 +2,7 @@
  * The speed-knob ops of backend.h on the GPU (step reuse, core reuse, token reduction, step cache):
  * extrapolate, sub, pool_pairs, unpool_pairs, abs_diff_sum. All f32.
  *
- * The element-wise ones round exactly as backend/cpu/cpu_extra.c does (one IEEE operation each,
+ * The element-wise ones round exactly as backend/cpu/cpu_knobs.c does (one IEEE operation each,
  * written with __f*_rn so nothing is contracted into a fused multiply-add), so they give the CPU
  * backend's bits. abs_diff_sum accumulates in double in an order fixed for this backend: blocks of
  * 4096 values, each reduced by one thread block in a fixed tree, then the block sums in a fixed

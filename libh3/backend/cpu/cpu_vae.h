@@ -1,19 +1,14 @@
 /*
- * The CPU backend's versions of the ops the text encoder and the decoders add to backend.h
- * (layernorm, copy, add_div, channels_last, unpatchify, vae_stitch, snake_aa, conv_gemm,
- * conv1_clamp), in cpu_models.c. The contracts are the ones in backend.h.
+ * The CPU backend's VAE decoder ops (channels_last, unpatchify, vae_stitch, snake_aa, conv_gemm,
+ * conv1_clamp), in cpu_vae.c. The contracts are the ones in backend.h.
  */
-#ifndef H3_CPU_MODELS_H
-#define H3_CPU_MODELS_H
+#ifndef H3_CPU_VAE_H
+#define H3_CPU_VAE_H
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_common.h"
 #include "backend/cpu/ops.h"
 
-H3_INTERNAL int h3_cpu_layernorm(h3_backend *be, const h3_bt *x, const float *w, const float *b, float eps,
-                                 const h3_bt *y);
-H3_INTERNAL int h3_cpu_copy(h3_backend *be, const h3_bt *src, const h3_bt *dst);
-H3_INTERNAL int h3_cpu_add_div(h3_backend *be, const h3_bt *y, const h3_bt *x, float div);
 H3_INTERNAL int h3_cpu_channels_last(h3_backend *be, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt,
                                      int t_avail, int ny, int nx, const float *scale, const float *shift,
                                      const h3_bt *y);
@@ -28,4 +23,4 @@ H3_INTERNAL int h3_cpu_conv1_clamp(h3_backend *be, const h3_bt *X, const float *
 /* Host scratch snake_aa keeps per worker thread (bytes), for the audio decoder's memory estimate. */
 H3_INTERNAL int64_t h3_cpu_snake_scratch_bytes(void);
 
-#endif /* H3_CPU_MODELS_H */
+#endif /* H3_CPU_VAE_H */

@@ -3,7 +3,8 @@
  * with one line before anything in it but its ABI function is called, the refusal reaches
  * h3_last_error and h3_backends_json, and the CPU backend keeps working. The libraries are
  * tests/c/fake_backend.c, built next to this test by the Makefile; H3_CUDA_LIB points backend.c
- * at each in turn.
+ * at each in turn. libh3 reads H3_CUDA_LIB once per process (core/tuning.c), so each library is
+ * tried in a child process of its own, forked before anything read the variable.
  */
 #include "ctest.h"
 #include "backend/backend.h"
@@ -11,6 +12,8 @@
 #include "h3.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static char g_dir[4096];
 
@@ -27,7 +30,7 @@ static void expect_refused(const char *which, const char *const *want, int n)
     use_lib(which, path, sizeof path);
     CHECK_MSG(h3_backend_cuda_built(), "%s: %s not found (the Makefile builds it)", which, path);
     h3_backend *be = (h3_backend *)(uintptr_t)1;
-    int rc = h3_backend_cuda_open(0, &be);
+    int rc = h3_backend_cuda_open(0, NULL, &be);
     const char *msg = h3_last_error();
     CHECK_MSG(rc == -H3_E_UNSUPPORTED && be == NULL, "%s: rc %d", which, rc);
     CHECK_MSG(msg && !strchr(msg, '\n') && strstr(msg, "cuda: "), "%s: %s", which, msg ? msg : "(none)");
@@ -114,16 +117,28 @@ int main(int argc, char **argv)
     snprintf(abi, sizeof abi, "needs ABI %u", (unsigned)H3_BACKEND_ABI);
     snprintf(wrong, sizeof wrong, "has backend ABI %u", (unsigned)H3_BACKEND_ABI + 1000u);
     const char *noabi_want[] = {"fake_backend_noabi.so", "predates backend ABI versions", abi, "make cuda"};
-    expect_refused("noabi", noabi_want, 4);
     const char *wrong_want[] = {"fake_backend_wrong.so", wrong, abi, "make cuda"};
-    expect_refused("wrong", wrong_want, 4);
     const char *hollow_want[] = {"backend cuda", "a table (mem, weights, ops) is missing"};
-    expect_refused("hollow", hollow_want, 2);
-    check_cpu_works();
+    for (int c = 0; c < 4; c++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            if (c == 0) expect_refused("noabi", noabi_want, 4);
+            if (c == 1) expect_refused("wrong", wrong_want, 4);
+            if (c == 2) expect_refused("hollow", hollow_want, 2);
+            if (c == 3) { /* a path with nothing there: not built, the CPU path unaffected */
+                setenv("H3_CUDA_LIB", "/nonexistent/libh3_cuda.so", 1);
+                CHECK(!h3_backend_cuda_built());
+            }
+            check_cpu_works();
+            fflush(stdout);
+            _exit(ctest_failures ? 1 : 0);
+        }
+        int st = 0;
+        CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+        CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "case %d failed in its child (status %d)", c, st);
+    }
     check_table_checks();
-    /* A path with nothing there: not built, the CPU path unaffected. */
-    setenv("H3_CUDA_LIB", "/nonexistent/libh3_cuda.so", 1);
-    CHECK(!h3_backend_cuda_built());
-    check_cpu_works();
     CTEST_END();
 }

@@ -135,7 +135,7 @@ build/render: examples/render.c libh3/h3.h $(LIB)
 # clang users can link a tests/fuzz/fuzz_*.c target with -fsanitize=fuzzer instead.
 FUZZ_RUNS ?= 200000
 FUZZ_SRC_safetensors := libh3/core/util.c libh3/core/json.c libh3/core/safetensors.c libh3/core/singlefile.c \
-                        libh3/core/quant_formats.c
+                        libh3/core/quant_formats.c libh3/core/tuning.c
 FUZZ_SRC_json        := libh3/core/util.c libh3/core/json.c
 FUZZ_SRC_tokenizer   := libh3/core/util.c libh3/core/json.c libh3/core/tokenizer.c libh3/core/unicode_tables.c
 FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g $(SAN)

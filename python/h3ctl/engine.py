@@ -592,7 +592,8 @@ class Engine:
                                     vae_tile, preset=preset, first_frame=first_frame, last_frame=last_frame,
                                     references=references,
                                     **knobs)
-                steps = info.get("steps") or steps  # a preset's or an explicit grid's count
+                # the grid points run (the plan counts evaluations): a preset's or an explicit grid's count
+                steps = info["steps"] + 1 if info.get("steps") else steps
                 if previewer is not None:
                     previewer.run(steps)
                 while self.step() > 0:

@@ -2,6 +2,11 @@
 #include "api/api.h"
 #include "core/keyframe.h"
 
+H3_API int h3_request_default(h3_ctx *ctx, h3_request *r)
+{
+    return h3_rt_request_default(ctx ? &ctx->rt : NULL, r);
+}
+
 H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out)
 {
     if (!ctx) return h3_err(H3_E_INVALID, "NULL context");

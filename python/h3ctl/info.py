@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from . import _lib
+from ._lib import H3Error
 from .context import Context
 
 COMPONENT_ORDER = ["transformer", "text_encoder", "tokenizer", "video_vae", "audio_vae"]

@@ -146,7 +146,7 @@ class Session:
         self.width, self.height = int(d["width"]), int(d["height"])
         self.frames: int | None = int(d["frames"])
         self.seconds: float | None = None
-        self.steps = 20
+        self.steps = int(d["steps"])
         self.seed: int | None = 42  # None: a random seed for every render
         self.protocol = protocol
         self.every = every
@@ -455,7 +455,7 @@ class Session:
                                     progress=on_progress, preview=live.callback if live and live.active else None,
                                     preview_every=self.every)
                 state["phase"] = "writing"
-                if eng._cancel:
+                if eng.cancelled:
                     raise KeyboardInterrupt
                 media.write_mp4(path, result.frames, result.audio, result.sample_rate, fps=result.fps)
                 state["phase"] = "recording"

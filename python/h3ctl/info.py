@@ -140,7 +140,12 @@ def render_text(info: dict) -> str:
 
 
 def main(args) -> int:
-    info = collect(args.model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
+    from .engine import default_model_dir
+
+    model_dir = args.model_dir or default_model_dir()  # as `h3ctl render`: the embedded model (or H3CTL_MODEL)
+    if not args.model_dir and not Path(model_dir).exists():
+        raise H3Error(f"{model_dir}: the embedded model is missing from this installation")
+    info = collect(model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
                    device=getattr(args, "device", "auto"), device_index=getattr(args, "device_index", 0),
                    precision=getattr(args, "precision", "default"))
     if args.json:

@@ -188,7 +188,7 @@ NVCCFLAGS     ?= -O3
 NVCC_BASE      = -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
                  -Ilibh3 -I$(CUDA_INC) -I$(CUBLAS_INC)
 CUDA_SRC      := $(sort $(wildcard libh3/backend/cuda/*.cu))
-CUDA_HDR      := $(wildcard libh3/backend/cuda/*.cuh) libh3/backend/backend.h libh3/core/internal.h libh3/core/wpack.h libh3/h3.h
+CUDA_HDR      := $(wildcard libh3/backend/cuda/*.cuh) libh3/backend/backend.h libh3/core/internal.h libh3/core/wpack.h libh3/h3.h libh3/h3_stages.h
 CUDA_OBJ      := $(patsubst libh3/%.cu,build/cuda/%.o,$(CUDA_SRC))
 
 cuda: $(CUDA_LIB)

@@ -55,16 +55,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s MODEL_DIR OUT_DIR PROMPT [width height frames steps seed]\n", argv[0]);
         return 2;
     }
-    h3_request req;
-    h3_request_default(&req);
-    req.prompt = argv[3];
-    if (argc > 8) {
-        req.width = atoi(argv[4]);
-        req.height = atoi(argv[5]);
-        req.frames = atoi(argv[6]);
-        req.steps = atoi(argv[7]);
-        req.seed = strtoull(argv[8], NULL, 10);
-    }
     if (mkdir(argv[2], 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "error: %s: %s\n", argv[2], strerror(errno));
         return 2;
@@ -73,6 +63,21 @@ int main(int argc, char **argv)
     if (!ctx) {
         fprintf(stderr, "error: %s\n", h3_last_error());
         return 2;
+    }
+    /* The model's defaults (its model_index.json), then whatever the command line gives. */
+    h3_request req;
+    if (h3_request_default(ctx, &req) != 0) {
+        fprintf(stderr, "error: %s\n", h3_last_error());
+        h3_free(ctx);
+        return 2;
+    }
+    req.prompt = argv[3];
+    if (argc > 8) {
+        req.width = atoi(argv[4]);
+        req.height = atoi(argv[5]);
+        req.frames = atoi(argv[6]);
+        req.steps = atoi(argv[7]);
+        req.seed = strtoull(argv[8], NULL, 10);
     }
     h3_set_progress(ctx, on_progress, NULL);
     h3_render_info info = {.struct_size = sizeof info};

@@ -23,7 +23,7 @@ static int int_range(const char *name, int32_t v, int32_t lo, int32_t hi, const 
 static int request_ranges(const h3_request *q)
 {
     if (!q) return h3_err(H3_E_INVALID, "NULL request");
-    if (q->struct_size < offsetof(h3_request, audio_noise) + sizeof q->audio_noise || q->struct_size > sizeof *q)
+    if (q->struct_size < offsetof(h3_request, seed) + sizeof q->seed || q->struct_size > sizeof *q)
         return h3_err(H3_E_INVALID, "h3_request.struct_size %u is not a size this library knows", q->struct_size);
     int rc;
     if ((rc = int_range("width", q->width, 0, H3_API_MAX_SIDE, " pixels (0 with a keyframe)")) ||
@@ -61,6 +61,11 @@ static int request_ranges(const h3_request *q)
         return rc;
     if (REQ_HAS(q, n_references) && (rc = int_range("reference count", q->n_references, 0, 64, ""))) return rc;
     return 0;
+}
+
+H3_API int h3_request_default(h3_ctx *ctx, h3_request *r)
+{
+    return h3_rt_request_default(ctx ? &ctx->rt : NULL, r);
 }
 
 H3_API int h3_plan(h3_ctx *ctx, const h3_request *request, h3_render_info *out)

@@ -73,9 +73,39 @@ static int64_t h3ctl_int(h3_model *m, const char *key, int64_t dflt)
     return dflt;
 }
 
+int h3_geom_model_defaults(h3_model *m, h3_model_defaults *out)
+{
+    static const struct {
+        const char *key;
+        int dflt, lo, hi;
+    } keys[4] = {{"default_width", 1344, 1, 1 << 20},
+                 {"default_height", 768, 1, 1 << 20},
+                 {"default_frames", 124, 1, 100000},
+                 {"default_steps", 20, 2, 1000}};
+    int *dst[4] = {&out->width, &out->height, &out->frames, &out->steps};
+    const h3j *blk = m && m->index_loaded ? h3j_get(&m->index, h3j_root(&m->index), "h3ctl") : NULL;
+    int rc = 0;
+    for (int i = 0; i < 4; i++) {
+        *dst[i] = keys[i].dflt;
+        if (!blk || !h3j_get(&m->index, blk, keys[i].key)) continue;
+        int64_t v;
+        if (h3_cfg_int(&m->index, blk, &v, keys[i].key, (const char *)NULL) != 0 || v < keys[i].lo ||
+            v > keys[i].hi) {
+            if (!rc)
+                rc = h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be an integer from %d to %d",
+                            m->partition_dir, keys[i].key, keys[i].lo, keys[i].hi);
+            continue;
+        }
+        *dst[i] = (int)v;
+    }
+    return rc;
+}
+
 void h3_geom_canvas_rule(h3_model *m, const h3_geom_cfg *g, struct h3_canvas_rule *out)
 {
-    const int64_t dw = h3ctl_int(m, "default_width", 1344), dh = h3ctl_int(m, "default_height", 768);
+    h3_model_defaults d;
+    h3_geom_model_defaults(m, &d);
+    const int64_t dw = d.width, dh = d.height;
     const int64_t se = h3ctl_int(m, "canvas_short_edge", dw < dh ? dw : dh);
     out->short_edge = se > (1 << 20) ? (1 << 20) : (int)se;
     out->max_pixels = h3ctl_int(m, "canvas_max_pixels", h3ctl_int(m, "max_pixels", 768 * 1344));

@@ -36,6 +36,19 @@ H3_INTERNAL void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int f
                               h3_geom *out);
 
 /*
+ * The model's default render: model_index.json "h3ctl" default_width / default_height /
+ * default_frames / default_steps, each else the release's 1344 x 768, 124 frames, 20 steps. The one
+ * place these defaults are decided (h3_request_default, and through it h3ctl, read them; the
+ * canvas rule below derives its short edge from them). m may be NULL (the release's). A value that
+ * is not an integer in range (sides 1 .. 2^20, frames 1 .. 100000, steps 2 .. 1000) fails with
+ * H3_E_FORMAT naming it, *out then holding the release's value for it.
+ */
+typedef struct h3_model_defaults {
+    int width, height, frames, steps;
+} h3_model_defaults;
+H3_INTERNAL int h3_geom_model_defaults(h3_model *m, h3_model_defaults *out);
+
+/*
  * The canvas rule of FL2VA keyframes on this model (keyframe.h): diffusers' canvas_short_edge and
  * canvas_max_pixels are the release's 768 and 768 x 1344, which are the short edge of its default
  * canvas and its pixel limit. A model states its own through model_index.json "h3ctl":

@@ -5,7 +5,7 @@
 #ifndef H3_INTERNAL_H
 #define H3_INTERNAL_H
 
-#include "h3.h"
+#include "h3_stages.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

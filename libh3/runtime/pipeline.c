@@ -88,16 +88,19 @@ void h3_rt_render_free(h3_runtime *rt)
     rt->render = NULL;
 }
 
-H3_API void h3_request_default(h3_request *r)
+int h3_rt_request_default(h3_runtime *rt, h3_request *r)
 {
-    if (!r) return;
+    if (!r) return h3_err(H3_E_INVALID, "NULL request");
     memset(r, 0, sizeof *r);
     r->struct_size = sizeof *r;
-    r->width = 128;
-    r->height = 128;
-    r->frames = 22;
-    r->steps = 20;
     r->seed = 42;
+    h3_model_defaults d;
+    int rc = h3_geom_model_defaults(rt ? rt->model : NULL, &d);
+    r->width = d.width;
+    r->height = d.height;
+    r->frames = d.frames;
+    r->steps = d.steps;
+    return rc;
 }
 
 static int model_limit(h3_model *m, const char *key, int64_t dflt, int64_t *out)
@@ -113,7 +116,7 @@ static int model_limit(h3_model *m, const char *key, int64_t dflt, int64_t *out)
     return 0;
 }
 
-static int widen_request(const h3_request *q, h3_request *out);
+static int widen_request(const h3_request *q, h3_request *out, h3_parity *parity);
 
 /* The schedule the model (model_index.json "h3ctl": {"schedule": NAME}) or its LoRA files declare
    (*decl; NULL = none; *model_decl: the model's own). Both declaring different ones fails. */
@@ -138,7 +141,8 @@ static int declared_schedule(h3_model *m, const char *lora_decl, const char **mo
 int h3_rt_schedule_declared(h3_runtime *rt, const h3_request *request, char *name, int cap)
 {
     h3_request q;
-    int rc = widen_request(request, &q);
+    h3_parity parity;
+    int rc = widen_request(request, &q, &parity);
     if (rc) return rc;
     if (!name || cap < 1) return h3_err(H3_E_INVALID, "schedule: no room for the name");
     h3_model *m = rt->model;
@@ -395,15 +399,25 @@ typedef struct {
 } cfgs;
 
 /* Configs of every component a render needs, checked to fit together, and the request's shape. */
-/* The caller's request widened to this library's struct: fields an older caller did not know keep
-   their defaults, and nothing past its struct_size is read. */
-static int widen_request(const h3_request *q, h3_request *out)
+/* The caller's request (and its parity injections) widened to this library's structs: fields an
+   older caller did not know keep their defaults (zero), and nothing past either struct_size is
+   read. out->parity always points at *parity afterwards (all NULL when the caller gave none). */
+static int widen_request(const h3_request *q, h3_request *out, h3_parity *parity)
 {
     if (!q) return h3_err(H3_E_INVALID, "NULL request");
-    if (q->struct_size < offsetof(h3_request, audio_noise) + sizeof q->audio_noise || q->struct_size > sizeof *q)
+    if (q->struct_size < offsetof(h3_request, seed) + sizeof q->seed || q->struct_size > sizeof *q)
         return h3_err(H3_E_INVALID, "h3_request.struct_size %u is not a size this library knows", q->struct_size);
-    h3_request_default(out);
+    memset(out, 0, sizeof *out);
     memcpy(out, q, q->struct_size);
+    memset(parity, 0, sizeof *parity);
+    parity->struct_size = sizeof *parity;
+    const h3_parity *p = out->parity;
+    out->parity = parity;
+    if (p) {
+        if (p->struct_size < offsetof(h3_parity, audio_noise) + sizeof p->audio_noise || p->struct_size > sizeof *p)
+            return h3_err(H3_E_INVALID, "h3_parity.struct_size %u is not a size this library knows", p->struct_size);
+        memcpy(parity, p, p->struct_size);
+    }
     return 0;
 }
 
@@ -440,10 +454,10 @@ static int request_keyframes(const h3_request *q, keyframes *kf)
         const uint8_t *rgb;
         int w, h;
         const float *noise, *posterior, *latent;
-    } in[2] = {{"first frame", H3_ANCHOR_FIRST, q->first_frame, q->first_width, q->first_height, q->first_noise,
-                q->first_posterior_noise, q->first_latent},
-               {"last frame", H3_ANCHOR_LAST, q->last_frame, q->last_width, q->last_height, q->last_noise,
-                q->last_posterior_noise, q->last_latent}};
+    } in[2] = {{"first frame", H3_ANCHOR_FIRST, q->first_frame, q->first_width, q->first_height, q->parity->first_noise,
+                q->parity->first_posterior_noise, q->parity->first_latent},
+               {"last frame", H3_ANCHOR_LAST, q->last_frame, q->last_width, q->last_height, q->parity->last_noise,
+                q->parity->last_posterior_noise, q->parity->last_latent}};
     for (int i = 0; i < 2; i++) {
         if (!in[i].rgb && !in[i].latent) {
             if (in[i].noise || in[i].posterior)
@@ -608,22 +622,22 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
         derived = true;
     }
     if ((rc = check_shape(rt, q, &k->dc, &k->vc, derived, r))) return rc;
-    if (q->text_states) {
-        if (q->text_rows < 1 || q->text_rows > H3_TEXT_MAX_TOKENS)
-            return h3_err(H3_E_INVALID, "text_states: %d rows (1 to %d)", q->text_rows, H3_TEXT_MAX_TOKENS);
-    } else if (q->text_rows || q->text_tags) {
+    if (q->parity->text_states) {
+        if (q->parity->text_rows < 1 || q->parity->text_rows > H3_TEXT_MAX_TOKENS)
+            return h3_err(H3_E_INVALID, "text_states: %d rows (1 to %d)", q->parity->text_rows, H3_TEXT_MAX_TOKENS);
+    } else if (q->parity->text_rows || q->parity->text_tags) {
         return h3_err(H3_E_INVALID, "text_rows / text_tags given without text_states");
     }
     bool encode = false;
     for (int i = 0; i < kf->n; i++) {
         if (kf->rgb[i] && !kf->latent[i]) encode = true;
-        if (!kf->rgb[i] && !q->text_states)
+        if (!kf->rgb[i] && !q->parity->text_states)
             return h3_err(H3_E_INVALID, "%s: its image is needed to present it to the text encoder", kf->name[i]);
     }
     if (encode && (rc = keyframe_encoder_check(m, r->rw, r->rh, r->C, r->lh, r->lw))) return rc;
     if (q->n_references) {
         /* Each image reference is encoded and shown to the text encoder at its own size. */
-        if (q->text_states) return h3_err(H3_E_INVALID, "references: text_states cannot be injected with references");
+        if (q->parity->text_states) return h3_err(H3_E_INVALID, "references: text_states cannot be injected with references");
         if ((rc = h3_ref_plan_images(m, q, r->frames, r->C, k->vc.spatial, rp))) return rc;
         for (int i = 0; i < rp->n; i++)
             if ((rc = keyframe_encoder_check(m, rp->w[i], rp->h[i], r->C, rp->lh[i], rp->lw[i]))) {
@@ -633,7 +647,7 @@ static int plan(h3_runtime *rt, h3_request *q, cfgs *k, struct h3_render *r, key
         if ((rc = h3_ref_plan_audio(m, q, r->frames, rp))) return rc;
         if ((rc = keyframe_text_check(rt, q->prompt, rp->n, rp->w, rp->h, rp->frames, rp->audio_before))) return rc;
     }
-    if (kf->n && !q->text_states) {
+    if (kf->n && !q->parity->text_states) {
         const int kw[2] = {q->width, q->width}, kh[2] = {q->height, q->height};
         if ((rc = keyframe_text_check(rt, q->prompt, kf->n, kw, kh, NULL, NULL))) return rc;
     }
@@ -689,7 +703,8 @@ int h3_rt_plan(h3_runtime *rt, const h3_request *request, h3_render_info *out)
     if (out->struct_size != sizeof *out)
         return h3_err(H3_E_INVALID, "h3_render_info.struct_size %u, expected %zu", out->struct_size, sizeof *out);
     h3_request wide, *q = &wide;
-    int rc = widen_request(request, &wide);
+    h3_parity wide_parity;
+    int rc = widen_request(request, &wide, &wide_parity);
     if (rc) return rc;
     struct h3_render r;
     memset(&r, 0, sizeof r);
@@ -734,14 +749,14 @@ static int prepare_text(h3_runtime *rt, const h3_request *q, const keyframes *kf
         if (!rc) take_text_rows(r, &tr);
         return rc;
     }
-    if (q->text_states) {
-        r->n_text = q->text_rows;
+    if (q->parity->text_states) {
+        r->n_text = q->parity->text_rows;
         r->text = h3_malloc(sizeof(float) * (size_t)r->n_text * (size_t)hidden);
         if (!r->text) return -H3_E_NOMEM;
-        memcpy(r->text, q->text_states, sizeof(float) * (size_t)r->n_text * (size_t)hidden);
-        if (q->text_tags) {
+        memcpy(r->text, q->parity->text_states, sizeof(float) * (size_t)r->n_text * (size_t)hidden);
+        if (q->parity->text_tags) {
             if (!(r->text_tags = h3_malloc((size_t)r->n_text))) return -H3_E_NOMEM;
-            memcpy(r->text_tags, q->text_tags, (size_t)r->n_text);
+            memcpy(r->text_tags, q->parity->text_tags, (size_t)r->n_text);
         }
         return 0;
     }
@@ -841,14 +856,14 @@ static int prepare_reference_latents(h3_runtime *rt, const h3_request *q, const 
             if (!rc) rc = h3_rt_cpu_backend(rt, &cpu);
             if (!rc) {
                 const h3_venc_cond c = {.rgb = sized, .T = rp->enc_frames[i], .H = rp->h[i], .W = rp->w[i],
-                                        .eps = f->posterior_noise, .seed = H3_KEYFRAME_ENCODE_SEED,
+                                        .eps = h3_ref_posterior_noise(q, rp->index[i]), .seed = H3_KEYFRAME_ENCODE_SEED,
                                         .stream = H3_STREAM_POSTERIOR, .out = *out + rp->off[i],
                                         .progress = rt->progress, .user = rt->progress_user};
                 rc = h3_venc_condition(rt->model, cpu, &c);
             }
         } else {
             rc = h3_keyframe_place(pool, f->rgb, f->width, f->height, rp->w[i], rp->h[i], 0, sized);
-            if (!rc) rc = keyframe_encode(rt, sized, rp->w[i], rp->h[i], f->posterior_noise, *out + rp->off[i]);
+            if (!rc) rc = keyframe_encode(rt, sized, rp->w[i], rp->h[i], h3_ref_posterior_noise(q, rp->index[i]), *out + rp->off[i]);
         }
         free(sized);
         if (rc) h3_err_prefix("reference %d", rp->index[i] + 1);
@@ -860,9 +875,10 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
 {
     if (!request) return h3_err(H3_E_INVALID, "NULL request");
     h3_request wide, *q = &wide;
-    int rc = widen_request(request, &wide);
+    h3_parity wide_parity;
+    int rc = widen_request(request, &wide, &wide_parity);
     if (rc) return rc;
-    if (!q->prompt && !q->text_states) return h3_err(H3_E_INVALID, "no prompt");
+    if (!q->prompt && !q->parity->text_states) return h3_err(H3_E_INVALID, "no prompt");
     h3_rt_render_free(rt);
     struct h3_render *r = h3_calloc(1, sizeof *r);
     if (!r) return -H3_E_NOMEM;
@@ -988,14 +1004,14 @@ int h3_rt_prepare(h3_runtime *rt, const h3_request *request)
     }
     if (kf.n) pack_conditions(&dc, &kf, r, cond, vlatents, vrows);
     if (rp.n) h3_ref_pack(&dc, q, &rp, q->seed, cond, vlatents, vrows);
-    if (q->video_noise)
-        memcpy(vlatents, q->video_noise, sizeof(float) * (size_t)vlat);
+    if (q->parity->video_noise)
+        memcpy(vlatents, q->parity->video_noise, sizeof(float) * (size_t)vlat);
     else if (r->lh != r->olh || r->lw != r->olw)
         rc = canvas_noise(q->seed, r->C, r->T, r->olh, r->olw, r->lh, r->lw, vlatents);
     else
         h3_noise(q->seed, 0, 0, vlatents, vlat);
-    if (q->audio_noise)
-        memcpy(alatents, q->audio_noise, sizeof(float) * (size_t)alat);
+    if (q->parity->audio_noise)
+        memcpy(alatents, q->parity->audio_noise, sizeof(float) * (size_t)alat);
     else
         h3_noise(q->seed, 1, 0, alatents, alat);
     h3_dit_patchify_video(&dc, vlatents, r->T, r->lh, r->lw, vrows + r->cond_floats);

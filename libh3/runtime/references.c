@@ -38,12 +38,28 @@ int h3_ref_image_size(int width, int height, int short_edge, int multiple, int *
     return 0;
 }
 
+const float *h3_ref_noise(const h3_request *q, int i)
+{
+    const h3_parity *p = q->parity;
+    return p && p->reference_noise && i >= 0 && i < q->n_references ? p->reference_noise[i] : NULL;
+}
+
+const float *h3_ref_posterior_noise(const h3_request *q, int i)
+{
+    const h3_parity *p = q->parity;
+    return p && p->reference_posterior_noise && i >= 0 && i < q->n_references ? p->reference_posterior_noise[i]
+                                                                                : NULL;
+}
+
 int h3_ref_request_check(const h3_model *m, const h3_request *q)
 {
+    const h3_parity *inj = q->parity;
+    if (!q->n_references && inj && (inj->reference_noise || inj->reference_posterior_noise))
+        return h3_err(H3_E_INVALID, "reference noise injected into a request without references");
     if (q->n_references == 0 && !q->references) return 0;
     if (q->n_references < 1 || q->n_references > H3_REF_MAX || !q->references)
         return h3_err(H3_E_INVALID, "references: %d given (1 to %d, with their array)", q->n_references, H3_REF_MAX);
-    if (q->first_frame || q->last_frame || q->first_latent || q->last_latent)
+    if (q->first_frame || q->last_frame || (inj && (inj->first_latent || inj->last_latent)))
         return h3_err(H3_E_INVALID, "references cannot be combined with a first or last frame (Ref2VA or FL2VA, "
                                     "not both)");
     int count[3] = {0, 0, 0};
@@ -53,6 +69,8 @@ int h3_ref_request_check(const h3_model *m, const h3_request *q)
         const h3_reference *f = &q->references[i];
         if (f->kind < H3_REFERENCE_IMAGE || f->kind > H3_REFERENCE_AUDIO)
             return h3_err(H3_E_INVALID, "reference %d: kind %d (0 image, 1 video, 2 audio)", i + 1, f->kind);
+        if (f->kind == H3_REFERENCE_AUDIO && (h3_ref_noise(q, i) || h3_ref_posterior_noise(q, i)))
+            return h3_err(H3_E_INVALID, "reference %d is audio, which is never noised (no noise to inject)", i + 1);
         if (++count[f->kind] > limits[f->kind])
             return h3_err(H3_E_INVALID, "references: at most %d %s references, got more", limits[f->kind],
                           names[f->kind]);
@@ -260,10 +278,10 @@ void h3_ref_pack(const h3_dit_cfg *dc, const h3_request *q, const h3_ref_plan *p
     const float t = (float)H3_KEYFRAME_NOISE_AUG, u = 1.0f - t;
     int64_t at = 0;
     for (int k = 0; k < p->n; k++) {
-        const h3_reference *f = &q->references[p->index[k]];
         const int64_t n = (int64_t)dc->video_ch * p->lt[k] * p->lh[k] * p->lw[k];
-        if (f->noise)
-            memcpy(scratch, f->noise, sizeof(float) * (size_t)n);
+        const float *eps = h3_ref_noise(q, p->index[k]);
+        if (eps)
+            memcpy(scratch, eps, sizeof(float) * (size_t)n);
         else
             h3_noise(seed, H3_STREAM_COND + (uint32_t)k, 0, scratch, n);
         const float *z = cond + p->off[k];

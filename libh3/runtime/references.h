@@ -31,6 +31,9 @@ H3_INTERNAL int h3_ref_image_size(int width, int height, int short_edge, int mul
  * Returns 0 when there are none.
  */
 H3_INTERNAL int h3_ref_request_check(const h3_model *m, const h3_request *q);
+/* The injected draws of reference i (h3_parity.reference_noise / reference_posterior_noise), or NULL. */
+H3_INTERNAL const float *h3_ref_noise(const h3_request *q, int i);
+H3_INTERNAL const float *h3_ref_posterior_noise(const h3_request *q, int i);
 
 /*
  * The visual references of a request as the render encodes them, in request order: each image's

@@ -83,6 +83,8 @@ H3_INTERNAL int h3_rt_text_cache_set_budget(h3_runtime *rt, uint64_t bytes);
 H3_INTERNAL void h3_rt_text_cache_clear(h3_runtime *rt);
 
 /* The render pipeline (pipeline.c): the bodies of h3_plan / h3_prepare / h3_step / ... */
+/* h3_request_default over the runtime's model (rt NULL: the release's defaults). */
+H3_INTERNAL int h3_rt_request_default(h3_runtime *rt, h3_request *r);
 H3_INTERNAL int h3_rt_plan(h3_runtime *rt, const h3_request *request, h3_render_info *out);
 /* The schedule a request's model or LoRA files declare into name (cap bytes): 1, or 0 for none ("" written). */
 H3_INTERNAL int h3_rt_schedule_declared(h3_runtime *rt, const h3_request *request, char *name, int cap);

@@ -71,26 +71,34 @@ H3_DEVICE_CUDA = 2
 DEVICES = {"auto": H3_DEVICE_AUTO, "cpu": H3_DEVICE_CPU, "cuda": H3_DEVICE_CUDA}
 
 
+class H3Parity(ctypes.Structure):
+    """h3_parity (h3_stages.h): the tensors a parity check injects into a render."""
+    _fields_ = [("struct_size", c_uint32), ("video_noise", c_float_p), ("audio_noise", c_float_p),
+                ("first_noise", c_float_p), ("last_noise", c_float_p),
+                ("first_posterior_noise", c_float_p), ("last_posterior_noise", c_float_p),
+                ("first_latent", c_float_p), ("last_latent", c_float_p),
+                ("text_states", c_float_p), ("text_tags", c_uint8_p), ("text_rows", c_int32),
+                # per reference (n_references pointers, NULL entries allowed), or NULL
+                ("reference_noise", ctypes.POINTER(c_float_p)), ("reference_posterior_noise", ctypes.POINTER(c_float_p))]
+
+
 class H3Request(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("prompt", c_char_p), ("width", c_int32), ("height", c_int32),
-                ("frames", c_int32), ("steps", c_int32), ("seed", c_uint64), ("video_noise", c_float_p),
-                ("audio_noise", c_float_p), ("vae_tile_px", c_int32),
+                ("frames", c_int32), ("steps", c_int32), ("seed", c_uint64), ("vae_tile_px", c_int32),
                 # speed knobs (h3.h; 0 = off) and LoRA files merged at load
                 ("reuse", c_int32), ("core_reuse", c_int32), ("layers", c_int32), ("layer_policy", c_int32),
                 ("token_reduction", c_int32), ("render_width", c_int32), ("render_height", c_int32),
                 ("cache_threshold", ctypes.c_float), ("lora_paths", ctypes.POINTER(c_char_p)),
                 ("lora_scales", c_float_p), ("n_lora", c_int32),
-                # FL2VA keyframes (uint8 RGB) and the tensors parity checks inject
+                # FL2VA keyframes (uint8 RGB)
                 ("first_frame", c_uint8_p), ("first_width", c_int32), ("first_height", c_int32),
                 ("last_frame", c_uint8_p), ("last_width", c_int32), ("last_height", c_int32),
-                ("first_noise", c_float_p), ("last_noise", c_float_p),
-                ("first_posterior_noise", c_float_p), ("last_posterior_noise", c_float_p),
-                ("first_latent", c_float_p), ("last_latent", c_float_p),
-                ("text_states", c_float_p), ("text_tags", c_uint8_p), ("text_rows", c_int32),
                 # Ref2VA references (H3Reference entries, request order)
                 ("references", ctypes.c_void_p), ("n_references", c_int32),
                 # sigma schedule: a name (docs/few-step.md) or explicit grids (video then audio)
-                ("schedule", c_char_p), ("sigmas", c_float_p), ("n_sigmas", c_int32)]
+                ("schedule", c_char_p), ("sigmas", c_float_p), ("n_sigmas", c_int32),
+                # parity injections (H3Parity), NULL for every other render
+                ("parity", ctypes.POINTER(H3Parity))]
 
 
 # h3_reference.kind
@@ -102,9 +110,7 @@ H3_REFERENCE_AUDIO = 2
 class H3Reference(ctypes.Structure):
     _fields_ = [("kind", c_int32), ("rgb", c_uint8_p), ("width", c_int32), ("height", c_int32), ("frames", c_int32),
                 ("fps", ctypes.c_double), ("pcm", c_float_p), ("samples", c_int64), ("channels", c_int32),
-                ("sample_rate", c_int32),
-                # optional injected draws of an image / video reference: conditioning noise, posterior noise
-                ("noise", c_float_p), ("posterior_noise", c_float_p)]
+                ("sample_rate", c_int32)]
 
 
 # h3_request.layer_policy
@@ -125,7 +131,7 @@ class H3TextCacheStats(ctypes.Structure):
                 ("entries", c_uint64), ("bytes", c_uint64), ("budget", c_uint64), ("evictions", c_uint64),
                 ("last_bytes_read", c_uint64)]
 
-# name -> (restype, argtypes). Keep in the order of libh3/h3.h.
+# name -> (restype, argtypes): every export of libh3/h3.h and libh3/h3_stages.h.
 BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_version": (c_char_p, []),
     "h3_last_error": (c_char_p, []),
@@ -204,7 +210,7 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     # context-free: pcm, channels, samples, in_rate, out_rate, out, out_capacity, out_samples
     "h3_audio_resample": (c_int, [c_float_p, c_int, c_int64, c_int, c_int, c_float_p, c_int64, c_int64_p]),
     # text to video + audio
-    "h3_request_default": (None, [ctypes.POINTER(H3Request)]),
+    "h3_request_default": (c_int, [c_void_p, ctypes.POINTER(H3Request)]),
     "h3_prepare": (c_int, [c_void_p, ctypes.POINTER(H3Request)]),
     "h3_step": (c_int, [c_void_p]),
     "h3_render_info_get": (c_int, [c_void_p, ctypes.POINTER(H3RenderInfo)]),

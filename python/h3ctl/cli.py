@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(pr)
 
     pi = sub.add_parser("info", help="describe a model directory (headers only)")
-    pi.add_argument("-d", "--model-dir", help="model directory (official layout, or a ComfyUI models/ folder)")
+    pi.add_argument("-d", "--model-dir", help="model directory (official layout, or a ComfyUI models/ folder); "
+                    "default: the embedded h3-tiny")
     pi.add_argument("--json", action="store_true", help="machine-readable output")
     pi.add_argument("--width", type=_positive_int, default=864, help="render width for the memory estimate")
     pi.add_argument("--height", type=_positive_int, default=480, help="render height for the memory estimate")

@@ -28,10 +28,6 @@ from .context import Context
 EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "h3-tiny"
 FPS = 24
 
-# Canvas and length when neither the caller nor the model says otherwise: diffusers' t2va default
-# (768-pixel short edge at 16:9, 124 frames).
-RELEASE_DEFAULTS = {"width": 1344, "height": 768, "frames": 124}
-
 # Tensors a parity check may inject into a render (Engine.prepare's `injected`).
 INJECTED = ("first_noise", "last_noise", "first_posterior_noise", "last_posterior_noise", "first_latent",
             "last_latent", "text_states", "text_tags")
@@ -43,24 +39,6 @@ ProgressFn = Callable[[str, int, int], object]
 def default_model_dir() -> Path:
     env = os.environ.get("H3CTL_MODEL")
     return Path(env) if env else EMBEDDED_MODEL
-
-
-def model_defaults(model_dir: str | os.PathLike) -> dict:
-    """Default width/height/frames: the model's `h3ctl` block in model_index.json, else the release's."""
-    out = dict(RELEASE_DEFAULTS)
-    root = Path(model_dir)
-    for cand in (root / "FL2VA" / "model_index.json", root / "model_index.json"):
-        if cand.is_file():
-            try:
-                block = json.loads(cand.read_text()).get("h3ctl", {})
-            except (OSError, ValueError):
-                break  # libh3 reports a malformed file when the model is opened
-            for k in ("width", "height", "frames"):
-                v = block.get(f"default_{k}")
-                if isinstance(v, int) and v > 0:
-                    out[k] = v
-            break
-    return out
 
 
 def frames_for_seconds(seconds: float) -> int:
@@ -81,6 +59,7 @@ class Result:
     info: dict = field(default_factory=dict)
     transformer: dict = field(default_factory=dict)  # the transformer's work: evaluations, time_ms, ...
     profile: list | None = None  # render(profile=True): per-phase wall time and peak memory (h3ctl.profile)
+    latents: tuple | None = None  # run(decode=None): (video [C, T, h, w], audio [2, C_a, T_a]); frames/audio None
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write an MP4 (H.264 + AAC), or a WAV when the name ends in .wav."""
@@ -99,6 +78,23 @@ class Result:
         finally:
             if not res.done:
                 res.discard()
+
+
+class Request:
+    """One render request: the h3_request libh3 reads (`c`), its parity injections (`c.parity`, an h3_parity) and
+    the arrays their pointers borrow (keyframes, references and injected tensors, decoded or converted once, when
+    Engine.request built it). Pass it to Engine.plan, prepare, run or render, as often as needed; the fields of
+    the h3_request read through (req.width, req.references, ...)."""
+
+    def __init__(self, c: _lib.H3Request, prompt: str = ""):
+        self.c = c
+        self.prompt = prompt
+        self._keep: list = []  # the pointers in c borrow these arrays' memory
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("c", "prompt"):
+            raise AttributeError(name)
+        return getattr(self.c, name)
 
 
 class Engine:
@@ -143,8 +139,7 @@ class Engine:
         self._depth = 0                 # nesting of public methods on that thread (render -> prepare)
         self._native = 0                # > 0 while a call that may run the progress hook is in the model
         self._ctx = None
-        # `transformer` / `text_encoder` / `video_vae` / `audio_vae`: single files (h3ctl.components); `model_dir`
-        # may also be a ComfyUI models/ folder. `tokenizer`: the official tokenizer/ folder.
+        # Single files (h3ctl.components); `model_dir` may also be a ComfyUI models/ folder.
         from .components import resolve
 
         folder, self.files = resolve(model_dir, ref2va=ref2va, transformer=transformer, text_encoder=text_encoder,
@@ -156,8 +151,13 @@ class Engine:
         self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index,
                             precision=precision, ref2va=ref2va, vram=vram, quantized=quantized,
                             flags=_lib.H3_OPT_FP8_ATTENTION if fp8_attention else 0, files=self.files)
-        self.defaults = model_defaults(self.model_dir)
         self._progress: ProgressFn | None = None
+        try:
+            self.defaults = self._model_defaults()
+        except H3Error:
+            self._ctx.close()
+            self._ctx = None
+            raise
         self.last_transformer_profile: dict = {}
         self._cancel = False
         self._raised: list[BaseException] = []
@@ -177,9 +177,42 @@ class Engine:
             raise H3Error(_lib.last_error())
         return int(peak.value) if rc == 1 else None
 
+    def _model_defaults(self) -> dict:
+        """width / height / frames / steps / seed of a request that gives none: libh3's h3_request_default, which
+        reads the model's model_index.json (the one place those defaults are decided)."""
+        c = _lib.H3Request()
+        _lib.check(_lib.lib().h3_request_default(self._ctx.ptr, ctypes.byref(c)))
+        return {"width": c.width, "height": c.height, "frames": c.frames, "steps": c.steps, "seed": c.seed}
+
     def cancel(self) -> None:
-        """Ask the running call to stop at its next unit of work (safe from a signal handler)."""
+        """Ask the running call to stop at its next unit of work (safe from a signal handler). The request stays
+        cancelled (`cancelled`) until the next prepare."""
         self._cancel = True
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether cancel() was called since the last prepare (a render that finished just before the cancel
+        arrived returns normally: its caller checks this before writing anything)."""
+        return self._cancel
+
+    @contextlib.contextmanager
+    def hooked(self, progress: ProgressFn | None = None):
+        """For a direct call into the model through the engine's context (a stage such as h3ctl.text.encode):
+        clears the cancel flag, routes the context's progress hook to `progress` for the block, and re-raises an
+        exception the callback raised (the C call then failed with H3_E_CANCELLED) instead of that failure."""
+        with self._guard("hooked"):
+            self._cancel = False
+            previous, self._progress = self._progress, progress
+            try:
+                yield self._ctx
+            except H3Error:
+                if self._raised:
+                    err = self._raised.pop(0)
+                    self._raised.clear()
+                    raise err from None
+                raise
+            finally:
+                self._progress = previous
 
     def _on_progress(self, _user, phase, done, total):
         if self._cancel:
@@ -256,80 +289,22 @@ class Engine:
         with self._guard("device_description"):
             return self._ctx.device_description
 
-    def prepare(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
-                seconds: float | None = None, steps: int = 20, seed: int = 42,
+    def prepare(self, prompt, width: int | None = None, height: int | None = None, frames: int | None = None,
+                seconds: float | None = None, steps: int | None = None, seed: int = 42,
                 video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
                 vae_tile: int | None = None, preset: str | None = None, first_frame=None, last_frame=None,
                 injected: dict | None = None, references=None, **knobs) -> dict:
-        """Everything before the first step. `preset` and the speed knobs (reuse, core_reuse, layers,
-        layer_policy, token_reduction, render_size, cache_threshold, lora) as in `request`; `first_frame` /
-        `last_frame` (a path or a uint8 [H, W, 3] RGB array) condition the render on keyframes (FL2VA).
-
-        `injected` (parity checks) holds tensors used instead of libh3's own computation: "first_noise",
-        "last_noise" (the conditioning noise eps, [C, 1, h, w]), "first_posterior_noise",
-        "last_posterior_noise" (the encoder's posterior noise, same shape), "first_latent", "last_latent"
-        (the normalised condition latents, same shape, instead of encoding the keyframe; a keyframe may then be
-        None), "text_states" ([rows, text hidden], instead of encoding the prompt) and "text_tags" ([rows]
-        uint8: 1 text, 0 vision rows)."""
+        """Everything before the first step, for a Request (Engine.request) or for the arguments `request` takes
+        (the prompt first), built into one here. Returns the prepared render's shapes (render_info)."""
         with self._guard("prepare"):
-            if not isinstance(prompt, str):
-                raise H3Error("the prompt must be a string")
-            injected = dict(injected or {})
-            # Ref2VA parity: "reference_noise_<k>" / "reference_posterior_noise_<k>" ([C, 1, h, w] at the k-th
-            # reference's encoding size, k from 0 in request order) ride on the h3_reference entries.
-            ref_inj = {n: injected.pop(n) for n in list(injected)
-                       if re.fullmatch(r"reference_(posterior_)?noise_\d+", n)}
-            unknown = sorted(set(injected) - set(INJECTED))
-            if unknown:
-                raise H3Error(f"unknown injected tensor(s): {', '.join(unknown)} (known: {', '.join(INJECTED)})")
-            anchors = {"first": first_frame is not None or injected.get("first_latent") is not None,
-                       "last": last_frame is not None or injected.get("last_latent") is not None}
-            req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset,
-                               first_frame=first_frame, last_frame=last_frame, anchors=anchors,
-                               references=references, blank_ok=injected.get("text_states") is not None, **knobs)
-            keep = []
-            if ref_inj:
-                self._inject_references(req, ref_inj, req._keep)
-            for name, arr in (("video_noise", video_noise), ("audio_noise", audio_noise)):
-                if arr is not None:
-                    arr = np.ascontiguousarray(arr, dtype=np.float32)
-                    keep.append(arr)
-                    setattr(req, name, arr.ctypes.data_as(_lib.c_float_p))
-            inj = {}
-            for name, arr in injected.items():
-                if arr is None:
-                    continue
-                if name.startswith(("first_", "last_")) and not anchors[name.split("_")[0]]:
-                    raise H3Error(f"{name} given without the {name.split('_')[0]} frame")
-                dtype = np.uint8 if name == "text_tags" else np.float32
-                inj[name] = np.ascontiguousarray(arr, dtype=dtype)
-                setattr(req, name, inj[name].ctypes.data_as(_lib.c_uint8_p if dtype == np.uint8 else _lib.c_float_p))
-            if "text_states" in inj:
-                req.text_rows = int(inj["text_states"].shape[0]) if inj["text_states"].ndim == 2 else -1
-            elif "text_tags" in inj:
-                raise H3Error("text_tags given without text_states")
+            if isinstance(prompt, Request):
+                req = prompt
+            else:
+                req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset,
+                                   first_frame=first_frame, last_frame=last_frame, references=references,
+                                   video_noise=video_noise, audio_noise=audio_noise, injected=injected, **knobs)
             self._cancel = False
-            if video_noise is not None or audio_noise is not None or inj:
-                info = self.plan(req)
-                want_v = [info["latent_channels"], info["latent_frames"], info["latent_height"],
-                          info["latent_width"]]
-                want_a = [2, info["audio_latent_channels"], info["audio_latents"]]
-                if video_noise is not None and list(keep[0].shape) != want_v:
-                    raise H3Error(f"video_noise must have shape {want_v}, got {list(keep[0].shape)}")
-                if audio_noise is not None and list(keep[-1].shape) != want_a:
-                    raise H3Error(f"audio_noise must have shape {want_a}, got {list(keep[-1].shape)}")
-                want_c = [info["latent_channels"], 1, info["latent_height"], info["latent_width"]]
-                hidden = _lib.check(_lib.lib().h3_text_hidden_size(self._ctx.ptr)) if "text_states" in inj else 0
-                for name, arr in inj.items():
-                    if name == "text_states":
-                        want = [arr.shape[0] if arr.ndim == 2 else -1, hidden]
-                    elif name == "text_tags":
-                        want = [req.text_rows]
-                    else:
-                        want = want_c
-                    if list(arr.shape) != want:
-                        raise H3Error(f"{name} must have shape {want}, got {list(arr.shape)}")
-            self._call(self._hooked(_lib.lib().h3_prepare, self._ctx.ptr, ctypes.byref(req)))
+            self._call(self._hooked(_lib.lib().h3_prepare, self._ctx.ptr, ctypes.byref(req.c)))
             return self.render_info()
 
     @property
@@ -354,12 +329,63 @@ class Engine:
                                                       int(render_frames), *[ctypes.byref(o) for o in out]))
         return tuple(o.value for o in out)
 
-    def _inject_references(self, req, ref_inj: dict, keep: list) -> None:
-        """Point the request's h3_reference entries at injected draws, after checking their shapes (libh3 cannot:
-        it only receives pointers)."""
-        n = int(req.n_references)
-        arr = ctypes.cast(req.references, ctypes.POINTER(_lib.H3Reference)) if n else None
+    def _inject(self, req: "Request", injected: dict, video_noise, audio_noise) -> None:
+        """The request's h3_parity from the injected tensors, each checked for its shape against the request's
+        plan (libh3 cannot: it only receives pointers)."""
+        injected = dict(injected or {})
+        # Ref2VA parity: "reference_noise_<k>" / "reference_posterior_noise_<k>" ([C, t, h, w] at the k-th
+        # reference's encoding size, k from 0 in request order).
+        ref_inj = {n: injected.pop(n) for n in list(injected) if re.fullmatch(r"reference_(posterior_)?noise_\d+", n)}
+        unknown = sorted(set(injected) - set(INJECTED))
+        if unknown:
+            raise H3Error(f"unknown injected tensor(s): {', '.join(unknown)} (known: {', '.join(INJECTED)})")
+        injected = {k: v for k, v in injected.items() if v is not None}
+        if video_noise is None and audio_noise is None and not injected and not ref_inj:
+            return
+        par = _lib.H3Parity()
+        par.struct_size = ctypes.sizeof(par)
+        keep = req._keep
+        anchors = {"first": bool(req.c.first_frame) or "first_latent" in injected,
+                   "last": bool(req.c.last_frame) or "last_latent" in injected}
+        inj = {}
+        for name, arr in injected.items():
+            if name.startswith(("first_", "last_")) and not anchors[name.split("_")[0]]:
+                raise H3Error(f"{name} given without the {name.split('_')[0]} frame")
+            inj[name] = np.ascontiguousarray(arr, dtype=np.uint8 if name == "text_tags" else np.float32)
+        if "text_tags" in inj and "text_states" not in inj:
+            raise H3Error("text_tags given without text_states")
+        if "text_states" in inj:
+            par.text_rows = int(inj["text_states"].shape[0]) if inj["text_states"].ndim == 2 else -1
+        noise = {n: np.ascontiguousarray(a, dtype=np.float32)
+                 for n, a in (("video_noise", video_noise), ("audio_noise", audio_noise)) if a is not None}
+        for name, arr in {**noise, **inj}.items():
+            keep.append(arr)
+            setattr(par, name, arr.ctypes.data_as(_lib.c_uint8_p if arr.dtype == np.uint8 else _lib.c_float_p))
+        req.c.parity = ctypes.pointer(par)  # the plan reads no tensor, only which are given and text_rows
+        keep.append(par)
         info = self.plan(req)
+        want = {"video_noise": [info["latent_channels"], info["latent_frames"], info["latent_height"],
+                                info["latent_width"]],
+                "audio_noise": [2, info["audio_latent_channels"], info["audio_latents"]]}
+        want_c = [info["latent_channels"], 1, info["latent_height"], info["latent_width"]]
+        hidden = _lib.check(_lib.lib().h3_text_hidden_size(self._ctx.ptr)) if "text_states" in inj else 0
+        for name, arr in {**noise, **inj}.items():
+            if name == "text_states":
+                shape = [arr.shape[0] if arr.ndim == 2 else -1, hidden]
+            elif name == "text_tags":
+                shape = [par.text_rows]
+            else:
+                shape = want.get(name, want_c)
+            if list(arr.shape) != shape:
+                raise H3Error(f"{name} must have shape {shape}, got {list(arr.shape)}")
+        if ref_inj:
+            self._inject_references(req, par, ref_inj, info)
+
+    def _inject_references(self, req: "Request", par, ref_inj: dict, info: dict) -> None:
+        """h3_parity.reference_noise / reference_posterior_noise from "reference_[posterior_]noise_<k>"."""
+        n = int(req.c.n_references)
+        arr = ctypes.cast(req.c.references, ctypes.POINTER(_lib.H3Reference)) if n else None
+        tables = {"noise": (_lib.c_float_p * max(n, 1))(), "posterior_noise": (_lib.c_float_p * max(n, 1))()}
         for name, value in ref_inj.items():
             k = int(name.rsplit("_", 1)[1])
             if not 0 <= k < n:
@@ -373,119 +399,144 @@ class Engine:
             else:
                 w, h = self.reference_size(ref.width, ref.height)
             # the video VAE's pixels per latent: the canvas over its latent grid (the output, not a render_size)
-            ratio = info["height"] // info["latent_height"] if not req.render_width else 16
+            ratio = info["height"] // info["latent_height"] if not req.c.render_width else 16
             want = [info["latent_channels"], t, h // ratio, w // ratio]
             value = np.ascontiguousarray(value, dtype=np.float32)
             if list(value.shape) != want:
                 raise H3Error(f"{name} must have shape {want}, got {list(value.shape)}")
-            keep.append(value)
-            field = "posterior_noise" if "posterior" in name else "noise"
-            setattr(arr[k], field, value.ctypes.data_as(_lib.c_float_p))
+            req._keep.append(value)
+            tables["posterior_noise" if "posterior" in name else "noise"][k] = value.ctypes.data_as(_lib.c_float_p)
+        req._keep.extend(tables.values())
+        par.reference_noise = ctypes.cast(tables["noise"], ctypes.POINTER(_lib.c_float_p))
+        par.reference_posterior_noise = ctypes.cast(tables["posterior_noise"], ctypes.POINTER(_lib.c_float_p))
 
     def request(self, prompt: str = "", width: int | None = None, height: int | None = None,
-                frames: int | None = None, seconds: float | None = None, steps: int = 20,
+                frames: int | None = None, seconds: float | None = None, steps: int | None = None,
                 seed: int = 42, vae_tile: int | None = None, preset: str | None = None,
                 first_frame=None, last_frame=None, anchors: dict | None = None, references=None,
-                blank_ok: bool = False, **knobs) -> _lib.H3Request:
-        """An h3_request. `preset`: a name of h3ctl.presets.PRESETS (None: every knob off, the exact render);
-        knobs given explicitly (reuse=, core_reuse=, layers=, layer_policy="gate"|"uniform", token_reduction=,
-        render_size="WxH", cache_threshold=, lora=["FILE[:SCALE]", ...]) override the preset's. libh3 checks
-        them with the rest of the request (h3_plan).
+                video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
+                injected: dict | None = None, blank_ok: bool = False, **knobs) -> "Request":
+        """One render request (a Request: pass it to plan, prepare, run or render). Every medium given as a path
+        (keyframes, reference images, videos, audio) is decoded here, once; the request keeps the arrays alive.
+        width, height, frames and steps left out are the model's (h3_request_default: its model_index.json).
+
+        `preset`: a name of h3ctl.presets.PRESETS (None: every knob off, the exact render); knobs given explicitly
+        (reuse=, core_reuse=, layers=, layer_policy="gate"|"uniform", token_reduction=, render_size="WxH",
+        cache_threshold=, lora=["FILE[:SCALE]", ...]) override the preset's. libh3 checks them with the rest of
+        the request (h3_plan).
 
         `first_frame` / `last_frame`: keyframes (a path, decoded with the bundled ffmpeg, or a uint8 [H, W, 3]
         RGB array). With a keyframe and no width/height, the canvas follows the first keyframe's aspect by the
-        model's canvas rule (libh3 resolves it; `plan` reports it). The request keeps the arrays alive.
+        model's canvas rule (libh3 resolves it; `plan` reports it).
 
         `references` (Ref2VA): a list in the order the model reads them; an item is an image (a path or a uint8
         [H, W, 3] array) or ("image", image), or audio: a dict {"audio": float [channels, samples] (or [samples])
         array, "sample_rate": Hz} at any rate from 4 to 384 kHz (libh3 resamples it to the model's once, as
-        diffusers does) or ("audio", path) decoded with the bundled ffmpeg at the file's own rate, or a video: ("video", path) (decoded with the bundled ffmpeg, its
-        soundtrack kept), ("silent_video", path) (the sound dropped) or a dict {"frames": uint8 [T, H, W, 3],
-        "fps": rate (default 24), "audio": float [channels, samples] (optional), "sample_rate": Hz}. Needs an
-        Engine opened with ref2va=True on a model with Ref2VA/."""
-        from . import limits, media, presets
+        diffusers does) or ("audio", path) decoded with the bundled ffmpeg at the file's own rate, or a video:
+        ("video", path) (decoded with the bundled ffmpeg, its soundtrack kept), ("silent_video", path) (the sound
+        dropped) or a dict {"frames": uint8 [T, H, W, 3], "fps": rate (default 24), "audio": float [channels,
+        samples] (optional), "sample_rate": Hz}. Needs an Engine opened with ref2va=True on a model with Ref2VA/.
 
-        resolved = presets.resolve(preset, **knobs)
-        if frames is not None and seconds is not None:
-            raise H3Error("give frames or seconds, not both")
-        keyed_in = (first_frame is not None or last_frame is not None or bool(references)
-                    or any((anchors or {}).values()))
-        prompt = limits.prompt(prompt, blank_ok=blank_ok or keyed_in)
-        if seconds is not None:
-            frames = frames_for_seconds(seconds)
-        # every number checked before ctypes stores it (an int32 field takes 2^32 + k as k)
-        width = None if width is None else limits.side("width", width)
-        height = None if height is None else limits.side("height", height)
-        frames = None if frames is None else limits.frames(frames)
-        steps = None if steps is None else limits.steps(steps)
-        seed = limits.seed(seed)
-        vae_tile = limits.vae_tile(vae_tile or 0)
-        req = _lib.H3Request()
-        _lib.lib().h3_request_default(ctypes.byref(req))
-        req.prompt = prompt.encode("utf-8", "surrogatepass")
-        keep = []
-        for which, image in (("first", first_frame), ("last", last_frame)):
-            if image is not None:
-                rgb = media.as_keyframe(image, f"{which} frame")
-                keep.append(rgb)
-                setattr(req, f"{which}_frame", rgb.ctypes.data_as(_lib.c_uint8_p))
-                setattr(req, f"{which}_width", rgb.shape[1])
-                setattr(req, f"{which}_height", rgb.shape[0])
-        if references:
-            refs = media.as_references(references, self.sample_rate)
-            arr = (_lib.H3Reference * len(refs))()
-            for i, (kind, value) in enumerate(refs):
-                if kind == "audio":
-                    pcm, rate = value  # planar [channels, samples], as h3_reference.pcm
-                    keep.append(pcm)
-                    arr[i].kind = _lib.H3_REFERENCE_AUDIO
-                    arr[i].pcm = pcm.ctypes.data_as(_lib.c_float_p)
-                    arr[i].channels, arr[i].samples, arr[i].sample_rate = pcm.shape[0], pcm.shape[1], rate
-                    continue
-                if kind == "video":
-                    clip, fps, pcm, rate = value
-                    keep.append(clip)
-                    arr[i].kind = _lib.H3_REFERENCE_VIDEO
-                    arr[i].rgb = clip.ctypes.data_as(_lib.c_uint8_p)
-                    arr[i].frames, arr[i].height, arr[i].width = clip.shape[:3]
-                    arr[i].fps = fps
-                    if pcm is not None:  # its soundtrack, planar [channels, samples]
+        Parity checks (h3_parity): `video_noise` [C, T, h, w] / `audio_noise` [2, C_a, T_a] replace the initial
+        noise; `injected` holds tensors used instead of libh3's own computation: "first_noise", "last_noise" (the
+        conditioning noise eps, [C, 1, h, w]), "first_posterior_noise", "last_posterior_noise" (the encoder's
+        posterior noise, same shape), "first_latent", "last_latent" (the normalised condition latents, same
+        shape, instead of encoding the keyframe; a keyframe may then be None), "text_states" ([rows, text
+        hidden], instead of encoding the prompt), "text_tags" ([rows] uint8: 1 text, 0 vision rows) and
+        "reference_noise_<k>" / "reference_posterior_noise_<k>" (reference k's draws, [C, t, h, w] at its
+        encoding size). Each is checked for its shape here."""
+        from . import limits, media, presets, schedules
+
+        with self._guard("request"):
+            if not isinstance(prompt, str):
+                raise H3Error("the prompt must be a string")
+            resolved = presets.resolve(preset, **knobs)
+            if frames is not None and seconds is not None:
+                raise H3Error("give frames or seconds, not both")
+            inj = injected or {}
+            keyed_in = (first_frame is not None or last_frame is not None or bool(references)
+                        or any((anchors or {}).values())
+                        or any(inj.get(f"{k}_latent") is not None for k in ("first", "last")))
+            prompt = limits.prompt(prompt, blank_ok=blank_ok or keyed_in or inj.get("text_states") is not None)
+            if seconds is not None:
+                frames = frames_for_seconds(seconds)
+            # every number checked before ctypes stores it (an int32 field takes 2^32 + k as k)
+            width = None if width is None else limits.side("width", width)
+            height = None if height is None else limits.side("height", height)
+            frames = None if frames is None else limits.frames(frames)
+            steps = None if steps is None else limits.steps(steps)
+            seed = limits.seed(seed)
+            vae_tile = limits.vae_tile(vae_tile or 0)
+            c = _lib.H3Request()
+            _lib.check(_lib.lib().h3_request_default(self._ctx.ptr, ctypes.byref(c)))
+            c.prompt = prompt.encode("utf-8", "surrogatepass")
+            req = Request(c, prompt)
+            keep = req._keep
+            for which, image in (("first", first_frame), ("last", last_frame)):
+                if image is not None:
+                    rgb = media.as_keyframe(image, f"{which} frame")
+                    keep.append(rgb)
+                    setattr(c, f"{which}_frame", rgb.ctypes.data_as(_lib.c_uint8_p))
+                    setattr(c, f"{which}_width", rgb.shape[1])
+                    setattr(c, f"{which}_height", rgb.shape[0])
+            if references:
+                refs = media.as_references(references, self.sample_rate)
+                arr = (_lib.H3Reference * len(refs))()
+                for i, (kind, value) in enumerate(refs):
+                    if kind == "audio":
+                        pcm, rate = value  # planar [channels, samples], as h3_reference.pcm
                         keep.append(pcm)
+                        arr[i].kind = _lib.H3_REFERENCE_AUDIO
                         arr[i].pcm = pcm.ctypes.data_as(_lib.c_float_p)
                         arr[i].channels, arr[i].samples, arr[i].sample_rate = pcm.shape[0], pcm.shape[1], rate
-                    continue
-                rgb = value
-                keep.append(rgb)
-                arr[i].kind = _lib.H3_REFERENCE_IMAGE
-                arr[i].rgb = rgb.ctypes.data_as(_lib.c_uint8_p)
-                arr[i].width, arr[i].height, arr[i].frames = rgb.shape[1], rgb.shape[0], 1
-            keep.append(arr)
-            req.references = ctypes.cast(arr, ctypes.c_void_p)
-            req.n_references = len(refs)
-        req._keep = keep  # the pointers above borrow these arrays' memory
-        # With keyframes an unset canvas is 0 x 0: libh3 takes it from the first keyframe's aspect.
-        keyed = bool(keep) or any((anchors or {}).values())
-        if keyed and (width is None) != (height is None):
-            raise H3Error("give width and height together, or neither (the canvas then follows the keyframe)")
-        req.width = int((0 if keyed else self.defaults["width"]) if width is None else width)
-        req.height = int((0 if keyed else self.defaults["height"]) if height is None else height)
-        req.frames = int(self.defaults["frames"] if frames is None else frames)
-        req.steps = int(20 if steps is None else steps)
-        if steps is not None:
-            resolved.pop("steps", None)  # the caller's count wins over a preset's
-        req.seed = int(seed)
-        req.vae_tile_px = int(vae_tile or 0)
-        from . import schedules
+                        continue
+                    if kind == "video":
+                        clip, fps, pcm, rate = value
+                        keep.append(clip)
+                        arr[i].kind = _lib.H3_REFERENCE_VIDEO
+                        arr[i].rgb = clip.ctypes.data_as(_lib.c_uint8_p)
+                        arr[i].frames, arr[i].height, arr[i].width = clip.shape[:3]
+                        arr[i].fps = fps
+                        if pcm is not None:  # its soundtrack, planar [channels, samples]
+                            keep.append(pcm)
+                            arr[i].pcm = pcm.ctypes.data_as(_lib.c_float_p)
+                            arr[i].channels, arr[i].samples, arr[i].sample_rate = pcm.shape[0], pcm.shape[1], rate
+                        continue
+                    rgb = value
+                    keep.append(rgb)
+                    arr[i].kind = _lib.H3_REFERENCE_IMAGE
+                    arr[i].rgb = rgb.ctypes.data_as(_lib.c_uint8_p)
+                    arr[i].width, arr[i].height, arr[i].frames = rgb.shape[1], rgb.shape[0], 1
+                keep.append(arr)
+                c.references = ctypes.cast(arr, ctypes.c_void_p)
+                c.n_references = len(refs)
+            # With keyframes an unset canvas is 0 x 0: libh3 takes it from the first keyframe's aspect.
+            inj = injected or {}
+            keyed = bool(keep) or any((anchors or {}).values()) or any(
+                inj.get(f"{k}_latent") is not None for k in ("first", "last"))
+            if keyed and (width is None) != (height is None):
+                raise H3Error("give width and height together, or neither (the canvas then follows the keyframe)")
+            if width is not None or keyed:
+                c.width = int(0 if width is None else width)
+            if height is not None or keyed:
+                c.height = int(0 if height is None else height)
+            if frames is not None:
+                c.frames = int(frames)
+            if steps is not None:
+                c.steps = int(steps)
+                resolved.pop("steps", None)  # the caller's count wins over a preset's
+            c.seed = int(seed)
+            c.vae_tile_px = int(vae_tile or 0)
+            presets.apply(c, resolved, declared=lambda r: schedules.declared(self, r))
+            self._inject(req, injected, video_noise, audio_noise)
+            return req
 
-        presets.apply(req, resolved, declared=lambda r: schedules.declared(self, r))
-        return req
-
-    def plan(self, req: _lib.H3Request) -> dict:
-        """Validate a request and return its shapes, computing nothing."""
+    def plan(self, req: "Request") -> dict:
+        """Validate a request (Engine.request) and return its shapes, computing nothing."""
         with self._guard("plan"):
             info = _lib.H3RenderInfo()
             info.struct_size = ctypes.sizeof(info)
-            _lib.check(_lib.lib().h3_plan(self._ctx.ptr, ctypes.byref(req), ctypes.byref(info)))
+            _lib.check(_lib.lib().h3_plan(self._ctx.ptr, ctypes.byref(req.c), ctypes.byref(info)))
             return {name: getattr(info, name) for name, _ in info._fields_ if name != "struct_size"}
 
     def render_info(self) -> dict:
@@ -547,13 +598,82 @@ class Engine:
             self._call(self._hooked(_lib.lib().h3_decode_video_f32, self._ctx.ptr, px.ctypes.data_as(_lib.c_float_p)))
             return px
 
-    def render(self, prompt: str, width: int | None = None, height: int | None = None, frames: int | None = None,
-               seconds: float | None = None, steps: int = 20, seed: int = 42, progress: ProgressFn | None = None,
-               video_noise: np.ndarray | None = None, audio_noise: np.ndarray | None = None,
-               vae_tile: int | None = None, preview: Callable | None = None, preview_every: int = 1,
-               preset: str | None = None, first_frame=None, last_frame=None, references=None, profile=None,
-               **knobs) -> Result:
-        """Prompt -> Result(frames uint8 [F,H,W,3], audio float32 [2,S], sample_rate).
+    def run(self, req: "Request", *, progress: ProgressFn | None = None,
+            on_step: Callable[[int, int], object] | None = None, decode: str | None = "uint8",
+            profile=None) -> Result:
+        """The one step driver: prepare `req`, run every step, then decode. Every render goes through it
+        (render(), `h3ctl render`, the session, previews, the ComfyUI nodes, the parity modules).
+
+        `progress(phase, done, total)`: libh3's progress (a truthy return cancels). `on_step(done, total)`: called
+        after the prepare (done = 0) and after every step (done = steps run, total = steps of the request);
+        a truthy return cancels, as cancel() does. `decode`: "uint8" (Result.frames uint8 [F, H, W, 3] and
+        Result.audio float32 [2, S]), "f32" (frames as floats in [0, 1] before the uint8 rounding) or None (no
+        decode: Result.latents holds (video [C, T, h, w], audio [2, C_a, T_a]) and frames / audio are None).
+        `profile` as in render(). A cancel (cancel(), a callback) raises h3ctl.Cancelled."""
+        if decode not in ("uint8", "f32", None):
+            raise H3Error(f"decode must be 'uint8', 'f32' or None, got {decode!r}")
+        with self._guard("run"):
+            prof = None
+            if profile is not None and profile is not False:
+                from .profile import PhaseProfile
+
+                prof = profile if isinstance(profile, PhaseProfile) else PhaseProfile(self.device_memory_peak)
+
+                def progress(phase, done, total, _user=progress):
+                    prof.progress(phase)
+                    return _user(phase, done, total) if _user is not None else False
+
+            previous, self._progress = self._progress, progress
+            try:
+                info = self.prepare(req)
+                total, done = int(info["steps"]), int(info["steps_done"])
+                while True:
+                    if on_step is not None and on_step(done, total):
+                        from .errors import Cancelled
+
+                        self.cancel()
+                        raise Cancelled("the render was cancelled by the " + getattr(on_step, "who", "step callback"), 6)
+                    if self._cancel:
+                        from .errors import Cancelled
+
+                        raise Cancelled("the render was cancelled", 6)
+                    if done >= total:
+                        break
+                    left = self.step()
+                    done = total - left
+                self.last_transformer_profile = self.transformer_profile()
+                latents = None
+                frames = audio = None
+                if decode is None:
+                    latents = self.latents()
+                else:
+                    # The decoders' first callbacks come after their weights load: start their phases here.
+                    if prof is not None:
+                        prof.progress("audio_decode")
+                    audio = self.decode_audio()
+                    if prof is not None:
+                        prof.progress("video_decode")
+                    frames = self.decode_video() if decode == "uint8" else self.decode_video_f32()
+                if prof is not None and not isinstance(profile, PhaseProfile):
+                    prof.finish()
+            finally:
+                self._progress = previous
+            tp = self.last_transformer_profile
+            work = {"evaluations": tp.get("evaluations", 0), "block_runs": tp.get("block_runs", 0),
+                    "skipped_steps": tp.get("skipped_steps", 0), "layers_run": tp.get("layers_run", 0),
+                    "time_ms": tp.get("transformer_ms", 0.0)}
+            return Result(frames=frames, audio=audio, sample_rate=info["sample_rate"], fps=info["fps"],
+                          prompt=req.prompt, seed=int(req.c.seed), steps=int(info["steps"]) + 1, info=info,
+                          transformer=work, profile=prof.as_dict() if prof is not None else None, latents=latents)
+
+    def render(self, prompt, width: int | None = None, height: int | None = None, frames: int | None = None,
+               seconds: float | None = None, steps: int | None = None, seed: int = 42,
+               progress: ProgressFn | None = None, video_noise: np.ndarray | None = None,
+               audio_noise: np.ndarray | None = None, vae_tile: int | None = None, preview: Callable | None = None,
+               preview_every: int = 1, preset: str | None = None, first_frame=None, last_frame=None,
+               references=None, profile=None, **knobs) -> Result:
+        """Prompt (or a Request from Engine.request) -> Result(frames uint8 [F,H,W,3], audio float32 [2,S],
+        sample_rate). The other arguments build the request as `request` does (ignored with a Request).
 
         `first_frame` / `last_frame` (a path or a uint8 [H, W, 3] RGB array): the video starts / ends on these
         keyframes (FL2VA); without width/height the canvas follows the first keyframe's aspect.
@@ -571,52 +691,20 @@ class Engine:
         peak_device_bytes, the last None on the CPU). A PhaseProfile passed in is left open (its caller may
         time more phases, as `h3ctl render` does its writing)."""
         with self._guard("render"):
-            previewer = None
+            on_step = None
             if preview is not None:
                 from .preview import Previewer
 
-                previewer = Previewer(self, preview, preview_every)  # before prepare: a first fit renders
-            prof = None
-            if profile is not None and profile is not False:
-                from .profile import PhaseProfile
-
-                prof = profile if isinstance(profile, PhaseProfile) else PhaseProfile(self.device_memory_peak)
-
-                def progress(phase, done, total, _user=progress):
-                    prof.progress(phase)
-                    return _user(phase, done, total) if _user is not None else False
-
-            self._progress = progress
-            try:
-                info = self.prepare(prompt, width, height, frames, seconds, steps, seed, video_noise, audio_noise,
-                                    vae_tile, preset=preset, first_frame=first_frame, last_frame=last_frame,
-                                    references=references,
-                                    **knobs)
-                # the grid points run (the plan counts evaluations): a preset's or an explicit grid's count
-                steps = info["steps"] + 1 if info.get("steps") else steps
-                if previewer is not None:
-                    previewer.run(steps)
-                while self.step() > 0:
-                    pass
-                self.last_transformer_profile = self.transformer_profile()
-                # The decoders' first callbacks come after their weights load: start their phases here.
-                if prof is not None:
-                    prof.progress("audio_decode")
-                audio = self.decode_audio()
-                if prof is not None:
-                    prof.progress("video_decode")
-                video = self.decode_video()
-                if prof is not None and not isinstance(profile, PhaseProfile):
-                    prof.finish()
-            finally:
-                self._progress = None
-            tp = self.last_transformer_profile
-            work = {"evaluations": tp.get("evaluations", 0), "block_runs": tp.get("block_runs", 0),
-                    "skipped_steps": tp.get("skipped_steps", 0), "layers_run": tp.get("layers_run", 0),
-                    "time_ms": tp.get("transformer_ms", 0.0)}
-            return Result(frames=video, audio=audio, sample_rate=info["sample_rate"], fps=info["fps"],
-                          prompt=prompt, seed=int(seed), steps=int(steps), info=info, transformer=work,
-                          profile=prof.as_dict() if prof is not None else None)
+                previewer = Previewer(self, preview, preview_every)  # before the request: a first fit renders
+            if isinstance(prompt, Request):
+                req = prompt
+            else:
+                req = self.request(prompt, width, height, frames, seconds, steps, seed, vae_tile, preset=preset,
+                                   first_frame=first_frame, last_frame=last_frame, references=references,
+                                   video_noise=video_noise, audio_noise=audio_noise, **knobs)
+            if preview is not None:
+                on_step = previewer.stepper(req.c.steps)
+            return self.run(req, progress=progress, on_step=on_step, profile=profile)
 
     def close(self) -> None:
         with self._guard("close"):

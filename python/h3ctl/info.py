@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from . import _lib
+from ._lib import H3Error
 from .context import Context
 
 COMPONENT_ORDER = ["transformer", "text_encoder", "tokenizer", "video_vae", "audio_vae"]
@@ -168,11 +170,14 @@ def main(args) -> int:
     from .components import from_args
 
     parts = from_args(args)
-    if args.model_dir is None and not any(parts.values()):
-        from ._lib import H3Error
+    model_dir = args.model_dir
+    if model_dir is None and not any(parts.values()):
+        from .engine import default_model_dir
 
-        raise H3Error("info: give -d DIR (a model folder) or single files (--transformer ...)")
-    info = collect(args.model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
+        model_dir = default_model_dir()  # as `h3ctl render`: the embedded model (or H3CTL_MODEL)
+        if not Path(model_dir).exists():
+            raise H3Error(f"{model_dir}: the embedded model is missing from this installation")
+    info = collect(model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
                    device=getattr(args, "device", "auto"), device_index=getattr(args, "device_index", 0),
                    precision=getattr(args, "precision", "default"), parts=parts)
     if args.json:

@@ -3,7 +3,7 @@
 The sampler is Euler on flow matching: x_{i+1} = x_i + (s_{i+1} - s_i) v_i, so two consecutive latents and
 their sigmas give the velocity v = (x_{i+1} - x_i) / (s_{i+1} - s_i) and the clean-video estimate
 x0 = x_{i+1} - s_{i+1} v, which is what the denoiser currently believes the video is (exact at the last step,
-where s = 0). No C changes are needed: `Engine.latents()` after each `Engine.step()` is enough.
+where s = 0). No C changes are needed: `Engine.latents()` after each step (Engine.run's on_step) is enough.
 
 The map sends each latent voxel's C channels (plus a constant) to an RGB colour: a (C+1) x 3 matrix fitted by
 least squares against the real video decoder. The decoder is far from linear, so where the map is fitted
@@ -240,17 +240,18 @@ def fit_map(engine, *, calibrate: bool = True, seed: int = 0) -> PreviewMap:
         shift = video_shift(engine)
         sig = sigma_schedule(steps, shift)
         for k, prompt in enumerate(CALIBRATION_PROMPTS):
-            engine.prepare(prompt, W, H, F, steps=steps, seed=1000 + k)
             x0s = []
-            prev, _ = engine.latents()
-            i = 0
-            while True:
-                left = engine.step()
+            seen = {}
+
+            def on_step(done, total):
                 cur, _ = engine.latents()
-                x0s.append(x0_estimate(prev, cur, float(sig[i]), float(sig[i + 1])) if i + 1 < len(sig) else cur)
-                prev, i = cur, i + 1
-                if left <= 0:
-                    break
+                if done > 0:
+                    i = done - 1
+                    x0s.append(x0_estimate(seen["prev"], cur, float(sig[i]), float(sig[i + 1]))
+                               if i + 1 < len(sig) else cur)
+                seen["prev"] = cur
+
+            engine.run(engine.request(prompt, W, H, F, steps=steps, seed=1000 + k), on_step=on_step, decode=None)
             for x0 in x0s[-2:]:
                 add(x0, 1.0)
                 used["renders"] += 1
@@ -368,31 +369,31 @@ class Previewer:
         rgb = self.map.rgb(x0)
         self.shown += 1
         stop = self.callback(rgb, step) if self._two else self.callback(rgb)
-        if stop:
-            self.engine.cancel()
+        return bool(stop)
 
-    def run(self, steps: int) -> None:
+    def stepper(self, steps: int) -> Callable[[int, int], bool]:
+        """The on_step callback of Engine.run for a request of `steps` sigma grid points: before a step whose
+        preview is due it keeps the latents, after it delivers the x0 estimate. Returns True (cancel) when the
+        preview callback asked to stop."""
         eng = self.engine
-        info = eng.render_info()
-        evals, done = int(info["steps"]), int(info["steps_done"])
         sig = sigma_schedule(steps, video_shift(eng))
-        exact = len(sig) == evals + 1
-        while done < evals:
-            i = done
-            want = (i + 1) % self.every == 0 or i + 1 == evals
-            prev = eng.latents()[0] if want else None
-            left = eng.step()
-            done = i + 1
-            if want:
-                cur = eng.latents()[0]
-                x0 = x0_estimate(prev, cur, float(sig[i]), float(sig[i + 1])) if exact else cur
-                self._deliver(x0, done)
-                if eng._cancel:
-                    from .errors import Cancelled
+        state = {"prev": None}
 
-                    raise Cancelled("the render was cancelled by the preview callback", 6)
-            if left <= 0:
-                break
+        def on_step(done: int, total: int) -> bool:
+            exact = len(sig) == total + 1
+            if state["prev"] is not None:
+                i = done - 1
+                cur = eng.latents()[0]
+                x0 = x0_estimate(state["prev"], cur, float(sig[i]), float(sig[i + 1])) if exact else cur
+                state["prev"] = None
+                if self._deliver(x0, done):
+                    return True
+            if done < total and ((done + 1) % self.every == 0 or done + 1 == total):
+                state["prev"] = eng.latents()[0]
+            return False
+
+        on_step.who = "preview callback"  # named by the Cancelled it causes
+        return on_step
 
 
 def upscale(rgb: np.ndarray, height: int, width: int) -> np.ndarray:

@@ -62,8 +62,8 @@ def add_arguments(p) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--frames", type=int, help="frames at 24 fps, aligned up to 17n+5 (default: the model's)")
     g.add_argument("--seconds", type=float, help="duration; converted to frames at 24 fps and aligned up")
-    p.add_argument("--steps", type=int, default=None, help="sigma grid points incl. the final 0 (default 20, or "
-                   "the preset's)")
+    p.add_argument("--steps", type=int, default=None, help="sigma grid points incl. the final 0 (default: the "
+                   "preset's, else the model's: 20 for H3)")
     p.add_argument("--schedule", metavar="NAME", help="the sigma grid (h3, turbo-544p, turbo-768p, pdd, "
                    "h3c-lowstep; default: the one the model or LoRA declares, else h3); docs/few-step.md")
     p.add_argument("--seed", type=int, default=42, help="noise seed (default 42)")
@@ -148,9 +148,10 @@ def add_vram_argument(p) -> None:
 def add_device_arguments(p) -> None:
     """--device / --device-index, shared by every command that opens a model."""
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where the transformer runs: auto (a GPU when the CUDA backend is built and one answers, "
-                        "else the CPU), cpu, or cuda (fails when there is none). Text encoder and decoders run on "
-                        "the CPU")
+                   help="where the model runs: auto (a GPU when the CUDA backend is built and one answers, "
+                        "else the CPU), cpu, or cuda (fails when there is none). The transformer, the text encoder "
+                        "and both decoders run on that device (H3_STAGES_CPU=1 keeps the text encoder and the "
+                        "decoders on the CPU)")
     p.add_argument("--device-index", type=int, default=0, metavar="N", help="GPU number for --device cuda/auto")
 
 
@@ -301,17 +302,16 @@ def _render(args, width, height, out, reserved, sig) -> int:
         if progress_ui is not None:
             progress_ui.start()
         try:
-            result = engine.render(args.prompt, width, height, args.frames, args.seconds, args.steps, args.seed,
-                                   progress=on_progress, vae_tile=args.vae_tile,
+            # the request built above: its keyframes and references were decoded once, for the plan and the render
+            result = engine.render(req, progress=on_progress,
                                    preview=live.callback if live is not None and live.active else None,
-                                   preview_every=args.preview_every, **keyframes, references=refs or None,
-                                   profile=profile, **knobs)
+                                   preview_every=args.preview_every, profile=profile)
         except Cancelled:
             sig.check()
             raise
         sig.computing = False
         sig.check()
-        if engine._cancel:
+        if engine.cancelled:
             raise outs.Interrupted()
         if profile:
             profile.enter("write outputs")

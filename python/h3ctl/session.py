@@ -149,7 +149,7 @@ class Session:
         self.width, self.height = int(d["width"]), int(d["height"])
         self.frames: int | None = int(d["frames"])
         self.seconds: float | None = None
-        self.steps = 20
+        self.steps = int(d["steps"])
         self.seed: int | None = 42  # None: a random seed for every render
         self.preset: str | None = None  # None: every knob off, the exact render
         self.keyframes: dict = {"first_frame": None, "last_frame": None}  # decoded RGB arrays
@@ -505,7 +505,7 @@ class Session:
                                     progress=on_progress, preview=live.callback if live and live.active else None,
                                     preview_every=self.every, preset=self.preset, **self.keyframes)
                 state["phase"] = "writing"
-                if eng._cancel:
+                if eng.cancelled:
                     raise KeyboardInterrupt
                 from .outputs import Reserved
 

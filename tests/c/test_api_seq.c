@@ -595,7 +595,7 @@ static int g_valid_frames[] = {1, 5, 6, 20, 22, 23, 39};
 /* A request; *valid says whether h3_plan / h3_prepare must accept it. */
 static void make_request(h3_request *q, bool *valid, const char **why)
 {
-    h3_request_default(q);
+    h3_request_default(NULL, q);
     q->prompt = k_prompts[rint_((int)(sizeof k_prompts / sizeof *k_prompts))];
     int sides[] = {8, 16, 8, 8, 24, 32};
     do {
@@ -705,6 +705,9 @@ static void call_prepare(shadow *s, const h3_request *fixed)
     if (null_req) valid = false, why = "NULL request";
     /* Injected noise, sized by a plan of the same request (exactly as h3.h documents). */
     float *vn = NULL, *an = NULL;
+    h3_parity par, *pc = NULL;
+    memset(&par, 0, sizeof par);
+    par.struct_size = sizeof par;
     h3_render_info plan;
     memset(&plan, 0, sizeof plan);
     plan.struct_size = sizeof plan;
@@ -720,8 +723,20 @@ static void call_prepare(shadow *s, const h3_request *fixed)
             an = xalloc((size_t)na, sizeof *an);
             for (int64_t i = 0; i < na; i++) an[i] = frand();
         }
-        q.video_noise = vn;
-        q.audio_noise = an;
+        par.video_noise = vn;
+        par.audio_noise = an;
+        if (chance(10)) {
+            /* an older caller's parity struct (the two noises only), or one of no known size */
+            par.struct_size = chance(50) ? (uint32_t)(offsetof(h3_parity, audio_noise) + sizeof par.audio_noise)
+                                         : (chance(50) ? 4 : (uint32_t)sizeof par + 8);
+            if (par.struct_size == 4 || par.struct_size > sizeof par) valid = false, why = "bad h3_parity struct_size";
+        }
+        /* exactly struct_size bytes, as its caller declared them: reading past them is an ASan error */
+        size_t np = par.struct_size > sizeof par ? par.struct_size : sizeof par;
+        pc = xalloc(1, np);
+        memset(pc, 0, np);
+        memcpy(pc, &par, par.struct_size < sizeof par ? par.struct_size : sizeof par);
+        q.parity = pc;
     }
     if (valid && !fixed && chance(10)) q.struct_size = offsetof(h3_request, vae_tile_px); /* an older caller */
     describe_request("h3_prepare", &q, why);
@@ -737,6 +752,7 @@ static void call_prepare(shadow *s, const h3_request *fixed)
     else
         EXPECT(rc < 0, "h3_prepare accepted an invalid request (%s)", why);
     free(c);
+    free(pc);
     free(vn);
     free(an);
     sync_state(s);
@@ -1635,7 +1651,9 @@ static void fixed_sequences(void)
         shadow s = {.ctx = open_ctx(1, false)};
         if (!s.ctx) return;
         h3_request q;
-        h3_request_default(&q);
+        EXPECT(h3_request_default(s.ctx, &q) == 0 && q.width == 8 && q.height == 8 && q.frames == 22 &&
+                   q.steps == 20 && q.seed == 42 && !q.parity,
+               "h3_request_default: the fixture model's h3ctl block gives 8x8, 22 frames, 20 steps");
         q.prompt = "a red dot";
         q.width = q.height = 8;
         q.steps = 3;
@@ -1653,7 +1671,8 @@ static void fixed_sequences(void)
     {
         g_ntrace = 0, g_dumped = false;
         h3_request q;
-        h3_request_default(&q);
+        h3_request_default(NULL, &q);
+        q.frames = 22;
         q.prompt = "on red";
         q.width = 16, q.height = 8, q.steps = 3, q.seed = 7;
         render_out a, b, c;
@@ -1666,7 +1685,8 @@ static void fixed_sequences(void)
         float *vn = xalloc((size_t)nv, sizeof(float)), *an = xalloc((size_t)na, sizeof(float));
         h3_noise_fill(q.seed, 0, 0, vn, nv);
         h3_noise_fill(q.seed, 1, 0, an, na);
-        q.video_noise = vn, q.audio_noise = an, q.seed = 12345;
+        h3_parity par = {.struct_size = sizeof par, .video_noise = vn, .audio_noise = an};
+        q.parity = &par, q.seed = 12345;
         int rcn = full_render(1, &q, &c);
         EXPECT(rcn == 0 && c.npx == a.npx && !memcmp(a.rgb, c.rgb, (size_t)a.npx) &&
                    !memcmp(a.pcm, c.pcm, (size_t)a.npcm * sizeof(float)),

@@ -1,7 +1,7 @@
 /* Tokenizer: a tiny byte-level BPE tokenizer.json written by the test, exact ids for known
    strings, NFC cases, decoding, and clear errors for bad files and bad input. */
 #define _GNU_SOURCE
-#include "h3.h"
+#include "h3_stages.h"
 #include "core/tokenizer.h"
 
 #include "ctest.h"

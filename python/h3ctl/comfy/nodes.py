@@ -132,18 +132,9 @@ class H3ctlEncodePrompt:
             finally:
                 tok.close()
             # the engine's progress hook answers the text encoder's per-layer calls: ComfyUI's Cancel stops it
-            eng._cancel = False
-            eng._progress = lambda phase, done, total: _check_interrupted()
-            try:
-                embeds = text.encode(eng._ctx, ids)
-            except H3Error:
-                if eng._raised:  # the interrupt, raised inside the hook, ended the C call
-                    err = eng._raised.pop(0)
-                    eng._raised.clear()
-                    raise err from None
-                raise
-            finally:
-                eng._progress = None
+            # (the interrupt, raised inside the hook, ends the C call and is re-raised by hooked())
+            with eng.hooked(lambda phase, done, total: _check_interrupted()) as ctx:
+                embeds = text.encode(ctx, ids)
         return ({"prompt": prompt, "tokens": int(ids.size), "embeds": embeds, "model": model.key},)
 
 
@@ -180,7 +171,7 @@ class H3ctlSample:
             eng.plan(req)  # shape rules first, before any work
             bar = _progress_bar(max(1, steps - 1))
             denoise = {"total": max(1, steps - 1)}
-            previewer = None
+            on_step = None
             image = _optional("PIL.Image") if live_preview else None
             if image is not None:
                 from ..preview import Previewer
@@ -191,27 +182,19 @@ class H3ctlSample:
                     if bar is not None:
                         bar.update_absolute(step, denoise["total"], ("JPEG", pil, 512))
 
-                previewer = Previewer(eng, show, 1)
+                on_step = Previewer(eng, show, 1).stepper(req.steps)
 
             def progress(phase, done, total):
                 _check_interrupted()
                 if phase == "denoise":
                     denoise["total"] = total
-                    if bar is not None and (previewer is None or done == 0):
+                    if bar is not None and (on_step is None or done == 0):
                         bar.update_absolute(done, total)
                 return False
 
-            eng._progress = progress
-            try:
-                info = eng.prepare(conditioning["prompt"], width or None, height or None, frames or None, None,
-                                   steps, seed)
-                if previewer is not None:
-                    previewer.run(steps)
-                while eng.step() > 0:
-                    pass
-                video, audio = eng.latents()
-            finally:
-                eng._progress = None
+            res = eng.run(req, progress=progress, on_step=on_step, decode=None)
+            info = res.info
+            video, audio = res.latents
         return ({"video": video, "audio": audio, "info": info, "seed": int(seed), "steps": int(steps),
                  "prompt": conditioning["prompt"], "model": model.key},)
 

@@ -105,13 +105,11 @@ def _fl2va(model_dir, inputs, options):
     lat = lat[0] if lat.ndim == 5 else lat
     width, height = _canvas(inputs)
     with open_engine(model_dir, options) as eng:
-        eng.prepare(text, width=width, height=height, frames=_int(inputs, "num_frames"),
-                    steps=_int(inputs, "num_inference_steps"), seed=0, video_noise=lat,
-                    audio_noise=np.asarray(inputs["audio_latents"], np.float32), first_frame=first, last_frame=last,
-                    injected=injected)
-        while eng.step() > 0:
-            pass
-        v, a = eng.latents()
+        req = eng.request(text, width=width, height=height, frames=_int(inputs, "num_frames"),
+                          steps=_int(inputs, "num_inference_steps"), seed=0, video_noise=lat,
+                          audio_noise=np.asarray(inputs["audio_latents"], np.float32), first_frame=first,
+                          last_frame=last, injected=injected)
+        v, a = eng.run(req, decode=None).latents
     return {"latents": v[None], "audio_latents": a}
 
 

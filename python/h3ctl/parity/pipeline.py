@@ -34,14 +34,11 @@ def _run(model_dir, inputs, options):
             raise H3Error(f"parity pipeline: latents must be [1, C, T, h, w], got {list(lat.shape)}")
         lat = lat[0]
     with open_engine(model_dir, options) as eng:
-        eng.prepare(text, width=_scalar(inputs, "width"), height=_scalar(inputs, "height"),
-                    frames=_scalar(inputs, "num_frames"), steps=_scalar(inputs, "num_inference_steps"), seed=0,
-                    video_noise=lat, audio_noise=alat)
-        while eng.step() > 0:
-            pass
-        audio = eng.decode_audio()
-        videos = eng.decode_video_f32()
-    return {"videos": videos[None], "audio": audio[None]}
+        req = eng.request(text, width=_scalar(inputs, "width"), height=_scalar(inputs, "height"),
+                          frames=_scalar(inputs, "num_frames"), steps=_scalar(inputs, "num_inference_steps"), seed=0,
+                          video_noise=lat, audio_noise=alat)
+        res = eng.run(req, decode="f32")
+    return {"videos": res.frames[None], "audio": res.audio[None]}
 
 
 register(Stage(

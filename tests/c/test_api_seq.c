@@ -1567,7 +1567,7 @@ static void range_checks(void)
             const int32_t v = bad32[j];
             if (v >= f[i].lo && v <= f[i].hi) continue;
             h3_request q;
-            h3_request_default(&q);
+            h3_request_default(ctx, &q);
             q.prompt = "a red dot";
             q.width = q.height = 8;
             q.steps = 3;
@@ -1591,7 +1591,7 @@ static void range_checks(void)
     const float badf[] = {NAN, INFINITY, -INFINITY, -1.0f, 101.0f};
     for (size_t j = 0; j < sizeof badf / sizeof *badf; j++) {
         h3_request q;
-        h3_request_default(&q);
+        h3_request_default(ctx, &q);
         q.prompt = "a red dot";
         q.width = q.height = 8;
         q.cache_threshold = badf[j];
@@ -1600,7 +1600,7 @@ static void range_checks(void)
                "cache threshold %g: '%s'", (double)badf[j], h3_last_error());
         const char *paths[1] = {"none.safetensors"};
         float scales[1] = {badf[j]};
-        h3_request_default(&q);
+        h3_request_default(ctx, &q);
         q.prompt = "a red dot";
         q.width = q.height = 8;
         q.lora_paths = paths, q.lora_scales = scales, q.n_lora = 1;
@@ -1628,7 +1628,7 @@ static void range_checks(void)
     }
     /* and the context still renders */
     h3_request q;
-    h3_request_default(&q);
+    h3_request_default(ctx, &q);
     q.prompt = "a red dot";
     q.width = q.height = 8;
     q.steps = 3;

@@ -62,12 +62,12 @@ def test_defaults_come_from_the_model(tmp_path):
         assert eng.defaults == {"width": 128, "height": 128, "frames": 22, "steps": 20, "seed": 42}
     # no context: the release's
     assert _c_defaults(None) == (0, (1344, 768, 124, 20, 42, False))
-    # the CLI takes them too: no size, frames or steps given
+    # the CLI takes them too: no size, frames or steps given (the summary counts grid points, as --steps does)
     out = tmp_path / "o.wav"
     r = subprocess.run([sys.executable, "-m", "h3ctl", "render", "-d", str(d), "-p", PROMPT, "-o", "", "--wav",
                         str(out), "-q", "--threads", "1"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "39 frames 96x64" in r.stdout and " 5 steps" in r.stdout, r.stdout
+    assert "39 frames 96x64" in r.stdout and ", 6 steps," in r.stdout, r.stdout
 
 
 def test_a_bad_default_is_refused_in_one_line(tmp_path):

@@ -259,7 +259,7 @@ def test_cpu_context_with_a_quantized_file_is_refused_with_the_reason(tiny_file,
     with pytest.raises(H3Error, match="needs precision fp8"):
         Context(EMBEDDED_MODEL, device="cpu", quantized=tiny_file)
     render_refused(EMBEDDED_MODEL, tiny_file, tmp_path, "needs precision fp8", precision="int8")
-    render_refused(EMBEDDED_MODEL, tmp_path / "none.safetensors", tmp_path, "none.safetensors", "cannot open")
+    render_refused(EMBEDDED_MODEL, tmp_path / "none.safetensors", tmp_path, "none.safetensors", "no such file")
 
 
 def test_cancel_and_bad_arguments_leave_nothing(tmp_path):

@@ -104,16 +104,17 @@ static int h3ctl_block_check(const h3_model *m)
     if (!blk) return 0;
     if (blk->type != H3J_OBJ)
         return h3_err(H3_E_FORMAT, "%s/model_index.json: \"h3ctl\" must be an object", m->partition_dir);
-    static const struct { const char *key; int64_t hi; } keys[] = {
-        {"default_width", 16384}, {"default_height", 16384}, {"default_frames", 100000},
-        {"max_pixels", (int64_t)1 << 40}, {"max_frames", 100000}, {"canvas_short_edge", 16384},
-        {"canvas_max_pixels", (int64_t)1 << 40}, {"reference_image_short_edge", 65536},
-        {"reference_aspect_width", 64}, {"reference_aspect_height", 64},
+    static const struct { const char *key; int64_t lo, hi; } keys[] = {
+        {"default_width", 1, 16384}, {"default_height", 1, 16384}, {"default_frames", 1, 100000},
+        {"default_steps", 2, 1000}, {"max_pixels", 1, (int64_t)1 << 40}, {"max_frames", 1, 100000},
+        {"canvas_short_edge", 1, 16384}, {"canvas_max_pixels", 1, (int64_t)1 << 40},
+        {"reference_image_short_edge", 1, 65536}, {"reference_aspect_width", 1, 64},
+        {"reference_aspect_height", 1, 64},
     };
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         const h3j *v = h3j_get(&m->index, blk, keys[i].key);
         if (!v) continue;
-        if (v->type != H3J_NUM || !v->is_int || v->i < 1 || v->i > keys[i].hi) {
+        if (v->type != H3J_NUM || !v->is_int || v->i < keys[i].lo || v->i > keys[i].hi) {
             char got[48];
             if (v->type == H3J_NUM)
                 snprintf(got, sizeof got, "%.17g", v->num);
@@ -122,8 +123,8 @@ static int h3ctl_block_check(const h3_model *m)
             else
                 snprintf(got, sizeof got, "%s", v->type == H3J_NULL ? "null" : v->type == H3J_OBJ ? "an object" :
                                                  v->type == H3J_ARR ? "a list" : "a boolean");
-            return h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be a whole number between 1 and %lld, "
-                          "got %s", m->partition_dir, keys[i].key, (long long)keys[i].hi, got);
+            return h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be a whole number between %lld and %lld, "
+                          "got %s", m->partition_dir, keys[i].key, (long long)keys[i].lo, (long long)keys[i].hi, got);
         }
     }
     return 0;

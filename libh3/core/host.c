@@ -104,3 +104,15 @@ uint16_t h3_f32_to_bf16(float f)
 }
 
 float h3_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* The host GEMM (core/host.h): the CPU kernel set registers it at load. */
+static h3_host_gemm_fn g_host_gemm;
+
+void h3_host_gemm_register(h3_host_gemm_fn fn) { g_host_gemm = fn; }
+
+int h3_host_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias, float *Y,
+                   int64_t ldy)
+{
+    if (!g_host_gemm) return h3_err(H3_E_UNSUPPORTED, "host GEMM: no CPU kernel set was linked into libh3");
+    return g_host_gemm(p, X, M, ldx, W, bias, Y, ldy);
+}

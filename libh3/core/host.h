@@ -92,11 +92,16 @@ H3_INTERNAL bool h3_host_simd(void);
 
 /*
  * Y[M, N] = X[M, K] . W^T + bias   (W is [N, K]; bias f32 [N] or NULL).
- * ldx/ldy are row strides in elements. Y must not alias X. Returns 0 or -H3_E_NOMEM.
- * The host work of the stages (the transformer's timestep embedding, LoRA merges) runs on it.
- * It is the CPU kernel set's blocked GEMM (backend/cpu/ops.c, the one copy of that kernel).
+ * ldx/ldy are row strides in elements. Y must not alias X. Returns 0 or a negative H3_E_* code.
+ * The host work of the stages (the transformer's timestep embedding, LoRA merges) runs on it. The
+ * kernel is the CPU kernel set's blocked GEMM (backend/cpu/ops.c, the one copy of that kernel),
+ * which registers itself here when libh3 loads: core and the stages call it without depending on
+ * the backend (the layering check forbids that include), and no second GEMM is written for them.
  */
-H3_INTERNAL int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W,
-                           const float *bias, float *Y, int64_t ldy);
+typedef int (*h3_host_gemm_fn)(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W,
+                               const float *bias, float *Y, int64_t ldy);
+H3_INTERNAL void h3_host_gemm_register(h3_host_gemm_fn fn);
+H3_INTERNAL int h3_host_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W,
+                               const float *bias, float *Y, int64_t ldy);
 
 #endif /* H3_HOST_H */

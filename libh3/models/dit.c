@@ -892,9 +892,9 @@ int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out)
             sin_emb[m * c->freq_dim + i] = cosf(arg);
             sin_emb[m * c->freq_dim + half + i] = sinf(arg);
         }
-    int rc = h3_linear(d->pool, sin_emb, M, c->freq_dim, &d->te_in, d->te_in_b, h, c->temb_hidden);
+    int rc = h3_host_linear(d->pool, sin_emb, M, c->freq_dim, &d->te_in, d->te_in_b, h, c->temb_hidden);
     for (int64_t i = 0; !rc && i < M * c->temb_hidden; i++) h[i] = h3_silu(h[i]);
-    if (!rc) rc = h3_linear(d->pool, h, M, c->temb_hidden, &d->te_out, d->te_out_b, out, c->temb_dim);
+    if (!rc) rc = h3_host_linear(d->pool, h, M, c->temb_hidden, &d->te_out, d->te_out_b, out, c->temb_dim);
     for (int64_t i = 0; !rc && i < M * c->temb_dim; i++) out[i] = h3_silu(out[i]);
     h3_free_aligned(sin_emb);
     h3_free_aligned(h);

@@ -15,7 +15,7 @@
  *
  * Everything follows diffusers 0.42.1 (MiniMaxH3Transformer3DModel, MiniMaxH3Scheduler and the
  * modular pipeline's layout/timestep plan). On the CPU backend it computes in f32 (bf16/f16
- * weights are widened on the fly by h3_linear); on a GPU backend GEMMs and attention take bf16
+ * weights are widened on the fly by the CPU backend's GEMM); on a GPU backend GEMMs and attention take bf16
  * operands with f32 accumulation and the residual stream stays f32 (backend/backend.h).
  */
 #ifndef H3_DIT_H

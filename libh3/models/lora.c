@@ -766,11 +766,11 @@ int h3_lora_merge(h3_lora *l, h3_pool *pool, const char *name, const void *w, h3
         float *delta = h3_alloc_aligned(sizeof(float) * (size_t)(e->out_rows * cols));
         if (!A || !B || !At || !delta) rc = A && B ? -H3_E_NOMEM : -H3_E_SCHEMA;
         if (!rc) {
-            /* delta = B A as one GEMM: h3_linear computes X W^T, so W is A transposed [cols, rank]. */
+            /* delta = B A as one GEMM: h3_host_linear computes X W^T, so W is A transposed [cols, rank]. */
             for (int64_t k = 0; k < e->rank; k++)
                 for (int64_t c = 0; c < cols; c++) At[c * e->rank + k] = A[k * cols + c];
             h3_mat Am = {At, H3_DT_F32, cols, e->rank};
-            rc = h3_linear(pool, B, e->out_rows, e->rank, &Am, NULL, delta, cols);
+            rc = h3_host_linear(pool, B, e->out_rows, e->rank, &Am, NULL, delta, cols);
         }
         for (int64_t j = 0; !rc && j < e->out_rows; j++) {
             float *dst = W + map_row(l, e, j, rows) * cols;

@@ -47,7 +47,7 @@ def sigmas(name: str, steps: int, shift_video: float = 12.0, shift_audio: float 
 def declared(engine, req) -> str | None:
     """The schedule a request's model or LoRA files declare (libh3 h3_schedule_declared), or None."""
     buf = ctypes.create_string_buffer(64)
-    rc = _lib.lib().h3_schedule_declared(engine._ctx.ptr, ctypes.byref(req), buf, 64)
+    rc = _lib.lib().h3_schedule_declared(engine._ctx.ptr, ctypes.byref(getattr(req, "c", req)), buf, 64)  # a Request or its h3_request
     if rc < 0:
         raise H3Error(_lib.last_error() or f"schedule: error {rc}")
     return buf.value.decode() if rc else None

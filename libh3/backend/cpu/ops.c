@@ -142,6 +142,9 @@ static int linear_run(h3_pool *p, const float *X, int64_t M, int64_t ldx, const 
     return 0;
 }
 
+/* The stages' host GEMM is this one (core/host.h): registered before any context exists. */
+__attribute__((constructor)) static void register_host_gemm(void) { h3_host_gemm_register(h3_linear); }
+
 int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias, float *Y,
               int64_t ldy)
 {

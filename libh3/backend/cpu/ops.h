@@ -10,9 +10,14 @@
 #ifndef H3_OPS_H
 #define H3_OPS_H
 
-#include "core/host.h" /* the pool, h3_mat, conversions, h3_linear */
+#include "core/host.h" /* the pool, h3_mat, conversions, the host GEMM hook */
 
 /* ---- kernels --------------------------------------------------------------------------- */
+
+/* Y[M, N] = X[M, K] . W^T + bias on the pool (core/host.h's h3_host_linear is this function,
+   registered when libh3 loads). */
+H3_INTERNAL int h3_linear(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_mat *W, const float *bias,
+                          float *Y, int64_t ldy);
 
 /* h3_linear without its few-rows shortcut (dot products for M <= 6): every M sums in the blocked
    order of the micro-kernel, and rows of X may overlap (ldx < K). The convolutions of the audio

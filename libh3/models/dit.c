@@ -50,8 +50,8 @@ static void *act_at(const h3_dit *d, void *base, int64_t i) { return (char *)bas
 
 static dit_owned *owned_find(h3_dit *d, const char *name)
 {
-    for (int i = 0; i < d->n_owned; i++)
-        if (strcmp(d->owned[i].name, name) == 0) return &d->owned[i];
+    for (int i = 0; i < d->w.n_owned; i++)
+        if (strcmp(d->w.owned[i].name, name) == 0) return &d->w.owned[i];
     return NULL;
 }
 
@@ -61,7 +61,7 @@ static void owned_release(h3_dit *d, const char *name)
     dit_owned *o = owned_find(d, name);
     if (!o) return;
     h3_free_aligned(o->data);
-    *o = d->owned[--d->n_owned];
+    *o = d->w.owned[--d->w.n_owned];
 }
 
 /* Weight `name` as the host holds it: the mapping, or the LoRA-merged copy of it (merged once and
@@ -72,7 +72,7 @@ static int host_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char
     h3_dtype dt;
     const void *p = h3_store_get_float(d->st, name, 2, shape, &dt);
     if (!p) return -H3_E_SCHEMA;
-    if (d->lora) {
+    if (d->w.lora) {
         dit_owned *o = owned_find(d, name);
         void *merged = NULL;
         h3_dtype mdt = dt;
@@ -80,17 +80,17 @@ static int host_mat(h3_dit *d, h3_mat *m, int64_t rows, int64_t cols, const char
             merged = o->data;
             mdt = dt == H3_DT_BF16 ? H3_DT_BF16 : H3_DT_F32;
         } else {
-            int rc = h3_lora_merge(d->lora, d->pool, name, p, dt, rows, cols, &merged, &mdt);
+            int rc = h3_lora_merge(d->w.lora, d->pool, name, p, dt, rows, cols, &merged, &mdt);
             if (rc) return rc;
             if (merged) {
-                dit_owned *no = h3_realloc(d->owned, sizeof *no * (size_t)(d->n_owned + 1));
+                dit_owned *no = h3_realloc(d->w.owned, sizeof *no * (size_t)(d->w.n_owned + 1));
                 if (!no) {
                     h3_free_aligned(merged);
                     return -H3_E_NOMEM;
                 }
-                d->owned = no;
-                snprintf(no[d->n_owned].name, sizeof no[d->n_owned].name, "%s", name);
-                no[d->n_owned++].data = merged;
+                d->w.owned = no;
+                snprintf(no[d->w.n_owned].name, sizeof no[d->w.n_owned].name, "%s", name);
+                no[d->w.n_owned++].data = merged;
             }
         }
         if (merged) {
@@ -145,7 +145,7 @@ static float *host_vec_v(h3_dit *d, int64_t n, const char *fmt, va_list ap)
     float *out = h3_alloc_aligned(sizeof(float) * (size_t)n);
     if (out) h3_to_f32(p, dt, out, n);
     /* whole-parameter LoRA parts (.diff_b / .set_bias) of this vector */
-    if (out && d->lora && h3_lora_merge_vec(d->lora, name, out, n)) {
+    if (out && d->w.lora && h3_lora_merge_vec(d->w.lora, name, out, n)) {
         h3_free_aligned(out);
         return NULL;
     }
@@ -197,13 +197,13 @@ static int get_w_fp8(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char
 {
     const uint8_t *q;
     const float *s;
-    int rc = h3_fp8file_get(d->fp8file, name, rows, cols, &q, &s);
+    int rc = h3_fp8file_get(d->w.fp8file, name, rows, cols, &q, &s);
     if (!rc)
         rc = h3_backend_has(d->be, H3_CAP_FP8_WEIGHTS)
                  ? d->be->weights->weight_load_fp8(d->be, q, s, rows, cols, w)
                  : h3_err(H3_E_UNSUPPORTED, "the %s backend cannot use pre-quantised fp8 weights", d->be->name);
     if (rc) h3_err_prefix("%s", name);
-    if (!rc) h3_fp8file_release(d->fp8file, name);
+    if (!rc) h3_fp8file_release(d->w.fp8file, name);
     return rc;
 }
 
@@ -213,15 +213,15 @@ int dit_load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i)
     /* Reduced precision applies to the main stack only (the refiner runs once per prompt). */
     const bool main_stack = strcmp(pfx, "blocks") == 0;
     const int keep = d->be->weight_precision;
-    if (main_stack) d->be->weight_precision = d->precision;
+    if (main_stack) d->be->weight_precision = d->w.precision;
     int rc = 0;
     for (int k = 0; k < H3_DIT_GEMMS && !rc; k++) {
         int64_t rows, cols;
-        h3_dit_gemm_shape(&d->c, k, &rows, &cols);
+        h3_dit_gemm_shape(&d->w.c, k, &rows, &cols);
         char name[160];
         snprintf(name, sizeof name, "%s.%d.%s.weight", pfx, i, h3_dit_gemm_part(k));
         /* The file holds exactly the weights weight_load would quantise; the others load as then. */
-        if (main_stack && d->fp8file && h3_fp8_weight_shape_ok(rows, cols))
+        if (main_stack && d->w.fp8file && h3_fp8_weight_shape_ok(rows, cols))
             rc = get_w_fp8(d, dit_gemm(b, k), rows, cols, name);
         else
             rc = get_w(d, dit_gemm(b, k), rows, cols, "%s", name);
@@ -233,7 +233,7 @@ int dit_load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i)
 
 static int load_block(h3_dit *d, dit_block *b, const char *pfx, int i, bool modulated, bool weights)
 {
-    const h3_dit_cfg *c = &d->c;
+    const h3_dit_cfg *c = &d->w.c;
     int rc;
     if ((rc = get_bvec(d, &b->norm1, c->hidden, "%s.%d.norm1.weight", pfx, i)) ||
         (rc = get_bvec(d, &b->norm2, c->hidden, "%s.%d.norm2.weight", pfx, i)) ||
@@ -258,7 +258,7 @@ void dit_wfree(h3_dit *d, h3_bw *w)
 /* Drop a main-stack block's GEMM weights (and their merged copies): a dropped layer holds none. */
 void dit_unload_block_weights(h3_dit *d, int i)
 {
-    dit_block *b = &d->blk[i];
+    dit_block *b = &d->w.blk[i];
     for (int k = 0; k < H3_DIT_GEMMS; k++) {
         dit_wfree(d, dit_gemm(b, k));
         char name[112];
@@ -287,9 +287,9 @@ static uint64_t tensor_bytes(const h3_store *s, const char *name)
     return t ? t->end - t->begin : 0;
 }
 
-const h3_dit_cfg *h3_dit_config(const h3_dit *d) { return &d->c; }
+const h3_dit_cfg *h3_dit_config(const h3_dit *d) { return &d->w.c; }
 h3_backend *h3_dit_backend(const h3_dit *d) { return d->be; }
-uint64_t h3_dit_generation(const h3_dit *d) { return d->generation; }
+uint64_t h3_dit_generation(const h3_dit *d) { return d->rq.generation; }
 
 int h3_dit_open(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, h3_dit **out)
 {
@@ -310,7 +310,7 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     d->flags = flags;
     d->esz = h3_dtype_size(be->act_dtype);
     d->time_parts = h3_backend_has(be, H3_CAP_SYNCHRONOUS);
-    int rc = h3_dit_cfg_load(m, &d->c);
+    int rc = h3_dit_cfg_load(m, &d->w.c);
     if (!rc) rc = h3_model_headers(m, H3_COMP_TRANSFORMER);
     if (rc) {
         free(d);
@@ -322,71 +322,73 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
         const h3_tensor *tab = h3_store_find(d->st, "time_embedder.table");
         if (tab && tab->ndim == 2 && tab->shape[0] >= 2 && tab->shape[0] <= (1 << 20) && tab->shape[1] >= 1 &&
             tab->shape[1] <= (1 << 16)) {
-            d->curve_grid = (int)tab->shape[0];
-            d->c.temb_dim = (int)tab->shape[1];
+            d->w.curve_grid = (int)tab->shape[0];
+            d->w.c.temb_dim = (int)tab->shape[1];
         }
     }
-    const h3_dit_cfg *c = &d->c;
+    const h3_dit_cfg *c = &d->w.c;
     if (c->head_dim > DIT_MAX_HEAD_DIM) {
         rc = h3_err(H3_E_UNSUPPORTED, "%s: attention_head_dim %d is larger than this engine supports (%d)",
                     m->comp[H3_COMP_TRANSFORMER].config_path, c->head_dim, DIT_MAX_HEAD_DIM);
         free(d);
         return rc;
     }
-    d->A = c->heads * c->head_dim;
-    d->P = c->video_ch * c->patch[1] * c->patch[2];
-    d->F3 = 3 * c->rope_freq;
-    d->ref = h3_calloc((size_t)(c->refiner_layers ? c->refiner_layers : 1), sizeof *d->ref);
-    d->blk = h3_calloc((size_t)(c->layers ? c->layers : 1), sizeof *d->blk);
-    d->run = h3_calloc((size_t)(c->layers ? c->layers : 1), sizeof *d->run);
-    if (!d->ref || !d->blk || !d->run) rc = -H3_E_NOMEM;
-    for (int i = 0; i < c->layers; i++) d->run[i] = i;
-    d->n_run = c->layers;
-    d->lazy_blocks = opts && opts->lazy_blocks;
-    d->precision = opts ? opts->precision : H3_PRECISION_DEFAULT;
-    d->fp8file = opts && d->precision == H3_PRECISION_FP8 ? opts->fp8file : NULL;
-    if (!rc && d->fp8file && opts->n_lora > 0)
+    d->w.A = c->heads * c->head_dim;
+    d->w.P = c->video_ch * c->patch[1] * c->patch[2];
+    d->w.F3 = 3 * c->rope_freq;
+    d->w.ref = h3_calloc((size_t)(c->refiner_layers ? c->refiner_layers : 1), sizeof *d->w.ref);
+    d->w.blk = h3_calloc((size_t)(c->layers ? c->layers : 1), sizeof *d->w.blk);
+    d->kn.run = h3_calloc((size_t)(c->layers ? c->layers : 1), sizeof *d->kn.run);
+    if (!d->w.ref || !d->w.blk || !d->kn.run) rc = -H3_E_NOMEM;
+    for (int i = 0; i < c->layers; i++) d->kn.run[i] = i;
+    d->kn.n_run = c->layers;
+    d->w.lazy_blocks = opts && opts->lazy_blocks;
+    d->w.precision = opts ? opts->precision : H3_PRECISION_DEFAULT;
+    d->w.fp8file = opts && d->w.precision == H3_PRECISION_FP8 ? opts->fp8file : NULL;
+    if (!rc && d->w.fp8file && opts->n_lora > 0)
         rc = h3_err(H3_E_UNSUPPORTED, "LoRA files cannot be merged into pre-quantised fp8 weights (the file holds "
                     "the weights without them): render without the quantized file to quantise at load");
     if (!rc && opts && opts->n_lora > 0)
-        rc = h3_lora_open(m, opts->lora_paths, opts->lora_scales, opts->n_lora, &d->lora);
+        rc = h3_lora_open(m, opts->lora_paths, opts->lora_scales, opts->n_lora, &d->w.lora);
     const int64_t H = c->hidden;
-    if (!rc) rc = get_w(d, &d->cond, H, c->text_dim, "condition_proj.weight");
-    if (!rc) rc = get_bvec(d, &d->cond_b, H, "condition_proj.bias");
-    if (!rc) rc = get_bvec(d, &d->ref_final, H, "token_refiner.final_norm.weight");
-    if (!rc && d->curve_grid) {
-        const int64_t sh[2] = {d->curve_grid, c->temb_dim};
+    if (!rc) rc = get_w(d, &d->w.cond, H, c->text_dim, "condition_proj.weight");
+    if (!rc) rc = get_bvec(d, &d->w.cond_b, H, "condition_proj.bias");
+    if (!rc) rc = get_bvec(d, &d->w.ref_final, H, "token_refiner.final_norm.weight");
+    if (!rc && d->w.curve_grid) {
+        const int64_t sh[2] = {d->w.curve_grid, c->temb_dim};
         h3_dtype dt;
         const void *p = h3_store_get_float(d->st, "time_embedder.table", 2, sh, &dt);
         if (!p) rc = -H3_E_SCHEMA;
-        else if (!(d->curve = h3_alloc_aligned(sizeof(float) * (size_t)(sh[0] * sh[1])))) rc = -H3_E_NOMEM;
-        else h3_to_f32(p, dt, d->curve, sh[0] * sh[1]);
+        else if (!(d->w.curve = h3_alloc_aligned(sizeof(float) * (size_t)(sh[0] * sh[1])))) rc = -H3_E_NOMEM;
+        else h3_to_f32(p, dt, d->w.curve, sh[0] * sh[1]);
     }
-    if (!rc && !d->curve_grid) rc = get_mat(d, &d->te_in, c->temb_hidden, c->freq_dim, "time_embedder.proj_in.weight");
-    if (!rc && !d->curve_grid) rc = get_vec(d, &d->te_in_b, c->temb_hidden, "time_embedder.proj_in.bias");
-    if (!rc && !d->curve_grid) rc = get_mat(d, &d->te_out, c->temb_dim, c->temb_hidden, "time_embedder.proj_out.weight");
-    if (!rc && !d->curve_grid) rc = get_vec(d, &d->te_out_b, c->temb_dim, "time_embedder.proj_out.bias");
-    if (!rc) rc = get_mat(d, &d->fin_ada, 2 * H, c->temb_dim, "final_layer.adaln_proj.linear.weight");
-    if (!rc) rc = get_vec(d, &d->fin_ada_b, 2 * H, "final_layer.adaln_proj.linear.bias");
-    if (!rc) rc = get_bvec(d, &d->fin_norm, H, "final_layer.norm.weight");
-    if (!rc) rc = get_w(d, &d->vout, d->P, H, "final_layer.video_out.weight");
-    if (!rc) rc = get_bvec(d, &d->vout_b, d->P, "final_layer.video_out.bias");
-    if (!rc) rc = get_w(d, &d->aout, c->audio_ch, H, "final_layer.audio_out.weight");
-    if (!rc) rc = get_bvec(d, &d->aout_b, c->audio_ch, "final_layer.audio_out.bias");
-    if (!rc) rc = get_w(d, &d->vproj, H, d->P, "video_patch_proj.weight");
-    if (!rc) rc = get_bvec(d, &d->vproj_b, H, "video_patch_proj.bias");
-    if (!rc) rc = get_w(d, &d->aproj, H, c->audio_ch, "audio_patch_proj.weight");
-    if (!rc) rc = get_bvec(d, &d->aproj_b, H, "audio_patch_proj.bias");
-    if (!rc && c->rope_freq > 0) rc = get_vec(d, &d->inv_freq, c->rope_freq, "rope.inv_freq");
+    if (!rc && !d->w.curve_grid)
+        rc = get_mat(d, &d->w.te_in, c->temb_hidden, c->freq_dim, "time_embedder.proj_in.weight");
+    if (!rc && !d->w.curve_grid) rc = get_vec(d, &d->w.te_in_b, c->temb_hidden, "time_embedder.proj_in.bias");
+    if (!rc && !d->w.curve_grid)
+        rc = get_mat(d, &d->w.te_out, c->temb_dim, c->temb_hidden, "time_embedder.proj_out.weight");
+    if (!rc && !d->w.curve_grid) rc = get_vec(d, &d->w.te_out_b, c->temb_dim, "time_embedder.proj_out.bias");
+    if (!rc) rc = get_mat(d, &d->w.fin_ada, 2 * H, c->temb_dim, "final_layer.adaln_proj.linear.weight");
+    if (!rc) rc = get_vec(d, &d->w.fin_ada_b, 2 * H, "final_layer.adaln_proj.linear.bias");
+    if (!rc) rc = get_bvec(d, &d->w.fin_norm, H, "final_layer.norm.weight");
+    if (!rc) rc = get_w(d, &d->w.vout, d->w.P, H, "final_layer.video_out.weight");
+    if (!rc) rc = get_bvec(d, &d->w.vout_b, d->w.P, "final_layer.video_out.bias");
+    if (!rc) rc = get_w(d, &d->w.aout, c->audio_ch, H, "final_layer.audio_out.weight");
+    if (!rc) rc = get_bvec(d, &d->w.aout_b, c->audio_ch, "final_layer.audio_out.bias");
+    if (!rc) rc = get_w(d, &d->w.vproj, H, d->w.P, "video_patch_proj.weight");
+    if (!rc) rc = get_bvec(d, &d->w.vproj_b, H, "video_patch_proj.bias");
+    if (!rc) rc = get_w(d, &d->w.aproj, H, c->audio_ch, "audio_patch_proj.weight");
+    if (!rc) rc = get_bvec(d, &d->w.aproj_b, H, "audio_patch_proj.bias");
+    if (!rc && c->rope_freq > 0) rc = get_vec(d, &d->w.inv_freq, c->rope_freq, "rope.inv_freq");
     for (int i = 0; !rc && i < c->refiner_layers; i++)
-        rc = load_block(d, &d->ref[i], "token_refiner.blocks", i, false, true);
+        rc = load_block(d, &d->w.ref[i], "token_refiner.blocks", i, false, true);
     /* Which blocks' GEMM weights stream (the budget counts what is held by then), then the blocks:
        resident ones load their weights now (unless lazy), streamed ones make their host copy. */
     if (!rc) rc = dit_stream_plan(d, opts ? opts->vram_bytes : 0, !(opts && opts->no_stream_pack));
     for (int i = 0; !rc && i < c->layers; i++) {
-        const bool streamed = d->blk[i].streamed;
-        rc = load_block(d, &d->blk[i], "blocks", i, true, !d->lazy_blocks && !streamed && !d->blk[i].loaded);
-        if (!rc && streamed && !d->lazy_blocks && !d->blk[i].loaded) rc = dit_stream_stage(d, i);
+        const bool streamed = d->w.blk[i].streamed;
+        rc = load_block(d, &d->w.blk[i], "blocks", i, true, !d->w.lazy_blocks && !streamed && !d->w.blk[i].loaded);
+        if (!rc && streamed && !d->w.lazy_blocks && !d->w.blk[i].loaded) rc = dit_stream_stage(d, i);
     }
     if (rc) { /* the store's message names the tensor, the shard and the shapes */
         h3_dit_close(d);
@@ -395,11 +397,11 @@ int h3_dit_open_ex(h3_model *m, h3_pool *pool, h3_backend *be, unsigned flags, c
     for (int i = 0; i < c->layers; i++) {
         char name[96];
         snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.weight", i);
-        d->adaln_weight_bytes += tensor_bytes(d->st, name);
+        d->w.adaln_weight_bytes += tensor_bytes(d->st, name);
         snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.bias", i);
-        d->adaln_weight_bytes += tensor_bytes(d->st, name);
+        d->w.adaln_weight_bytes += tensor_bytes(d->st, name);
     }
-    d->adaln_weight_bytes += tensor_bytes(d->st, "final_layer.adaln_proj.linear.weight") +
+    d->w.adaln_weight_bytes += tensor_bytes(d->st, "final_layer.adaln_proj.linear.weight") +
                              tensor_bytes(d->st, "final_layer.adaln_proj.linear.bias");
     d->stats.open_ms = now_ms() - t0;
     *out = d;
@@ -428,108 +430,61 @@ static void plan_free(h3_dit *d, dit_plan *p)
 
 static void free_buffers(h3_dit *d)
 {
-    void **bufs[] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob, &d->vo, &d->ao};
+    void **bufs[] = {&d->rq.x, &d->rq.nb, &d->rq.tmp, &d->rq.big, &d->rq.qkv3, &d->rq.ob, &d->rq.vo, &d->rq.ao};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         dit_bfree(d, *bufs[i]);
         *bufs[i] = NULL;
     }
-    float **fb[] = {&d->rcos, &d->rsin, &d->text};
+    float **fb[] = {&d->rq.rcos, &d->rq.rsin, &d->rq.text};
     for (size_t i = 0; i < sizeof fb / sizeof *fb; i++) {
         dit_bfree(d, *fb[i]);
         *fb[i] = NULL;
     }
-    int64_t **ib[] = {&d->d_text_idx, &d->d_video_idx, &d->d_audio_idx};
+    int64_t **ib[] = {&d->rq.d_text_idx, &d->rq.d_video_idx, &d->rq.d_audio_idx};
     for (size_t i = 0; i < sizeof ib / sizeof *ib; i++) {
         dit_bfree(d, *ib[i]);
         *ib[i] = NULL;
     }
-    d->buf_rows = 0;
-    d->has_text = false;
+    d->rq.buf_rows = 0;
+    d->rq.has_text = false;
 }
 
 /* The speed knobs' buffers: they belong to one prepared schedule. */
 static void free_knob_state(h3_dit *d)
 {
-    void **bufs[] = {(void **)&d->vel[0][0], (void **)&d->vel[0][1], (void **)&d->vel[1][0], (void **)&d->vel[1][1],
-                     (void **)&d->mod_cur,   (void **)&d->mod_prev,  (void **)&d->core_delta, (void **)&d->d_pairs,
-                     (void **)&d->red_cos,   (void **)&d->red_sin,   (void **)&d->d_red_combo, (void **)&d->snap,
-                     (void **)&d->red_base};
+    void **bufs[] = {(void **)&d->kn.vel[0][0],  (void **)&d->kn.vel[0][1], (void **)&d->kn.vel[1][0],
+                     (void **)&d->kn.vel[1][1],  (void **)&d->kn.mod_cur,   (void **)&d->kn.mod_prev,
+                     (void **)&d->kn.core_delta, (void **)&d->kn.d_pairs,   (void **)&d->kn.red_cos,
+                     (void **)&d->kn.red_sin,    (void **)&d->kn.d_red_combo, (void **)&d->kn.snap,
+                     (void **)&d->kn.red_base};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         dit_bfree(d, *bufs[i]);
         *bufs[i] = NULL;
     }
-    d->n_vel = 0;
-    d->has_mod_prev = false;
-    d->cache_acc = 0;
-    d->core_calls = 0;
-    d->red_rows = 0;
-}
-
-static void drop_pdd(h3_dit *d)
-{
-    for (int m = 0; m < 2; m++) {
-        for (int s = 0; s < d->pdd_n; s++) {
-            if (d->pdd_w[m]) dit_wfree(d, &d->pdd_w[m][s]);
-            if (d->pdd_b[m]) dit_bfree(d, d->pdd_b[m][s]);
-            if (d->pdd_host[m]) h3_free_aligned(d->pdd_host[m][s]);
-        }
-        free(d->pdd_w[m]);
-        free(d->pdd_b[m]);
-        free(d->pdd_host[m]);
-        d->pdd_w[m] = NULL;
-        d->pdd_b[m] = NULL;
-        d->pdd_host[m] = NULL;
-    }
-    d->pdd_n = 0;
-}
-
-/* The PDD heads of every step of the prepared grids: each step's weighted mean of the bank's
-   interval heads (lora.h), made a backend weight. The host copies stay: a CPU weight may be a
-   view of them. */
-static int build_pdd(h3_dit *d, int evals)
-{
-    const int64_t H = d->c.hidden, rows[2] = {d->P, d->c.audio_ch};
-    int rc = 0;
-    for (int m = 0; m < 2 && !rc; m++) {
-        d->pdd_w[m] = h3_calloc((size_t)evals, sizeof **d->pdd_w);
-        d->pdd_b[m] = h3_calloc((size_t)evals, sizeof **d->pdd_b);
-        d->pdd_host[m] = h3_calloc((size_t)evals, sizeof **d->pdd_host);
-        if (!d->pdd_w[m] || !d->pdd_b[m] || !d->pdd_host[m]) rc = -H3_E_NOMEM;
-    }
-    if (!rc) d->pdd_n = evals;
-    for (int s = 0; s < evals && !rc; s++)
-        for (int m = 0; m < 2 && !rc; m++) {
-            float *host = h3_alloc_aligned(sizeof(float) * (size_t)(rows[m] * H + rows[m]));
-            if (!host) {
-                rc = -H3_E_NOMEM;
-                break;
-            }
-            d->pdd_host[m][s] = host;
-            rc = h3_lora_pdd_head(d->lora, m, d->sig[m][s], d->sig[m][s + 1], host, host + rows[m] * H);
-            if (!rc) rc = d->be->weights->weight_load(d->be, host, H3_DT_F32, rows[m], H, &d->pdd_w[m][s]);
-            if (!rc && !(d->pdd_b[m][s] = h3_backend_dup(d->be, host + rows[m] * H, sizeof(float) * (size_t)rows[m])))
-                rc = -H3_E_NOMEM;
-        }
-    return rc;
+    d->kn.n_vel = 0;
+    d->kn.has_mod_prev = false;
+    d->kn.cache_acc = 0;
+    d->kn.core_calls = 0;
+    d->kn.red_rows = 0;
 }
 
 static void drop_schedule(h3_dit *d)
 {
-    drop_pdd(d);
+    dit_pdd_drop(d);
     free_knob_state(d);
     for (int k = 0; k < 2; k++) {
-        free(d->sig[k]);
-        free(d->ts[k]);
-        d->sig[k] = d->ts[k] = NULL;
+        free(d->sc.sig[k]);
+        free(d->sc.ts[k]);
+        d->sc.sig[k] = d->sc.ts[k] = NULL;
     }
-    plan_free(d, &d->plan);
-    dit_bfree(d, d->tab_blk);
-    dit_bfree(d, d->tab_fin);
-    free(d->tvals);
-    d->tab_blk = d->tab_fin = d->tvals = NULL;
-    d->table_bytes = 0;
-    d->has_plan = false;
-    d->n_steps = 0;
+    plan_free(d, &d->sc.plan);
+    dit_bfree(d, d->sc.tab_blk);
+    dit_bfree(d, d->sc.tab_fin);
+    free(d->sc.tvals);
+    d->sc.tab_blk = d->sc.tab_fin = d->sc.tvals = NULL;
+    d->sc.table_bytes = 0;
+    d->sc.has_plan = false;
+    d->sc.n_steps = 0;
 }
 
 void h3_dit_close(h3_dit *d)
@@ -537,24 +492,24 @@ void h3_dit_close(h3_dit *d)
     if (!d) return;
     drop_schedule(d);
     free_buffers(d);
-    h3_dit_layout_free(&d->lay);
+    h3_dit_layout_free(&d->rq.lay);
     dit_stream_close(d);
-    if (d->ref)
-        for (int i = 0; i < d->c.refiner_layers; i++) free_block(d, &d->ref[i]);
-    if (d->blk)
-        for (int i = 0; i < d->c.layers; i++) free_block(d, &d->blk[i]);
-    free(d->ref);
-    free(d->blk);
-    free(d->run);
-    h3_bw *ws[] = {&d->cond, &d->vout, &d->aout, &d->vproj, &d->aproj};
+    if (d->w.ref)
+        for (int i = 0; i < d->w.c.refiner_layers; i++) free_block(d, &d->w.ref[i]);
+    if (d->w.blk)
+        for (int i = 0; i < d->w.c.layers; i++) free_block(d, &d->w.blk[i]);
+    free(d->w.ref);
+    free(d->w.blk);
+    free(d->kn.run);
+    h3_bw *ws[] = {&d->w.cond, &d->w.vout, &d->w.aout, &d->w.vproj, &d->w.aproj};
     for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) dit_wfree(d, ws[i]);
     /* after every handle made from them is gone */
-    for (int i = 0; i < d->n_owned; i++) h3_free_aligned(d->owned[i].data);
-    free(d->owned);
-    h3_lora_free(d->lora);
-    float *bv[] = {d->cond_b, d->fin_norm, d->vout_b, d->aout_b, d->vproj_b, d->aproj_b, d->ref_final};
+    for (int i = 0; i < d->w.n_owned; i++) h3_free_aligned(d->w.owned[i].data);
+    free(d->w.owned);
+    h3_lora_free(d->w.lora);
+    float *bv[] = {d->w.cond_b, d->w.fin_norm, d->w.vout_b, d->w.aout_b, d->w.vproj_b, d->w.aproj_b, d->w.ref_final};
     for (size_t i = 0; i < sizeof bv / sizeof *bv; i++) dit_bfree(d, bv[i]);
-    float *hv[] = {d->te_in_b, d->te_out_b, d->fin_ada_b, d->inv_freq, d->curve};
+    float *hv[] = {d->w.te_in_b, d->w.te_out_b, d->w.fin_ada_b, d->w.inv_freq, d->w.curve};
     for (size_t i = 0; i < sizeof hv / sizeof *hv; i++) h3_free_aligned(hv[i]);
     free(d);
 }
@@ -563,9 +518,9 @@ void h3_dit_close(h3_dit *d)
 
 static int ensure_buffers(h3_dit *d, int64_t rows)
 {
-    if (d->buf_rows >= rows) return 0;
-    const h3_dit_cfg *c = &d->c;
-    const int64_t H = c->hidden, A = d->A, F = c->ffn;
+    if (d->rq.buf_rows >= rows) return 0;
+    const h3_dit_cfg *c = &d->w.c;
+    const int64_t H = c->hidden, A = d->w.A, F = c->ffn;
     const int64_t big = 3 * A > 2 * F ? 3 * A : 2 * F, q3 = 3 * A > F ? 3 * A : F;
     /* x and tmp hold the f32 residual stream and the GEMM outputs added to it; the others feed
        GEMMs or attention and use the backend's activation dtype. */
@@ -580,12 +535,12 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
             return -H3_E_NOMEM;
         }
     }
-    void **dst[6] = {&d->x, &d->nb, &d->tmp, &d->big, &d->qkv3, &d->ob};
+    void **dst[6] = {&d->rq.x, &d->rq.nb, &d->rq.tmp, &d->rq.big, &d->rq.qkv3, &d->rq.ob};
     for (int i = 0; i < 6; i++) {
         dit_bfree(d, *dst[i]);
         *dst[i] = nx[i];
     }
-    d->buf_rows = rows;
+    d->rq.buf_rows = rows;
     return 0;
 }
 
@@ -594,38 +549,38 @@ static int ensure_buffers(h3_dit *d, int64_t rows)
    table holds 3F columns: the second half of torch's cat((freqs, freqs)) repeats them. */
 void dit_rope_rows(const h3_dit *d, const double *pos, int64_t n, float *hc, float *hs)
 {
-    const int F = d->c.rope_freq;
+    const int F = d->w.c.rope_freq;
     for (int64_t r = 0; r < n; r++)
         for (int a = 0; a < 3; a++) {
             const float p = (float)pos[r * 3 + a];
             for (int f = 0; f < F; f++) {
-                const float ang = p * d->inv_freq[f];
-                hc[r * d->F3 + a * F + f] = cosf(ang);
-                hs[r * d->F3 + a * F + f] = sinf(ang);
+                const float ang = p * d->w.inv_freq[f];
+                hc[r * d->w.F3 + a * F + f] = cosf(ang);
+                hs[r * d->w.F3 + a * F + f] = sinf(ang);
             }
         }
 }
 
 void dit_run_all_blocks(h3_dit *d)
 {
-    for (int i = 0; i < d->c.layers; i++) d->run[i] = i;
-    d->n_run = d->c.layers;
+    for (int i = 0; i < d->w.c.layers; i++) d->kn.run[i] = i;
+    d->kn.n_run = d->w.c.layers;
 }
 
 /* Exactly the blocks of the run list hold their GEMM weights: missing ones load (a lazy open, or a
    block an earlier schedule dropped), dropped ones let theirs go. */
 int dit_ensure_run_blocks(h3_dit *d)
 {
-    const int L = d->c.layers;
+    const int L = d->w.c.layers;
     bool *keep = h3_calloc((size_t)(L ? L : 1), sizeof *keep);
     if (!keep) return -H3_E_NOMEM;
-    for (int k = 0; k < d->n_run; k++) keep[d->run[k]] = true;
+    for (int k = 0; k < d->kn.n_run; k++) keep[d->kn.run[k]] = true;
     int rc = 0;
     for (int b = 0; b < L && !rc; b++) {
-        if (keep[b] && !d->blk[b].loaded)
-            rc = d->blk[b].streamed ? dit_stream_stage(d, b) : dit_load_block_weights(d, &d->blk[b], "blocks", b);
-        else if (!keep[b] && d->blk[b].loaded)
-            d->blk[b].streamed ? dit_stream_unstage(d, b) : dit_unload_block_weights(d, b);
+        if (keep[b] && !d->w.blk[b].loaded)
+            rc = d->w.blk[b].streamed ? dit_stream_stage(d, b) : dit_load_block_weights(d, &d->w.blk[b], "blocks", b);
+        else if (!keep[b] && d->w.blk[b].loaded)
+            d->w.blk[b].streamed ? dit_stream_unstage(d, b) : dit_unload_block_weights(d, b);
     }
     free(keep);
     return rc;
@@ -633,41 +588,41 @@ int dit_ensure_run_blocks(h3_dit *d)
 
 int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
 {
-    const h3_dit_cfg *c = &d->c;
+    const h3_dit_cfg *c = &d->w.c;
     h3_backend *be = d->be;
     /* Unique across transformers: a render must notice when its transformer was replaced by one
        reopened for another LoRA set, not only when its layout was replaced. */
-    d->generation = atomic_fetch_add(&g_generation, 1) + 1;
+    d->rq.generation = atomic_fetch_add(&g_generation, 1) + 1;
     /* a new request starts exact: knobs are set per prepared schedule */
-    memset(&d->knobs, 0, sizeof d->knobs);
+    memset(&d->kn.knobs, 0, sizeof d->kn.knobs);
     dit_run_all_blocks(d);
-    bool keep_text = d->has_text && d->has_layout && d->lay.n_text == l->n_text;
-    float *text = keep_text ? d->text : NULL;
-    if (keep_text) d->text = NULL;
+    bool keep_text = d->rq.has_text && d->rq.has_layout && d->rq.lay.n_text == l->n_text;
+    float *text = keep_text ? d->rq.text : NULL;
+    if (keep_text) d->rq.text = NULL;
     drop_schedule(d);
     free_buffers(d);
-    h3_dit_layout_free(&d->lay);
-    d->has_layout = false;
-    int rc = h3_dit_layout_copy(&d->lay, l);
+    h3_dit_layout_free(&d->rq.lay);
+    d->rq.has_layout = false;
+    int rc = h3_dit_layout_copy(&d->rq.lay, l);
     if (!rc) rc = ensure_buffers(d, l->seq);
     if (!rc) {
-        d->vo = be->mem->alloc(be, sizeof(float) * (size_t)(l->n_video * d->P + 1));
-        d->ao = be->mem->alloc(be, sizeof(float) * (size_t)(l->n_audio * c->audio_ch + 1));
-        d->d_text_idx = h3_backend_dup(be, l->text_idx, sizeof(int64_t) * (size_t)l->n_text);
-        d->d_video_idx = h3_backend_dup(be, l->video_idx, sizeof(int64_t) * (size_t)l->n_video);
-        d->d_audio_idx = h3_backend_dup(be, l->audio_idx, sizeof(int64_t) * (size_t)l->n_audio);
-        if (!d->vo || !d->ao || !d->d_text_idx || !d->d_video_idx || !d->d_audio_idx) rc = -H3_E_NOMEM;
+        d->rq.vo = be->mem->alloc(be, sizeof(float) * (size_t)(l->n_video * d->w.P + 1));
+        d->rq.ao = be->mem->alloc(be, sizeof(float) * (size_t)(l->n_audio * c->audio_ch + 1));
+        d->rq.d_text_idx = h3_backend_dup(be, l->text_idx, sizeof(int64_t) * (size_t)l->n_text);
+        d->rq.d_video_idx = h3_backend_dup(be, l->video_idx, sizeof(int64_t) * (size_t)l->n_video);
+        d->rq.d_audio_idx = h3_backend_dup(be, l->audio_idx, sizeof(int64_t) * (size_t)l->n_audio);
+        if (!d->rq.vo || !d->rq.ao || !d->rq.d_text_idx || !d->rq.d_video_idx || !d->rq.d_audio_idx) rc = -H3_E_NOMEM;
     }
-    if (!rc && d->F3 > 0) {
+    if (!rc && d->w.F3 > 0) {
         /* Built on the host, then uploaded. */
-        const size_t n = (size_t)(l->seq * d->F3);
+        const size_t n = (size_t)(l->seq * d->w.F3);
         float *hc = h3_alloc_aligned(sizeof(float) * n), *hs = h3_alloc_aligned(sizeof(float) * n);
         if (!hc || !hs) rc = -H3_E_NOMEM;
         if (!rc) dit_rope_rows(d, l->pos, l->seq, hc, hs);
         if (!rc) {
-            d->rcos = h3_backend_dup(be, hc, sizeof(float) * n);
-            d->rsin = h3_backend_dup(be, hs, sizeof(float) * n);
-            if (!d->rcos || !d->rsin) rc = -H3_E_NOMEM;
+            d->rq.rcos = h3_backend_dup(be, hc, sizeof(float) * n);
+            d->rq.rsin = h3_backend_dup(be, hs, sizeof(float) * n);
+            if (!d->rq.rcos || !d->rq.rsin) rc = -H3_E_NOMEM;
         }
         h3_free_aligned(hc);
         h3_free_aligned(hs);
@@ -675,13 +630,13 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
     if (rc) {
         dit_bfree(d, text);
         free_buffers(d);
-        h3_dit_layout_free(&d->lay);
+        h3_dit_layout_free(&d->rq.lay);
         return rc;
     }
-    d->has_layout = true;
+    d->rq.has_layout = true;
     if (keep_text) {
-        d->text = text;
-        d->has_text = true;
+        d->rq.text = text;
+        d->rq.has_text = true;
     }
     return 0;
 }
@@ -693,27 +648,27 @@ static int add_then_norm(h3_dit *d, const h3_bt *x, const h3_bt *y, const h3_bmo
                          const h3_bmod *mod, const h3_bt *out)
 {
     const h3_backend_ops *o = d->be->ops;
-    const float eps = (float)d->c.norm_eps;
+    const float eps = (float)d->w.c.norm_eps;
     if (h3_backend_supports(d->be, H3_OP_gated_add_norm)) return o->gated_add_norm(d->be, x, y, gate, w, mod, eps, out);
     int rc = o->gated_add(d->be, x, y, gate);
     return rc ? rc : o->norm_mod(d->be, x, NULL, w, mod, eps, out);
 }
 
-/* Runs block b over the first `rows` rows of d->x. tab/row_mod: AdaLN table of this block and
+/* Runs block b over the first `rows` rows of d->rq.x. tab/row_mod: AdaLN table of this block and
    the per-row entry (NULL for the plain refiner block); cos/sin: RoPE (NULL in the refiner).
    The last residual add may be left to the next block, which folds it into its first norm
-   (run_stack: the same sums, one pass over the residual stream less): `defer` leaves d->tmp
+   (run_stack: the same sums, one pass over the residual stream less): `defer` leaves d->rq.tmp
    unadded; `pending` says the previous block did, with its table prev_tab (same row entries). */
 static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *tab, const int32_t *row_mod,
                      const float *cos, const float *sin, bool pending, const float *prev_tab, bool defer)
 {
-    const h3_dit_cfg *c = &d->c;
+    const h3_dit_cfg *c = &d->w.c;
     const h3_backend_ops *o = d->be->ops;
     h3_backend *be = d->be;
-    const int64_t H = c->hidden, A = d->A, F = c->ffn;
+    const int64_t H = c->hidden, A = d->w.A, F = c->ffn;
     int rc;
     double t = now_ms();
-    const h3_bt x = f32(d->x, rows, H, H), tmp = f32(d->tmp, rows, H, H), nb = act(d, d->nb, rows, H, H);
+    const h3_bt x = f32(d->rq.x, rows, H, H), tmp = f32(d->rq.tmp, rows, H, H), nb = act(d, d->rq.nb, rows, H, H);
     h3_bmod mod = {tab, row_mod, 6, 0};
     if (pending) {
         const h3_bmod prev = {prev_tab, row_mod, 6, 5};
@@ -723,21 +678,21 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     }
     if (rc) return rc;
     charge(d, H3_DIT_PART_NORM, &t);
-    const h3_bt qkv = act(d, d->big, rows, 3 * A, 3 * A);
+    const h3_bt qkv = act(d, d->rq.big, rows, 3 * A, 3 * A);
     if ((rc = o->linear(be, &nb, &b->qkv, NULL, &qkv))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
-    const h3_bt Q = act(d, d->qkv3, rows, A, A), K = act(d, act_at(d, d->qkv3, rows * A), rows, A, A),
-                V = act(d, act_at(d, d->qkv3, 2 * rows * A), rows, A, A);
+    const h3_bt Q = act(d, d->rq.qkv3, rows, A, A), K = act(d, act_at(d, d->rq.qkv3, rows * A), rows, A, A),
+                V = act(d, act_at(d, d->rq.qkv3, 2 * rows * A), rows, A, A);
     /* The fused projection's rows hold per head [q | k | v]: q, k and v are views of them at
        offsets 0, D and 2D, with heads 3D apart. */
     const int64_t D = c->head_dim;
-    const h3_bt ki = act(d, act_at(d, d->big, D), rows, 3 * A - D, 3 * A),
-                vi = act(d, act_at(d, d->big, 2 * D), rows, 3 * A - 2 * D, 3 * A);
+    const h3_bt ki = act(d, act_at(d, d->rq.big, D), rows, 3 * A - D, 3 * A),
+                vi = act(d, act_at(d, d->rq.big, 2 * D), rows, 3 * A - 2 * D, 3 * A);
     if ((rc = o->qk_norm_rope(be, &qkv, &ki, &vi, 3 * c->head_dim, b->qn, b->kn, cos, sin, c->heads, c->heads,
-                              c->head_dim, cos ? d->F3 : 0, (float)c->qk_eps, &Q, &K, &V)))
+                              c->head_dim, cos ? d->w.F3 : 0, (float)c->qk_eps, &Q, &K, &V)))
         return rc;
     charge(d, H3_DIT_PART_QKV, &t);
-    const h3_bt ob = act(d, d->ob, rows, A, A);
+    const h3_bt ob = act(d, d->rq.ob, rows, A, A);
     /* fp8 attention (H3_OPT_FP8_ATTENTION) in the main blocks only: they have an AdaLN table, the
        refiner's blocks do not. */
     be->attn_precision = tab && (d->flags & H3_OPT_FP8_ATTENTION) ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
@@ -751,12 +706,12 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
     mod.slot = 3;
     if ((rc = add_then_norm(d, &x, &tmp, &gate1, b->norm2, &mod, &nb))) return rc;
     charge(d, H3_DIT_PART_NORM, &t);
-    const h3_bt gu = act(d, d->big, rows, 2 * F, 2 * F);
+    const h3_bt gu = act(d, d->rq.big, rows, 2 * F, 2 * F);
     if ((rc = o->linear(be, &nb, &b->fc1, NULL, &gu))) return rc;
     charge(d, H3_DIT_PART_LINEAR, &t);
     /* fc1 rows are [gate | up] (diffusers' SwiGLU with its halves swapped). */
-    const h3_bt gate = act(d, d->big, rows, F, 2 * F), up = act(d, act_at(d, d->big, F), rows, F, 2 * F),
-                hid = act(d, d->qkv3, rows, F, F);
+    const h3_bt gate = act(d, d->rq.big, rows, F, 2 * F), up = act(d, act_at(d, d->rq.big, F), rows, F, 2 * F),
+                hid = act(d, d->rq.qkv3, rows, F, F);
     if ((rc = o->swiglu(be, &gate, &up, &hid))) return rc;
     charge(d, H3_DIT_PART_ELTWISE, &t);
     if ((rc = o->linear(be, &hid, &b->fc2, NULL, &tmp))) return rc;
@@ -770,35 +725,35 @@ static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *t
 
 int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
 {
-    if (!d->has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before the text");
-    if (n != d->lay.n_text)
+    if (!d->rq.has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before the text");
+    if (n != d->rq.lay.n_text)
         return h3_err(H3_E_INVALID, "transformer: %lld text rows, but the layout has %lld", (long long)n,
-                      (long long)d->lay.n_text);
+                      (long long)d->rq.lay.n_text);
     double t0 = now_ms();
-    const h3_dit_cfg *c = &d->c;
+    const h3_dit_cfg *c = &d->w.c;
     h3_backend *be = d->be;
     const int64_t H = c->hidden;
     int rc;
-    if (!d->text) {
-        d->text = be->mem->alloc(be, sizeof(float) * (size_t)(n * H + 1));
-        if (!d->text) return -H3_E_NOMEM;
+    if (!d->rq.text) {
+        d->rq.text = be->mem->alloc(be, sizeof(float) * (size_t)(n * H + 1));
+        if (!d->rq.text) return -H3_E_NOMEM;
     }
-    d->has_text = false;
+    d->rq.has_text = false;
     float *in = h3_backend_dup(be, text_states, sizeof(float) * (size_t)(n * c->text_dim));
     if (!in) return -H3_E_NOMEM;
     /* The refiner's time is not part of any forward's breakdown. */
     double saved[H3_DIT_PARTS];
     memcpy(saved, d->stats.part_ms, sizeof saved);
-    const h3_bt X = f32(in, n, c->text_dim, c->text_dim), x = f32(d->x, n, H, H), txt = f32(d->text, n, H, H);
-    rc = be->ops->linear(be, &X, &d->cond, d->cond_b, &x);
+    const h3_bt X = f32(in, n, c->text_dim, c->text_dim), x = f32(d->rq.x, n, H, H), txt = f32(d->rq.text, n, H, H);
+    rc = be->ops->linear(be, &X, &d->w.cond, d->w.cond_b, &x);
     for (int i = 0; !rc && i < c->refiner_layers; i++)
-        rc = run_block(d, &d->ref[i], n, NULL, NULL, NULL, NULL, false, NULL, false);
-    if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->ref_final, NULL, (float)c->final_eps, &txt);
+        rc = run_block(d, &d->w.ref[i], n, NULL, NULL, NULL, NULL, false, NULL, false);
+    if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->w.ref_final, NULL, (float)c->final_eps, &txt);
     if (!rc) rc = be->mem->sync(be);
     dit_bfree(d, in);
     memcpy(d->stats.part_ms, saved, sizeof saved);
     if (rc) return rc;
-    d->has_text = true;
+    d->rq.has_text = true;
     d->stats.refine_ms = now_ms() - t0;
     return 0;
 }
@@ -860,17 +815,17 @@ static int plan_build(dit_plan *p, const h3_dit_layout *l, const int32_t *row_t,
  */
 int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out)
 {
-    const h3_dit_cfg *c = &d->c;
-    if (d->curve) {
+    const h3_dit_cfg *c = &d->w.c;
+    if (d->w.curve) {
         /* Pruned form: linear interpolation of the table at t clamped to [0, 1] (the SiLU is in it). */
-        const int64_t G = d->curve_grid, E = c->temb_dim;
+        const int64_t G = d->w.curve_grid, E = c->temb_dim;
         for (int64_t m = 0; m < M; m++) {
             const float tc = t[m] < 0.0f ? 0.0f : t[m] > 1.0f ? 1.0f : t[m];
             const float pos = tc * (float)(G - 1);
             int64_t lo = (int64_t)floorf(pos);
             if (lo > G - 2) lo = G - 2;
             const float w = pos - (float)lo;
-            const float *a = d->curve + lo * E, *b = a + E;
+            const float *a = d->w.curve + lo * E, *b = a + E;
             for (int64_t e = 0; e < E; e++) out[m * E + e] = a[e] + w * (b[e] - a[e]);
         }
         return 0;
@@ -892,9 +847,9 @@ int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out)
             sin_emb[m * c->freq_dim + i] = cosf(arg);
             sin_emb[m * c->freq_dim + half + i] = sinf(arg);
         }
-    int rc = h3_host_linear(d->pool, sin_emb, M, c->freq_dim, &d->te_in, d->te_in_b, h, c->temb_hidden);
+    int rc = h3_host_linear(d->pool, sin_emb, M, c->freq_dim, &d->w.te_in, d->w.te_in_b, h, c->temb_hidden);
     for (int64_t i = 0; !rc && i < M * c->temb_hidden; i++) h[i] = h3_silu(h[i]);
-    if (!rc) rc = h3_host_linear(d->pool, h, M, c->temb_hidden, &d->te_out, d->te_out_b, out, c->temb_dim);
+    if (!rc) rc = h3_host_linear(d->pool, h, M, c->temb_hidden, &d->w.te_out, d->w.te_out_b, out, c->temb_dim);
     for (int64_t i = 0; !rc && i < M * c->temb_dim; i++) out[i] = h3_silu(out[i]);
     h3_free_aligned(sin_emb);
     h3_free_aligned(h);
@@ -919,11 +874,11 @@ int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out)
 static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, int n_sets, float *blk, float *fin,
                           bool release)
 {
-    const h3_dit_cfg *c = &d->c;
+    const h3_dit_cfg *c = &d->w.c;
     h3_backend *be = d->be;
     const h3_backend_ops *o = be->ops;
     /* tables for the blocks a forward runs, in its order (all blocks unless layers are dropped) */
-    const int64_t H = c->hidden, E = c->temb_dim, L = d->n_run, nc = p->n_combo, nf = p->n_fin;
+    const int64_t H = c->hidden, E = c->temb_dim, L = d->kn.n_run, nc = p->n_combo, nf = p->n_fin;
     const int64_t M = (int64_t)n_sets * p->n_t;
     float *tv = h3_malloc(sizeof(float) * (size_t)M);
     float *emb = h3_alloc_aligned(sizeof(float) * (size_t)(M * E));
@@ -939,7 +894,7 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
         rc = dit_time_embed(d, tv, M, emb);
     }
     for (int64_t b = 0; !rc && b < L; b++) {
-        const dit_block *bk = &d->blk[d->run[b]];
+        const dit_block *bk = &d->w.blk[d->kn.run[b]];
         const size_t wsz = h3_dtype_size(bk->ada.dtype);
         for (int m = 0; !rc && m < H3_TAGS; m++) {
             int64_t rows = 0;
@@ -972,9 +927,9 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
         }
         if (!rc && release) {
             char name[96];
-            snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.weight", d->run[b]);
+            snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.weight", d->kn.run[b]);
             h3_store_release_tensor(d->st, name);
-            snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.bias", d->run[b]);
+            snprintf(name, sizeof name, "blocks.%d.adaln_proj.linear.bias", d->kn.run[b]);
             h3_store_release_tensor(d->st, name);
         }
     }
@@ -985,9 +940,9 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
                 memcpy(X + (rows++) * E, emb + ((int64_t)s * p->n_t + p->fin_t[k]) * E, sizeof(float) * (size_t)E);
         h3_bw W = {0};
         const h3_bt xb = f32(Xd, rows, E, E), yb = f32(Yd, rows, 2 * H, 2 * H);
-        rc = be->weights->weight_load(be, d->fin_ada.data, d->fin_ada.dtype, 2 * H, E, &W);
+        rc = be->weights->weight_load(be, d->w.fin_ada.data, d->w.fin_ada.dtype, 2 * H, E, &W);
         if (!rc) rc = be->mem->upload(be, Xd, X, sizeof(float) * (size_t)(rows * E));
-        if (!rc) rc = be->mem->upload(be, bd, d->fin_ada_b, sizeof(float) * (size_t)(2 * H));
+        if (!rc) rc = be->mem->upload(be, bd, d->w.fin_ada_b, sizeof(float) * (size_t)(2 * H));
         if (!rc) rc = o->linear(be, &xb, &W, bd, &yb);
         if (!rc) rc = be->mem->download(be, Y, Yd, sizeof(float) * (size_t)(rows * 2 * H));
         dit_wfree(d, &W);
@@ -1014,28 +969,28 @@ static int compute_tables(h3_dit *d, const dit_plan *p, const float *t_values, i
    explicit timesteps maps them again. */
 static int ensure_ada_bias(h3_dit *d)
 {
-    const int64_t H = d->c.hidden;
+    const int64_t H = d->w.c.hidden;
     int rc = 0;
-    for (int b = 0; !rc && b < d->c.layers; b++)
-        if (!d->blk[b].ada_b) rc = get_vec(d, &d->blk[b].ada_b, 18 * H, "blocks.%d.adaln_proj.linear.bias", b);
-    if (!rc && !d->fin_ada_b) rc = get_vec(d, &d->fin_ada_b, 2 * H, "final_layer.adaln_proj.linear.bias");
+    for (int b = 0; !rc && b < d->w.c.layers; b++)
+        if (!d->w.blk[b].ada_b) rc = get_vec(d, &d->w.blk[b].ada_b, 18 * H, "blocks.%d.adaln_proj.linear.bias", b);
+    if (!rc && !d->w.fin_ada_b) rc = get_vec(d, &d->w.fin_ada_b, 2 * H, "final_layer.adaln_proj.linear.bias");
     return rc;
 }
 
 static void release_ada_bias(h3_dit *d)
 {
-    for (int b = 0; b < d->c.layers; b++) {
-        h3_free_aligned(d->blk[b].ada_b);
-        d->blk[b].ada_b = NULL;
+    for (int b = 0; b < d->w.c.layers; b++) {
+        h3_free_aligned(d->w.blk[b].ada_b);
+        d->w.blk[b].ada_b = NULL;
     }
-    h3_free_aligned(d->fin_ada_b);
-    d->fin_ada_b = NULL;
+    h3_free_aligned(d->w.fin_ada_b);
+    d->w.fin_ada_b = NULL;
 }
 
 /* The plan's per-row entries on the backend, for the norm and gate kernels. */
 static int plan_upload(h3_dit *d, dit_plan *p)
 {
-    const size_t n = sizeof(int32_t) * (size_t)d->lay.seq;
+    const size_t n = sizeof(int32_t) * (size_t)d->rq.lay.seq;
     p->d_row_combo = h3_backend_dup(d->be, p->row_combo, n);
     p->d_row_fin = h3_backend_dup(d->be, p->row_fin, n);
     return p->d_row_combo && p->d_row_fin ? 0 : -H3_E_NOMEM;
@@ -1046,26 +1001,29 @@ static int plan_upload(h3_dit *d, dit_plan *p)
 /* A forward's input rows: x <- refined text | video_patch_proj(video) | audio_patch_proj(audio). */
 static int forward_inputs(h3_dit *d, const float *video_rows, const float *audio_rows)
 {
-    const h3_dit_cfg *c = &d->c;
-    const h3_dit_layout *l = &d->lay;
+    const h3_dit_cfg *c = &d->w.c;
+    const h3_dit_layout *l = &d->rq.lay;
     h3_backend *be = d->be;
     const h3_backend_ops *o = be->ops;
     const int64_t H = c->hidden, L = l->seq;
     int rc = 0;
-    const h3_bt x = f32(d->x, L, H, H);
+    const h3_bt x = f32(d->rq.x, L, H, H);
     /* Rows no index names stay zero (diffusers scatters into a zero buffer). */
-    if (l->n_text + l->n_video + l->n_audio < L && (rc = be->mem->zero(be, d->x, sizeof(float) * (size_t)(L * H))))
+    if (l->n_text + l->n_video + l->n_audio < L && (rc = be->mem->zero(be, d->rq.x, sizeof(float) * (size_t)(L * H))))
         return rc;
-    const h3_bt text = f32(d->text, l->n_text, H, H);
-    if (l->n_text && (rc = o->scatter_rows(be, &text, d->d_text_idx, &x))) return rc;
+    const h3_bt text = f32(d->rq.text, l->n_text, H, H);
+    if (l->n_text && (rc = o->scatter_rows(be, &text, d->rq.d_text_idx, &x))) return rc;
     if (l->n_video) {
-        const h3_bt in = f32((void *)video_rows, l->n_video, d->P, d->P), tmp = f32(d->tmp, l->n_video, H, H);
-        if ((rc = o->linear(be, &in, &d->vproj, d->vproj_b, &tmp)) || (rc = o->scatter_rows(be, &tmp, d->d_video_idx, &x)))
+        const h3_bt in = f32((void *)video_rows, l->n_video, d->w.P, d->w.P), tmp = f32(d->rq.tmp, l->n_video, H, H);
+        if ((rc = o->linear(be, &in, &d->w.vproj, d->w.vproj_b, &tmp)) ||
+            (rc = o->scatter_rows(be, &tmp, d->rq.d_video_idx, &x)))
             return rc;
     }
     if (l->n_audio) {
-        const h3_bt in = f32((void *)audio_rows, l->n_audio, c->audio_ch, c->audio_ch), tmp = f32(d->tmp, l->n_audio, H, H);
-        if ((rc = o->linear(be, &in, &d->aproj, d->aproj_b, &tmp)) || (rc = o->scatter_rows(be, &tmp, d->d_audio_idx, &x)))
+        const h3_bt in = f32((void *)audio_rows, l->n_audio, c->audio_ch, c->audio_ch),
+                    tmp = f32(d->rq.tmp, l->n_audio, H, H);
+        if ((rc = o->linear(be, &in, &d->w.aproj, d->w.aproj_b, &tmp)) ||
+            (rc = o->scatter_rows(be, &tmp, d->rq.d_audio_idx, &x)))
             return rc;
     }
     return 0;
@@ -1076,11 +1034,11 @@ static int forward_inputs(h3_dit *d, const float *video_rows, const float *audio
 static int enter_reduced(h3_dit *d)
 {
     h3_backend *be = d->be;
-    const int64_t H = d->c.hidden, L = d->lay.seq, Lr = d->red_rows;
-    const h3_bt full = f32(d->snap, L, H, H), red = f32(d->x, Lr, H, H);
-    int rc = be->ops->extrapolate(be, d->snap, d->x, NULL, L * H, 0.0f);
-    if (!rc) rc = be->ops->pool_pairs(be, &full, d->d_pairs, &red);
-    if (!rc) rc = be->ops->extrapolate(be, d->red_base, d->x, NULL, Lr * H, 0.0f);
+    const int64_t H = d->w.c.hidden, L = d->rq.lay.seq, Lr = d->kn.red_rows;
+    const h3_bt full = f32(d->kn.snap, L, H, H), red = f32(d->rq.x, Lr, H, H);
+    int rc = be->ops->extrapolate(be, d->kn.snap, d->rq.x, NULL, L * H, 0.0f);
+    if (!rc) rc = be->ops->pool_pairs(be, &full, d->kn.d_pairs, &red);
+    if (!rc) rc = be->ops->extrapolate(be, d->kn.red_base, d->rq.x, NULL, Lr * H, 0.0f);
     return rc;
 }
 
@@ -1089,10 +1047,10 @@ static int enter_reduced(h3_dit *d)
 static int leave_reduced(h3_dit *d)
 {
     h3_backend *be = d->be;
-    const int64_t H = d->c.hidden, L = d->lay.seq, Lr = d->red_rows;
-    const h3_bt full = f32(d->snap, L, H, H), red = f32(d->x, Lr, H, H), base = f32(d->red_base, Lr, H, H);
-    int rc = be->ops->unpool_pairs(be, &red, &base, d->d_pairs, &full);
-    if (!rc) rc = be->ops->extrapolate(be, d->x, d->snap, NULL, L * H, 0.0f);
+    const int64_t H = d->w.c.hidden, L = d->rq.lay.seq, Lr = d->kn.red_rows;
+    const h3_bt full = f32(d->kn.snap, L, H, H), red = f32(d->rq.x, Lr, H, H), base = f32(d->kn.red_base, Lr, H, H);
+    int rc = be->ops->unpool_pairs(be, &red, &base, d->kn.d_pairs, &full);
+    if (!rc) rc = be->ops->extrapolate(be, d->rq.x, d->kn.snap, NULL, L * H, 0.0f);
     return rc;
 }
 
@@ -1101,42 +1059,42 @@ static int leave_reduced(h3_dit *d)
    reduction). */
 static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int step)
 {
-    const int64_t H = d->c.hidden, L = d->lay.seq, stride = (int64_t)p->n_combo * 6 * H;
-    const bool reduce = d->red_rows > 0 && step >= 0;
-    const int end = step >= 0 && step < 10 ? d->tr_end_early : d->tr_end;
+    const int64_t H = d->w.c.hidden, L = d->rq.lay.seq, stride = (int64_t)p->n_combo * 6 * H;
+    const bool reduce = d->kn.red_rows > 0 && step >= 0;
+    const int end = step >= 0 && step < 10 ? d->kn.tr_end_early : d->kn.tr_end;
     bool in = false, pending = false;
     int rc = 0, j = 0;
     /* Streamed blocks: a pass over them in run order (their slots fill ahead of their turn). */
-    if (d->n_streamed > 0) {
-        int *seq = h3_malloc(sizeof *seq * (size_t)(d->n_run ? d->n_run : 1)), n = 0;
+    if (d->ws.n_streamed > 0) {
+        int *seq = h3_malloc(sizeof *seq * (size_t)(d->kn.n_run ? d->kn.n_run : 1)), n = 0;
         if (!seq) return -H3_E_NOMEM;
-        for (int k = 0; k < d->n_run; k++)
-            if (d->blk[d->run[k]].streamed) seq[n++] = d->run[k];
+        for (int k = 0; k < d->kn.n_run; k++)
+            if (d->w.blk[d->kn.run[k]].streamed) seq[n++] = d->kn.run[k];
         rc = n ? dit_stream_begin(d, seq, n) : 0;
         free(seq);
     }
-    for (int k = 0; k < d->n_run && !rc; k++) {
-        const int b = d->run[k];
-        const bool streamed = d->blk[b].streamed;
+    for (int k = 0; k < d->kn.n_run && !rc; k++) {
+        const int b = d->kn.run[k];
+        const bool streamed = d->w.blk[b].streamed;
         dit_block view;
-        const dit_block *blk = &d->blk[b];
+        const dit_block *blk = &d->w.blk[b];
         if (streamed) {
             if ((rc = dit_stream_acquire(d, j, b, &view))) break;
             blk = &view;
         }
-        const bool want = reduce && b >= d->tr_first && b < end;
+        const bool want = reduce && b >= d->kn.tr_first && b < end;
         if (want != in) {
             rc = want ? enter_reduced(d) : leave_reduced(d);
             in = want;
         }
         /* The next block runs on the same rows: it takes this block's last residual add. */
-        const int nb = k + 1 < d->n_run ? d->run[k + 1] : -1;
-        const bool defer = nb >= 0 && (reduce && nb >= d->tr_first && nb < end) == want;
+        const int nb = k + 1 < d->kn.n_run ? d->kn.run[k + 1] : -1;
+        const bool defer = nb >= 0 && (reduce && nb >= d->kn.tr_first && nb < end) == want;
         const float *prev = k > 0 ? tab_blk + (k - 1) * stride : NULL;
         if (!rc)
-            rc = in ? run_block(d, blk, d->red_rows, tab_blk + k * stride, d->d_red_combo, d->red_cos, d->red_sin,
-                                pending, prev, defer)
-                    : run_block(d, blk, L, tab_blk + k * stride, p->d_row_combo, d->rcos, d->rsin, pending, prev,
+            rc = in ? run_block(d, blk, d->kn.red_rows, tab_blk + k * stride, d->kn.d_red_combo, d->kn.red_cos,
+                                d->kn.red_sin, pending, prev, defer)
+                    : run_block(d, blk, L, tab_blk + k * stride, p->d_row_combo, d->rq.rcos, d->rq.rsin, pending, prev,
                                 defer);
         if (!rc && streamed) rc = dit_stream_release(d, j++);
         pending = defer;
@@ -1159,20 +1117,20 @@ static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const flo
                    int core)
 {
     const double t0 = now_ms();
-    const h3_dit_cfg *c = &d->c;
-    const h3_dit_layout *l = &d->lay;
+    const h3_dit_cfg *c = &d->w.c;
+    const h3_dit_layout *l = &d->rq.lay;
     h3_backend *be = d->be;
     const h3_backend_ops *o = be->ops;
     const int64_t H = c->hidden, L = l->seq;
     int rc = 0;
-    const h3_bt x = f32(d->x, L, H, H);
+    const h3_bt x = f32(d->rq.x, L, H, H);
     if (!inputs_ready && (rc = forward_inputs(d, video_rows, audio_rows))) return rc;
     if (core == CORE_REUSE) {
         const h3_bmod none = {0};
-        const h3_bt delta = f32(d->core_delta, L, H, H);
+        const h3_bt delta = f32(d->kn.core_delta, L, H, H);
         if ((rc = o->gated_add(be, &x, &delta, &none))) return rc;
     } else {
-        if (core == CORE_SAVE && (rc = o->extrapolate(be, d->core_delta, d->x, NULL, L * H, 0.0f))) return rc;
+        if (core == CORE_SAVE && (rc = o->extrapolate(be, d->kn.core_delta, d->rq.x, NULL, L * H, 0.0f))) return rc;
         /* The block stack is timed on its own (a wait before and after it): benchmarks compare it
            with one block of other engines, without the patch projections and heads. */
         if ((rc = be->mem->sync(be))) return rc;
@@ -1182,24 +1140,26 @@ static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const flo
         const double stack_ms = now_ms() - tb;
         if (!d->stats.block_runs || stack_ms < d->stats.stack_ms_min) d->stats.stack_ms_min = stack_ms;
         d->stats.stack_ms_total += stack_ms;
-        if (core == CORE_SAVE && (rc = o->sub(be, d->core_delta, d->x, d->core_delta, L * H))) return rc;
+        if (core == CORE_SAVE && (rc = o->sub(be, d->kn.core_delta, d->rq.x, d->kn.core_delta, L * H))) return rc;
         d->stats.block_runs++;
     }
     /* Final norm + heads on the output rows only (diffusers runs both heads over every row and
        selects afterwards; the selected values are the same). */
     const h3_bmod fm = {tab_fin, p->d_row_fin, 2, 0};
     /* a PDD LoRA's heads of this step (h3_dit_forward_t's explicit timesteps keep the model's) */
-    const bool pdd = d->pdd_n > 0 && step >= 0 && step < d->pdd_n;
+    const bool pdd = d->sc.pdd_n > 0 && step >= 0 && step < d->sc.pdd_n;
     if (l->n_video) {
-        const h3_bt nb = act(d, d->nb, l->n_video, H, H), out = f32(video_out, l->n_video, d->P, d->P);
-        if ((rc = o->norm_mod(be, &x, d->d_video_idx, d->fin_norm, &fm, (float)c->final_eps, &nb)) ||
-            (rc = o->linear(be, &nb, pdd ? &d->pdd_w[0][step] : &d->vout, pdd ? d->pdd_b[0][step] : d->vout_b, &out)))
+        const h3_bt nb = act(d, d->rq.nb, l->n_video, H, H), out = f32(video_out, l->n_video, d->w.P, d->w.P);
+        if ((rc = o->norm_mod(be, &x, d->rq.d_video_idx, d->w.fin_norm, &fm, (float)c->final_eps, &nb)) ||
+            (rc = o->linear(be, &nb, pdd ? &d->sc.pdd_w[0][step] : &d->w.vout, pdd ? d->sc.pdd_b[0][step] : d->w.vout_b,
+                            &out)))
             return rc;
     }
     if (l->n_audio) {
-        const h3_bt nb = act(d, d->nb, l->n_audio, H, H), out = f32(audio_out, l->n_audio, c->audio_ch, c->audio_ch);
-        if ((rc = o->norm_mod(be, &x, d->d_audio_idx, d->fin_norm, &fm, (float)c->final_eps, &nb)) ||
-            (rc = o->linear(be, &nb, pdd ? &d->pdd_w[1][step] : &d->aout, pdd ? d->pdd_b[1][step] : d->aout_b, &out)))
+        const h3_bt nb = act(d, d->rq.nb, l->n_audio, H, H), out = f32(audio_out, l->n_audio, c->audio_ch, c->audio_ch);
+        if ((rc = o->norm_mod(be, &x, d->rq.d_audio_idx, d->w.fin_norm, &fm, (float)c->final_eps, &nb)) ||
+            (rc = o->linear(be, &nb, pdd ? &d->sc.pdd_w[1][step] : &d->w.aout, pdd ? d->sc.pdd_b[1][step] : d->w.aout_b,
+                            &out)))
             return rc;
     }
     /* One wait per forward: the timings below are the device's, and a fault surfaces here. */
@@ -1216,20 +1176,21 @@ static int forward(h3_dit *d, const dit_plan *p, const float *tab_blk, const flo
 int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *row_t, const float *video_rows,
                      const float *audio_rows, float *video_out, float *audio_out)
 {
-    if (!d->has_layout || !d->has_text)
+    if (!d->rq.has_layout || !d->rq.has_text)
         return h3_err(H3_E_INVALID, "transformer: the forward needs a layout and its text first");
     if (n_t < 1 || n_t > 1 << 20) return h3_err(H3_E_INVALID, "forward: %d timesteps", n_t);
     for (int i = 0; i < n_t; i++)
         if (!isfinite(t_values[i]))
             return h3_err(H3_E_INVALID, "forward: timestep[%d] is not finite", i);
     dit_plan p;
-    int rc = plan_build(&p, &d->lay, row_t, n_t);
+    int rc = plan_build(&p, &d->rq.lay, row_t, n_t);
     if (rc) return rc;
     h3_backend *be = d->be;
-    const h3_dit_layout *l = &d->lay;
-    const int64_t H = d->c.hidden, Ca = d->c.audio_ch;
-    const size_t vbytes = sizeof(float) * (size_t)(l->n_video * d->P), abytes = sizeof(float) * (size_t)(l->n_audio * Ca);
-    float *blk = be->mem->alloc(be, sizeof(float) * (size_t)((int64_t)d->c.layers * p.n_combo * 6 * H + 1));
+    const h3_dit_layout *l = &d->rq.lay;
+    const int64_t H = d->w.c.hidden, Ca = d->w.c.audio_ch;
+    const size_t vbytes = sizeof(float) * (size_t)(l->n_video * d->w.P),
+                 abytes = sizeof(float) * (size_t)(l->n_audio * Ca);
+    float *blk = be->mem->alloc(be, sizeof(float) * (size_t)((int64_t)d->w.c.layers * p.n_combo * 6 * H + 1));
     float *fin = be->mem->alloc(be, sizeof(float) * (size_t)((int64_t)p.n_fin * 2 * H + 1));
     float *vin = l->n_video ? h3_backend_dup(be, video_rows, vbytes) : NULL;
     float *ain = l->n_audio ? h3_backend_dup(be, audio_rows, abytes) : NULL;
@@ -1239,9 +1200,9 @@ int h3_dit_forward_t(h3_dit *d, const float *t_values, int n_t, const int32_t *r
     if (!rc) rc = dit_ensure_run_blocks(d);
     if (!rc) rc = ensure_ada_bias(d);
     if (!rc) rc = compute_tables(d, &p, t_values, 1, blk, fin, false);
-    if (!rc) rc = forward(d, &p, blk, fin, vin, ain, d->vo, d->ao, false, -1, CORE_PLAIN);
-    if (!rc && l->n_video) rc = be->mem->download(be, video_out, d->vo, vbytes);
-    if (!rc && l->n_audio) rc = be->mem->download(be, audio_out, d->ao, abytes);
+    if (!rc) rc = forward(d, &p, blk, fin, vin, ain, d->rq.vo, d->rq.ao, false, -1, CORE_PLAIN);
+    if (!rc && l->n_video) rc = be->mem->download(be, video_out, d->rq.vo, vbytes);
+    if (!rc && l->n_audio) rc = be->mem->download(be, audio_out, d->rq.ao, abytes);
     dit_bfree(d, blk);
     dit_bfree(d, fin);
     dit_bfree(d, vin);
@@ -1275,7 +1236,7 @@ int h3_dit_prepare_schedule(h3_dit *d, int steps, double shift_video, double shi
 int h3_dit_prepare_sigmas(h3_dit *d, const float *sigmas_video, const float *sigmas_audio, int n_sigmas,
                           bool release_adaln)
 {
-    if (!d->has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before preparing a schedule");
+    if (!d->rq.has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before preparing a schedule");
     int rc = h3_sched_check(sigmas_video, n_sigmas, "video");
     if (!rc) rc = h3_sched_check(sigmas_audio, n_sigmas, "audio");
     if (rc) return rc;
@@ -1288,78 +1249,82 @@ int h3_dit_prepare_sigmas(h3_dit *d, const float *sigmas_video, const float *sig
     d->stats.block_runs = d->stats.skipped_steps = 0;
     d->stats.stack_ms_min = d->stats.stack_ms_total = 0;
     d->stats.transformer_ms = 0;
-    const h3_dit_cfg *c = &d->c;
-    const h3_dit_layout *l = &d->lay;
+    const h3_dit_cfg *c = &d->w.c;
+    const h3_dit_layout *l = &d->rq.lay;
     int n[2] = {n_sigmas, n_sigmas};
     const float *given[2] = {sigmas_video, sigmas_audio};
     for (int k = 0; k < 2 && !rc; k++) {
-        d->sig[k] = h3_malloc(sizeof(float) * (size_t)n_sigmas);
-        d->ts[k] = h3_malloc(sizeof(float) * (size_t)n_sigmas);
-        if (!d->sig[k] || !d->ts[k]) rc = -H3_E_NOMEM;
-        if (!rc) memcpy(d->sig[k], given[k], sizeof(float) * (size_t)n_sigmas);
-        if (!rc) h3_sched_timesteps(d->sig[k], n[k], d->ts[k]);
+        d->sc.sig[k] = h3_malloc(sizeof(float) * (size_t)n_sigmas);
+        d->sc.ts[k] = h3_malloc(sizeof(float) * (size_t)n_sigmas);
+        if (!d->sc.sig[k] || !d->sc.ts[k]) rc = -H3_E_NOMEM;
+        if (!rc) memcpy(d->sc.sig[k], given[k], sizeof(float) * (size_t)n_sigmas);
+        if (!rc) h3_sched_timesteps(d->sc.sig[k], n[k], d->sc.ts[k]);
     }
     int32_t *row_t = rc ? NULL : h3_malloc(sizeof(int32_t) * (size_t)l->seq);
     if (!rc && !row_t) rc = -H3_E_NOMEM;
     for (int64_t r = 0; !rc && r < l->seq; r++) row_t[r] = l->role[r];
-    if (!rc) rc = plan_build(&d->plan, l, row_t, H3_ROLES);
+    if (!rc) rc = plan_build(&d->sc.plan, l, row_t, H3_ROLES);
     free(row_t);
-    if (!rc) rc = plan_upload(d, &d->plan);
+    if (!rc) rc = plan_upload(d, &d->sc.plan);
     const int evals = n[0] - 1;
     /* H3_OPT_DIT_PER_STEP keeps diffusers' structure: the modulation of a step is computed from
        the adaln_proj weights when the step runs, and nothing is released. */
-    d->per_step = (d->flags & H3_OPT_DIT_PER_STEP) != 0;
-    const int sets = d->per_step ? 1 : evals;
-    if (!rc && !(d->tvals = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES))) rc = -H3_E_NOMEM;
-    float *tv = d->tvals;
+    d->sc.per_step = (d->flags & H3_OPT_DIT_PER_STEP) != 0;
+    const int sets = d->sc.per_step ? 1 : evals;
+    if (!rc && !(d->sc.tvals = h3_malloc(sizeof(float) * (size_t)evals * H3_ROLES))) rc = -H3_E_NOMEM;
+    float *tv = d->sc.tvals;
     for (int s = 0; !rc && s < evals; s++) {
         /* build_row_timesteps: conditioning video rows at max(t, 0.999), reference audio at 1. */
-        const float t = d->ts[0][s];
+        const float t = d->sc.ts[0][s];
         tv[s * H3_ROLES + H3_ROLE_VIDEO] = t;
-        tv[s * H3_ROLES + H3_ROLE_AUDIO] = d->ts[1][s];
+        tv[s * H3_ROLES + H3_ROLE_AUDIO] = d->sc.ts[1][s];
         tv[s * H3_ROLES + H3_ROLE_COND_VIDEO] = (float)((double)t > H3_KEYFRAME_NOISE_AUG ? (double)t : H3_KEYFRAME_NOISE_AUG);
         tv[s * H3_ROLES + H3_ROLE_COND_AUDIO] = 1.0f;
     }
-    if (d->per_step) release_adaln = false;
+    if (d->sc.per_step) release_adaln = false;
     if (!rc) rc = ensure_ada_bias(d);
     /* The speed knobs decide which blocks run (only those get tables) and set up their caches. */
     if (!rc) rc = dit_apply_knobs(d, tv, evals, release_adaln);
     if (!rc) {
         const int64_t H = c->hidden;
-        uint64_t blk_n = (uint64_t)sets * d->n_run * d->plan.n_combo * 6 * H;
-        uint64_t fin_n = (uint64_t)sets * d->plan.n_fin * 2 * H;
-        d->tab_blk = d->be->mem->alloc(d->be, sizeof(float) * (size_t)(blk_n + 1));
-        d->tab_fin = d->be->mem->alloc(d->be, sizeof(float) * (size_t)(fin_n + 1));
-        if (!d->tab_blk || !d->tab_fin) rc = -H3_E_NOMEM;
-        d->table_bytes = (blk_n + fin_n) * sizeof(float);
+        uint64_t blk_n = (uint64_t)sets * d->kn.n_run * d->sc.plan.n_combo * 6 * H;
+        uint64_t fin_n = (uint64_t)sets * d->sc.plan.n_fin * 2 * H;
+        d->sc.tab_blk = d->be->mem->alloc(d->be, sizeof(float) * (size_t)(blk_n + 1));
+        d->sc.tab_fin = d->be->mem->alloc(d->be, sizeof(float) * (size_t)(fin_n + 1));
+        if (!d->sc.tab_blk || !d->sc.tab_fin) rc = -H3_E_NOMEM;
+        d->sc.table_bytes = (blk_n + fin_n) * sizeof(float);
     }
-    if (!rc && !d->per_step) rc = compute_tables(d, &d->plan, tv, evals, d->tab_blk, d->tab_fin, release_adaln);
-    if (!rc && h3_lora_pdd_intervals(d->lora)) rc = build_pdd(d, evals);
+    if (!rc && !d->sc.per_step)
+        rc = compute_tables(d, &d->sc.plan, tv, evals, d->sc.tab_blk, d->sc.tab_fin, release_adaln);
+    if (!rc && h3_lora_pdd_intervals(d->w.lora)) rc = dit_pdd_build(d, evals);
     if (rc) {
         drop_schedule(d);
         return rc;
     }
     if (release_adaln) {
         release_ada_bias(d);
-        d->adaln_released = true;
+        d->w.adaln_released = true;
     }
-    d->n_steps = evals;
-    d->has_plan = true;
-    d->stats.layers_run = d->n_run;
+    d->sc.n_steps = evals;
+    d->sc.has_plan = true;
+    d->stats.layers_run = d->kn.n_run;
     d->stats.prepare_ms = now_ms() - t0;
     return evals;
 }
 
-int h3_dit_num_steps(const h3_dit *d) { return d->has_plan ? d->n_steps : 0; }
+int h3_dit_num_steps(const h3_dit *d) { return d->sc.has_plan ? d->sc.n_steps : 0; }
 
 const int *h3_dit_blocks_run(const h3_dit *d, int *n, int64_t *reduced_rows)
 {
-    *n = d->n_run;
-    if (reduced_rows) *reduced_rows = d->red_rows;
-    return d->run;
+    *n = d->kn.n_run;
+    if (reduced_rows) *reduced_rows = d->kn.red_rows;
+    return d->kn.run;
 }
 
-const float *h3_dit_sigmas(const h3_dit *d, int modality_audio) { return d->has_plan ? d->sig[modality_audio ? 1 : 0] : NULL; }
+const float *h3_dit_sigmas(const h3_dit *d, int modality_audio)
+{
+    return d->sc.has_plan ? d->sc.sig[modality_audio ? 1 : 0] : NULL;
+}
 
 /* The step cache's test: the relative L1 change of the first block's modulated input since the
    previous step, added to what has accumulated since the last evaluation. x holds this step's input
@@ -1367,44 +1332,46 @@ const float *h3_dit_sigmas(const h3_dit *d, int modality_audio) { return d->has_
 static int cache_test(h3_dit *d, const float *blk, const float *video_rows, const float *audio_rows)
 {
     h3_backend *be = d->be;
-    const int64_t H = d->c.hidden, L = d->lay.seq;
+    const int64_t H = d->w.c.hidden, L = d->rq.lay.seq;
     int rc = forward_inputs(d, video_rows, audio_rows);
-    const h3_bt x = f32(d->x, L, H, H), y = f32(d->mod_cur, L, H, H);
-    const h3_bmod mod = {blk, d->plan.d_row_combo, 6, 0};
-    if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->blk[d->run[0]].norm1, &mod, (float)d->c.norm_eps, &y);
-    if (!rc && d->has_mod_prev) {
+    const h3_bt x = f32(d->rq.x, L, H, H), y = f32(d->kn.mod_cur, L, H, H);
+    const h3_bmod mod = {blk, d->sc.plan.d_row_combo, 6, 0};
+    if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->w.blk[d->kn.run[0]].norm1, &mod, (float)d->w.c.norm_eps, &y);
+    if (!rc && d->kn.has_mod_prev) {
         double diff, ref;
-        rc = be->ops->abs_diff_sum(be, d->mod_cur, d->mod_prev, L * H, &diff, &ref);
-        if (!rc) d->cache_acc += ref > 0 ? diff / ref : 0;
+        rc = be->ops->abs_diff_sum(be, d->kn.mod_cur, d->kn.mod_prev, L * H, &diff, &ref);
+        if (!rc) d->kn.cache_acc += ref > 0 ? diff / ref : 0;
     }
-    float *t = d->mod_prev;
-    d->mod_prev = d->mod_cur;
-    d->mod_cur = t;
-    d->has_mod_prev = true;
+    float *t = d->kn.mod_prev;
+    d->kn.mod_prev = d->kn.mod_cur;
+    d->kn.mod_cur = t;
+    d->kn.has_mod_prev = true;
     return rc;
 }
 
 int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
 {
-    if (!d->has_plan) return h3_err(H3_E_INVALID, "transformer: no schedule prepared");
-    if (!d->has_text) return h3_err(H3_E_INVALID, "transformer: no text set for this layout");
-    if (i < 0 || i >= d->n_steps)
-        return h3_err(H3_E_INVALID, "transformer: step %d is outside the schedule of %d steps", i, d->n_steps);
+    if (!d->sc.has_plan) return h3_err(H3_E_INVALID, "transformer: no schedule prepared");
+    if (!d->rq.has_text) return h3_err(H3_E_INVALID, "transformer: no text set for this layout");
+    if (i < 0 || i >= d->sc.n_steps)
+        return h3_err(H3_E_INVALID, "transformer: step %d is outside the schedule of %d steps", i, d->sc.n_steps);
     const double t_step = now_ms();
-    const h3_dit_cfg *c = &d->c;
-    const h3_dit_layout *l = &d->lay;
+    const h3_dit_cfg *c = &d->w.c;
+    const h3_dit_layout *l = &d->rq.lay;
     h3_backend *be = d->be;
     const int64_t H = c->hidden;
-    const int set = d->per_step ? 0 : i;
-    const float *blk = d->tab_blk + (int64_t)set * d->n_run * d->plan.n_combo * 6 * H;
-    const float *fin = d->tab_fin + (int64_t)set * d->plan.n_fin * 2 * H;
-    const h3_dit_knobs *k = &d->knobs;
-    const int last = d->n_steps - 1;
+    const int set = d->sc.per_step ? 0 : i;
+    const float *blk = d->sc.tab_blk + (int64_t)set * d->kn.n_run * d->sc.plan.n_combo * 6 * H;
+    const float *fin = d->sc.tab_fin + (int64_t)set * d->sc.plan.n_fin * 2 * H;
+    const h3_dit_knobs *k = &d->kn.knobs;
+    const int last = d->sc.n_steps - 1;
     const bool history = k->reuse > 1 || k->cache_threshold > 0;
     int rc = 0;
-    if (d->per_step) {
+    if (d->sc.per_step) {
         rc = ensure_ada_bias(d);
-        if (!rc) rc = compute_tables(d, &d->plan, d->tvals + (int64_t)i * H3_ROLES, 1, d->tab_blk, d->tab_fin, false);
+        if (!rc)
+            rc = compute_tables(d, &d->sc.plan, d->sc.tvals + (int64_t)i * H3_ROLES, 1, d->sc.tab_blk, d->sc.tab_fin,
+                                false);
     }
     /* Which steps run the transformer: all, unless step reuse or the step cache skips some (the
        first and the last always run). */
@@ -1414,69 +1381,71 @@ int h3_dit_step(h3_dit *d, int i, float *video_rows, float *audio_rows)
     } else if (!rc && k->cache_threshold > 0) {
         rc = cache_test(d, blk, video_rows, audio_rows);
         ready = true;
-        eval = i == 0 || i == last || d->n_vel == 0 || d->cache_acc >= k->cache_threshold;
-        if (eval) d->cache_acc = 0;
+        eval = i == 0 || i == last || d->kn.n_vel == 0 || d->kn.cache_acc >= k->cache_threshold;
+        if (eval) d->kn.cache_acc = 0;
     }
     if (rc) return rc;
-    const int64_t P = d->P, Ca = c->audio_ch;
-    const float *vo = d->vo, *ao = d->ao;
+    const int64_t P = d->w.P, Ca = c->audio_ch;
+    const float *vo = d->rq.vo, *ao = d->rq.ao;
     if (eval) {
         int core = CORE_PLAIN;
         if (k->core_reuse > 1)
-            core = d->core_calls == 0 || i == last || d->core_calls % k->core_reuse == 0 ? CORE_SAVE : CORE_REUSE;
-        float *vout = d->vo, *aout = d->ao;
+            core = d->kn.core_calls == 0 || i == last || d->kn.core_calls % k->core_reuse == 0 ? CORE_SAVE : CORE_REUSE;
+        float *vout = d->rq.vo, *aout = d->rq.ao;
         if (history) { /* the oldest velocity's buffers take the new one */
-            vout = d->vel[0][1];
-            aout = d->vel[1][1];
+            vout = d->kn.vel[0][1];
+            aout = d->kn.vel[1][1];
         }
-        rc = forward(d, &d->plan, blk, fin, video_rows, audio_rows, vout, aout, ready, i, core);
+        rc = forward(d, &d->sc.plan, blk, fin, video_rows, audio_rows, vout, aout, ready, i, core);
         if (rc) return rc;
-        d->core_calls++;
+        d->kn.core_calls++;
         if (history) {
             for (int m = 0; m < 2; m++) {
-                float *t = d->vel[m][1];
-                d->vel[m][1] = d->vel[m][0];
-                d->vel[m][0] = t;
-                d->vel_sig[m][1] = d->vel_sig[m][0];
-                d->vel_sig[m][0] = d->sig[m][i];
+                float *t = d->kn.vel[m][1];
+                d->kn.vel[m][1] = d->kn.vel[m][0];
+                d->kn.vel[m][0] = t;
+                d->kn.vel_sig[m][1] = d->kn.vel_sig[m][0];
+                d->kn.vel_sig[m][0] = d->sc.sig[m][i];
             }
-            if (d->n_vel < 2) d->n_vel++;
+            if (d->kn.n_vel < 2) d->kn.n_vel++;
         }
         vo = vout;
         ao = aout;
-    } else if (k->reuse > 1 && d->n_vel >= 2) {
+    } else if (k->reuse > 1 && d->kn.n_vel >= 2) {
         /* v = v1 + r (v1 - v0), r = (sigma - sigma1) / (sigma1 - sigma0) per modality, within [-2, 2] */
         const int64_t n[2] = {l->n_video * P, l->n_audio * Ca};
-        float *out[2] = {d->vo, d->ao};
+        float *out[2] = {d->rq.vo, d->rq.ao};
         for (int m = 0; m < 2 && !rc; m++) {
-            const double s1 = d->vel_sig[m][0], s0 = d->vel_sig[m][1], den = s1 - s0;
-            double r = den != 0 ? ((double)d->sig[m][i] - s1) / den : 0.0;
+            const double s1 = d->kn.vel_sig[m][0], s0 = d->kn.vel_sig[m][1], den = s1 - s0;
+            double r = den != 0 ? ((double)d->sc.sig[m][i] - s1) / den : 0.0;
             r = r < -2 ? -2 : r > 2 ? 2 : r;
-            rc = be->ops->extrapolate(be, out[m], d->vel[m][0], d->vel[m][1], n[m], (float)r);
+            rc = be->ops->extrapolate(be, out[m], d->kn.vel[m][0], d->kn.vel[m][1], n[m], (float)r);
         }
         if (rc) return rc;
         d->stats.skipped_steps++;
     } else {
         /* after a single evaluation, and in the step cache: hold the last velocity */
-        vo = d->vel[0][0];
-        ao = d->vel[1][0];
+        vo = d->kn.vel[0][0];
+        ao = d->kn.vel[1][0];
         d->stats.skipped_steps++;
     }
     /* Euler on the generated rows only; conditioning rows ride through unchanged. */
     if ((rc = be->ops->euler(be, video_rows + l->n_cond_video * P, vo + l->n_cond_video * P,
-                             (l->n_video - l->n_cond_video) * P, d->ts[0][i], d->sig[0][i], d->sig[0][i + 1])) ||
+                             (l->n_video - l->n_cond_video) * P, d->sc.ts[0][i], d->sc.sig[0][i],
+                             d->sc.sig[0][i + 1])) ||
         (rc = be->ops->euler(be, audio_rows + l->n_cond_audio * Ca, ao + l->n_cond_audio * Ca,
-                             (l->n_audio - l->n_cond_audio) * Ca, d->ts[1][i], d->sig[1][i], d->sig[1][i + 1])))
+                             (l->n_audio - l->n_cond_audio) * Ca, d->sc.ts[1][i], d->sc.sig[1][i],
+                             d->sc.sig[1][i + 1])))
         return rc;
     d->stats.transformer_ms += now_ms() - t_step;
-    return d->n_steps - i - 1;
+    return d->sc.n_steps - i - 1;
 }
 
 void h3_dit_adaln_bytes(const h3_dit *d, uint64_t *weights, uint64_t *tables, bool *released)
 {
-    if (weights) *weights = d->adaln_weight_bytes;
-    if (tables) *tables = d->table_bytes;
-    if (released) *released = d->adaln_released;
+    if (weights) *weights = d->w.adaln_weight_bytes;
+    if (tables) *tables = d->sc.table_bytes;
+    if (released) *released = d->w.adaln_released;
 }
 
 void h3_dit_get_stats(const h3_dit *d, h3_dit_stats *s) { *s = d->stats; }

@@ -1,7 +1,9 @@
 /*
- * The transformer's internals shared by its two files: dit.c (weights, layout, blocks, forward, schedule,
- * step) and dit_knobs.c (the speed knobs: step and core reuse, layer selection, token reduction, the step
- * cache). Not included anywhere else.
+ * The transformer's internals shared by its files: dit.c (weights, layout, blocks, forward, schedule,
+ * step), dit_knobs.c (the speed knobs: step and core reuse, layer selection, token reduction, the step
+ * cache), dit_stream.c (weight streaming) and dit_pdd.c (a PDD LoRA's per-step heads). Not included
+ * anywhere else. struct h3_dit is split by what a field belongs to: the weights, the request, the
+ * prepared schedule, the knobs' state and the streaming state, each written where its comment says.
  */
 #ifndef H3_DIT_INTERNAL_H
 #define H3_DIT_INTERNAL_H
@@ -58,44 +60,19 @@ typedef struct {
     int32_t *d_row_combo, *d_row_fin; /* the same on the backend */
 } dit_plan;
 
-struct h3_dit {
-    h3_model *m;
-    h3_store *st;
-    h3_pool *pool;   /* host work: the timestep embedding */
-    h3_backend *be;  /* everything else */
-    unsigned flags;  /* H3_OPT_* */
+/* The model's weights: the handles, configs and dims the checkpoint gives, and the LoRA merged into
+   them. Written by h3_dit_open (dit.c) and freed by close; afterwards only a lazy block's GEMM weights
+   load and unload (dit_knobs.c, dit_load_block_weights) and prepare may release the AdaLN weights
+   (adaln_released) once the tables hold them. */
+struct dit_weights {
     h3_dit_cfg c;
     h3_lora *lora;     /* merged into every weight it targets as the weight loads */
-    /* a PDD LoRA's output heads of each prepared step ([0] video, [1] audio; pdd_n = 0: none) */
-    h3_bw *pdd_w[2];
-    float **pdd_b[2];
-    float **pdd_host[2];
-    int pdd_n;
     dit_owned *owned;  /* the merged copies */
     int n_owned;
     bool lazy_blocks;  /* blocks' GEMM weights load when a schedule runs them (layer dropping) */
     int precision;     /* H3_PRECISION_* of the main blocks' GEMM weights (h3_dit_open_opts) */
     struct h3_fp8file *fp8file; /* their pre-quantised fp8 form (precision fp8 only; not owned) */
     int A, P, F3; /* attention width, video patch width, 3 * rope frequencies */
-    size_t esz;   /* bytes per activation element on the backend */
-    bool time_parts; /* per-part timings need a synchronous backend (the CPU) */
-
-    /* weight streaming under a memory budget (dit_stream.c, h3_dit_open_opts.vram_bytes) */
-    int n_streamed;              /* blocks whose GEMM weights are streamed (0: all resident) */
-    size_t blk_bytes;            /* one streamed block in its slot: the four weights, each aligned */
-    size_t blk_off[4];           /* their offsets in the slot (the same for every block) */
-    int slots;                   /* ring slots (GPU) or streamer slots (CPU) */
-    struct h3_bring *ring;       /* GPU */
-    struct h3_streamer *streamer;/* CPU */
-    uint64_t held_bytes;         /* bytes of GEMM weights held: resident blocks, slots, other weights */
-    uint64_t stream_bytes;       /* bytes streamed by forwards since the open: blocks' device form
-                                    (blk_bytes each), whether or not their copies were packed */
-    uint64_t copy_bytes;         /* bytes those copies moved host -> device (packed images' sizes) */
-    int n_packed;                /* streamed blocks whose host copy is packed */
-    uint64_t stage_bytes;        /* GPU, bf16 blocks packed (H3_STREAM_PACK; 0: plain copies): one slot's
-                                    staging for a packed image (h3_wpack_stream_max of a block); the
-                                    packed ring holds two and one block of words */
-    int *pass, pass_n;           /* the streamed blocks of the forward in flight, in order */
 
     h3_bw cond, vout, aout, vproj, aproj;
     h3_mat te_in, te_out, fin_ada;                        /* host mappings */
@@ -109,8 +86,12 @@ struct h3_dit {
     dit_block *ref, *blk;
     bool adaln_released;
     uint64_t adaln_weight_bytes;
+};
 
-    /* request */
+/* The request: the current render's layout, its RoPE rows, the refined text rows and the forward's
+   buffers sized for it. Written by h3_dit_set_layout and h3_dit_refine_text (dit.c); read by every
+   forward. */
+struct dit_request {
     h3_dit_layout lay;
     bool has_layout;
     uint64_t generation;  /* bumped by every set_layout: callers detect a replaced request */
@@ -120,8 +101,12 @@ struct h3_dit {
     bool has_text;
     void *x, *nb, *tmp, *big, *qkv3, *ob, *vo, *ao; /* forward buffers (backend) */
     int64_t buf_rows;
+};
 
-    /* prepared schedule */
+/* The prepared schedule: sigmas and timesteps, the modulation plan and its precomputed AdaLN tables,
+   and a PDD LoRA's per-step output heads. Written by h3_dit_prepare (dit.c); freed when the layout or
+   the schedule changes. */
+struct dit_schedule {
     int n_steps;
     float *sig[2], *ts[2]; /* [0] video, [1] audio (host) */
     dit_plan plan;
@@ -130,9 +115,17 @@ struct h3_dit {
     float *tvals;   /* [steps][H3_ROLES] timestep of every role at every step (host) */
     bool per_step;  /* H3_OPT_DIT_PER_STEP: modulation computed at each step (the slow path) */
     uint64_t table_bytes;
-    h3_dit_stats stats;
+    /* a PDD LoRA's output heads of each prepared step ([0] video, [1] audio; pdd_n = 0: none) */
+    h3_bw *pdd_w[2];
+    float **pdd_b[2];
+    float **pdd_host[2];
+    int pdd_n;
+};
 
-    /* speed knobs (h3_dit_set_knobs; all off after every set_layout) */
+/* The speed knobs and their running state: which blocks run, step reuse, the step cache, core reuse,
+   token reduction. Set by h3_dit_set_knobs and dit_apply_knobs (dit_knobs.c; all off after every
+   set_layout); the reuse and cache state is updated by the forward and the step (dit.c). */
+struct dit_knob_state {
     h3_dit_knobs knobs;
     int *run, n_run;             /* blocks a forward runs, in order; the tables follow this order */
     /* step reuse and the step cache: the velocities of the last two evaluations per modality */
@@ -153,6 +146,45 @@ struct h3_dit {
     int32_t *d_red_combo;        /* [Lr] modulation entry of each reduced row (the plan's) */
     float *snap, *red_base;      /* [L][H] entry state, [Lr][H] pooled entry state */
     int tr_first, tr_end, tr_end_early; /* span of original block indices [first, end) */
+};
+
+/* Weight streaming under a memory budget (h3_dit_open_opts.vram_bytes): the streamed blocks, the
+   GPU's ring or the CPU's streamer and their slots, the pack staging, the pass in flight. Written by
+   dit_stream.c: planned at open, a pass per forward. */
+struct dit_stream_state {
+    int n_streamed;              /* blocks whose GEMM weights are streamed (0: all resident) */
+    size_t blk_bytes;            /* one streamed block in its slot: the four weights, each aligned */
+    size_t blk_off[4];           /* their offsets in the slot (the same for every block) */
+    int slots;                   /* ring slots (GPU) or streamer slots (CPU) */
+    struct h3_bring *ring;       /* GPU */
+    struct h3_streamer *streamer;/* CPU */
+    uint64_t held_bytes;         /* bytes of GEMM weights held: resident blocks, slots, other weights */
+    uint64_t stream_bytes;       /* bytes streamed by forwards since the open: blocks' device form
+                                    (blk_bytes each), whether or not their copies were packed */
+    uint64_t copy_bytes;         /* bytes those copies moved host -> device (packed images' sizes) */
+    int n_packed;                /* streamed blocks whose host copy is packed */
+    uint64_t stage_bytes;        /* GPU, bf16 blocks packed (H3_STREAM_PACK; 0: plain copies): one slot's
+                                    staging for a packed image (h3_wpack_stream_max of a block); the
+                                    packed ring holds two and one block of words */
+    int *pass, pass_n;           /* the streamed blocks of the forward in flight, in order */
+};
+
+/* The handle: where it runs (set at open) and its counters, then the five parts above. */
+struct h3_dit {
+    h3_model *m;
+    h3_store *st;
+    h3_pool *pool;   /* host work: the timestep embedding */
+    h3_backend *be;  /* everything else */
+    unsigned flags;  /* H3_OPT_* */
+    size_t esz;   /* bytes per activation element on the backend */
+    bool time_parts; /* per-part timings need a synchronous backend (the CPU) */
+    h3_dit_stats stats;
+
+    struct dit_weights w;
+    struct dit_request rq;
+    struct dit_schedule sc;
+    struct dit_knob_state kn;
+    struct dit_stream_state ws;
 };
 
 static inline double now_ms(void)
@@ -184,6 +216,9 @@ H3_INTERNAL int dit_ensure_run_blocks(h3_dit *d);
 H3_INTERNAL int dit_apply_knobs(h3_dit *d, const float *t_values, int evals, bool release);
 H3_INTERNAL int dit_load_block_weights(h3_dit *d, dit_block *b, const char *pfx, int i);
 H3_INTERNAL void dit_unload_block_weights(h3_dit *d, int i);
+/* PDD heads (dit_pdd.c): build the heads of `evals` prepared steps into d->sc; drop them. */
+H3_INTERNAL int dit_pdd_build(h3_dit *d, int evals);
+H3_INTERNAL void dit_pdd_drop(h3_dit *d);
 
 /* Weight streaming (dit_stream.c). plan: after every weight but the main blocks' GEMMs loaded,
    choose which blocks stream under vram_bytes (0: auto) and set up the ring or the streamer.

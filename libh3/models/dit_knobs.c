@@ -42,14 +42,14 @@ int h3_dit_knobs_check(const h3_dit_cfg *c, const h3_dit_knobs *k)
 
 int h3_dit_set_knobs(h3_dit *d, const h3_dit_knobs *k)
 {
-    if (!d->has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before the speed knobs");
+    if (!d->rq.has_layout) return h3_err(H3_E_INVALID, "transformer: set a layout before the speed knobs");
     if (!k) {
-        memset(&d->knobs, 0, sizeof d->knobs);
+        memset(&d->kn.knobs, 0, sizeof d->kn.knobs);
         return 0;
     }
-    int rc = h3_dit_knobs_check(&d->c, k);
+    int rc = h3_dit_knobs_check(&d->w.c, k);
     if (rc) return rc;
-    d->knobs = *k;
+    d->kn.knobs = *k;
     return 0;
 }
 
@@ -61,7 +61,7 @@ int h3_dit_set_knobs(h3_dit *d, const h3_dit_knobs *k)
  */
 static int score_layers(h3_dit *d, const dit_plan *p, const float *t_values, int n_sets, double *score)
 {
-    const h3_dit_cfg *c = &d->c;
+    const h3_dit_cfg *c = &d->w.c;
     h3_backend *be = d->be;
     const h3_backend_ops *o = be->ops;
     const int64_t H = c->hidden, E = c->temb_dim, nc = p->n_combo;
@@ -75,7 +75,7 @@ static int score_layers(h3_dit *d, const dit_plan *p, const float *t_values, int
     int rc = (!emb || !X || !Y || !Xd || !Yd || !bd) ? -H3_E_NOMEM : 0;
     if (!rc) rc = dit_time_embed(d, t_values, M, emb);
     for (int b = 0; !rc && b < c->layers; b++) {
-        const dit_block *bk = &d->blk[b];
+        const dit_block *bk = &d->w.blk[b];
         const size_t wsz = h3_dtype_size(bk->ada.dtype);
         double sum = 0;
         int64_t count = 0;
@@ -116,7 +116,7 @@ static int score_layers(h3_dit *d, const dit_plan *p, const float *t_values, int
 /* The run list for knobs.layers: the first two blocks, the last, and the rest chosen by policy. */
 static int select_layers(h3_dit *d, const float *t_values, int n_sets, bool release)
 {
-    const int L = d->c.layers, M = d->knobs.layers;
+    const int L = d->w.c.layers, M = d->kn.knobs.layers;
     if (M <= 0 || M >= L) {
         dit_run_all_blocks(d);
         return 0;
@@ -130,11 +130,11 @@ static int select_layers(h3_dit *d, const float *t_values, int n_sets, bool rele
         if (L > 1) keep[1] = true;
         keep[L - 1] = true;
     }
-    if (!rc && want > 0 && d->knobs.layer_policy == H3_LAYERS_UNIFORM) {
+    if (!rc && want > 0 && d->kn.knobs.layer_policy == H3_LAYERS_UNIFORM) {
         /* the centres of `want` equal slices of blocks 2 .. L-2 (distinct: each slice is >= 1 block) */
         for (int j = 0; j < want; j++) keep[2 + (int)(((int64_t)(2 * j + 1) * (L - 3)) / (2 * want))] = true;
     } else if (!rc && want > 0) {
-        rc = score_layers(d, &d->plan, t_values, n_sets, score);
+        rc = score_layers(d, &d->sc.plan, t_values, n_sets, score);
         for (int j = 0; !rc && j < want; j++) {
             int best = -1;
             for (int b = 2; b < L - 1; b++)
@@ -143,10 +143,10 @@ static int select_layers(h3_dit *d, const float *t_values, int n_sets, bool rele
         }
     }
     if (!rc) {
-        d->n_run = 0;
+        d->kn.n_run = 0;
         for (int b = 0; b < L; b++) {
             if (keep[b]) {
-                d->run[d->n_run++] = b;
+                d->kn.run[d->kn.n_run++] = b;
             } else if (release) {
                 /* a dropped block's adaln_proj is never read again for this schedule */
                 char name[96];
@@ -165,8 +165,8 @@ static int select_layers(h3_dit *d, const float *t_values, int n_sets, bool rele
    column) stays a row of its own. */
 static int build_reduction(h3_dit *d)
 {
-    const h3_dit_cfg *c = &d->c;
-    const h3_dit_layout *l = &d->lay;
+    const h3_dit_cfg *c = &d->w.c;
+    const h3_dit_layout *l = &d->rq.lay;
     const int64_t L = l->seq, H = c->hidden;
     const int64_t Hp = c->patch[1] ? l->lat_h / c->patch[1] : 0, Wp = c->patch[2] ? l->lat_w / c->patch[2] : 0;
     const int64_t n_gen = l->n_video - l->n_cond_video;
@@ -175,8 +175,8 @@ static int build_reduction(h3_dit *d)
     int64_t *pairs = h3_malloc(sizeof(int64_t) * 2 * (size_t)L);
     int32_t *combo = h3_malloc(sizeof(int32_t) * (size_t)L);
     double *pos = h3_malloc(sizeof(double) * 3 * (size_t)L);
-    float *hc = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->F3 ? d->F3 : 1)));
-    float *hs = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->F3 ? d->F3 : 1)));
+    float *hc = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->w.F3 ? d->w.F3 : 1)));
+    float *hs = h3_alloc_aligned(sizeof(float) * (size_t)(L * (d->w.F3 ? d->w.F3 : 1)));
     int rc = partner && pairs && combo && pos && hc && hs ? 0 : -H3_E_NOMEM;
     for (int64_t r = 0; !rc && r < L; r++) partner[r] = -1;
     for (int64_t g = 0; !rc && g < n_gen; g++) {
@@ -192,25 +192,26 @@ static int build_reduction(h3_dit *d)
         const int64_t p1 = partner[r];
         pairs[2 * n] = r;
         pairs[2 * n + 1] = p1;
-        combo[n] = d->plan.row_combo[r]; /* a pair shares its (role, modality), so its table row */
+        combo[n] = d->sc.plan.row_combo[r]; /* a pair shares its (role, modality), so its table row */
         for (int a = 0; a < 3; a++)
             pos[n * 3 + a] = p1 >= 0 ? (l->pos[r * 3 + a] + l->pos[p1 * 3 + a]) * 0.5 : l->pos[r * 3 + a];
         n++;
     }
-    if (!rc && d->F3 > 0) dit_rope_rows(d, pos, n, hc, hs);
+    if (!rc && d->w.F3 > 0) dit_rope_rows(d, pos, n, hc, hs);
     if (!rc) {
         h3_backend *be = d->be;
-        d->red_rows = n;
-        d->d_pairs = h3_backend_dup(be, pairs, sizeof(int64_t) * 2 * (size_t)n);
-        d->d_red_combo = h3_backend_dup(be, combo, sizeof(int32_t) * (size_t)n);
-        d->red_cos = d->F3 ? h3_backend_dup(be, hc, sizeof(float) * (size_t)(n * d->F3)) : NULL;
-        d->red_sin = d->F3 ? h3_backend_dup(be, hs, sizeof(float) * (size_t)(n * d->F3)) : NULL;
-        d->snap = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
-        d->red_base = be->mem->alloc(be, sizeof(float) * (size_t)(n * H));
-        if (!d->d_pairs || !d->d_red_combo || (d->F3 && (!d->red_cos || !d->red_sin)) || !d->snap || !d->red_base)
+        d->kn.red_rows = n;
+        d->kn.d_pairs = h3_backend_dup(be, pairs, sizeof(int64_t) * 2 * (size_t)n);
+        d->kn.d_red_combo = h3_backend_dup(be, combo, sizeof(int32_t) * (size_t)n);
+        d->kn.red_cos = d->w.F3 ? h3_backend_dup(be, hc, sizeof(float) * (size_t)(n * d->w.F3)) : NULL;
+        d->kn.red_sin = d->w.F3 ? h3_backend_dup(be, hs, sizeof(float) * (size_t)(n * d->w.F3)) : NULL;
+        d->kn.snap = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
+        d->kn.red_base = be->mem->alloc(be, sizeof(float) * (size_t)(n * H));
+        if (!d->kn.d_pairs || !d->kn.d_red_combo || (d->w.F3 && (!d->kn.red_cos || !d->kn.red_sin)) || !d->kn.snap ||
+            !d->kn.red_base)
             rc = -H3_E_NOMEM;
     }
-    h3_dit_token_span(c->layers, &d->tr_first, &d->tr_end, &d->tr_end_early);
+    h3_dit_token_span(c->layers, &d->kn.tr_first, &d->kn.tr_end, &d->kn.tr_end_early);
     free(partner);
     free(pairs);
     free(combo);
@@ -224,10 +225,10 @@ static int build_reduction(h3_dit *d)
    to match), the reduced sequence, the velocity history and the caches' buffers. */
 int dit_apply_knobs(h3_dit *d, const float *t_values, int evals, bool release)
 {
-    const h3_dit_knobs *k = &d->knobs;
-    const h3_dit_layout *l = &d->lay;
+    const h3_dit_knobs *k = &d->kn.knobs;
+    const h3_dit_layout *l = &d->rq.lay;
     h3_backend *be = d->be;
-    const int64_t H = d->c.hidden, L = l->seq;
+    const int64_t H = d->w.c.hidden, L = l->seq;
     /* A backend without the knobs' ops (one still being written) refuses the knob, not the render. */
     static const h3_op reuse_ops[] = {H3_OP_extrapolate}, core_ops[] = {H3_OP_extrapolate, H3_OP_sub},
                        tr_ops[] = {H3_OP_extrapolate, H3_OP_pool_pairs, H3_OP_unpool_pairs},
@@ -249,18 +250,18 @@ int dit_apply_knobs(h3_dit *d, const float *t_values, int evals, bool release)
     if (!rc) rc = dit_ensure_run_blocks(d);
     if (!rc && k->token_reduction) rc = build_reduction(d);
     if (!rc && (k->reuse > 1 || k->cache_threshold > 0)) {
-        const size_t bytes[2] = {sizeof(float) * (size_t)(l->n_video * d->P + 1),
-                                 sizeof(float) * (size_t)(l->n_audio * d->c.audio_ch + 1)};
+        const size_t bytes[2] = {sizeof(float) * (size_t)(l->n_video * d->w.P + 1),
+                                 sizeof(float) * (size_t)(l->n_audio * d->w.c.audio_ch + 1)};
         for (int m = 0; m < 2 && !rc; m++)
             for (int s = 0; s < 2 && !rc; s++)
-                if (!(d->vel[m][s] = be->mem->alloc(be, bytes[m]))) rc = -H3_E_NOMEM;
+                if (!(d->kn.vel[m][s] = be->mem->alloc(be, bytes[m]))) rc = -H3_E_NOMEM;
     }
     if (!rc && k->cache_threshold > 0) {
-        d->mod_cur = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
-        d->mod_prev = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
-        if (!d->mod_cur || !d->mod_prev) rc = -H3_E_NOMEM;
+        d->kn.mod_cur = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
+        d->kn.mod_prev = be->mem->alloc(be, sizeof(float) * (size_t)(L * H));
+        if (!d->kn.mod_cur || !d->kn.mod_prev) rc = -H3_E_NOMEM;
     }
-    if (!rc && k->core_reuse > 1 && !(d->core_delta = be->mem->alloc(be, sizeof(float) * (size_t)(L * H))))
+    if (!rc && k->core_reuse > 1 && !(d->kn.core_delta = be->mem->alloc(be, sizeof(float) * (size_t)(L * H))))
         rc = -H3_E_NOMEM;
     return rc;
 }

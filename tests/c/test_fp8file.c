@@ -143,18 +143,18 @@ static void test_transformer_open(h3_model *m, h3_fp8file *f)
     g_fp8_loads = 0;
     CHECK_MSG(h3_dit_open_ex(m, pool, cpu, 0, &o, &d) == 0, "%s", h3_last_error());
     if (d) {
-        CHECK(g_fp8_loads == 4 * d->c.layers && d->c.layers > 0);
-        for (int i = 0; i < d->c.layers; i++)
+        CHECK(g_fp8_loads == 4 * d->w.c.layers && d->w.c.layers > 0);
+        for (int i = 0; i < d->w.c.layers; i++)
             for (int k = 0; k < H3_DIT_GEMMS; k++) {
                 char name[112];
                 snprintf(name, sizeof name, "blocks.%d.%s.weight", i, h3_dit_gemm_part(k));
-                const h3_bw *w = dit_gemm(&d->blk[i], k);
+                const h3_bw *w = dit_gemm(&d->w.blk[i], k);
                 const uint8_t *q = NULL;
                 const float *s = NULL;
                 CHECK(h3_fp8file_get(f, name, w->rows, w->cols, &q, &s) == 0 && w->data == q);
                 CHECK(w->dtype == H3_DT_F8_E4M3);
             }
-        CHECK(d->ref[0].qkv.dtype == H3_DT_BF16); /* the refiner keeps the exact path */
+        CHECK(d->w.ref[0].qkv.dtype == H3_DT_BF16); /* the refiner keeps the exact path */
         h3_dit_close(d);
     }
     cpu->weights = keep;

@@ -443,3 +443,26 @@ def test_precision_the_backend_cannot_run_is_refused_at_init():
     opts.precision = 7
     assert not _lib.lib().h3_init(str(default_model_dir()).encode(), ctypes.byref(opts))
     assert "precision must be 0 (default), 1 (fp8) or 2 (int8), got 7" in _lib.last_error()
+
+
+def test_auto_on_the_cpu_of_a_gpu_machine_says_why_once(tmp_path):
+    """--device auto that lands on the CPU where an NVIDIA driver is present: one line with the CUDA backend's reason;
+    nothing on a machine without a driver, for an explicit --device cpu, or when the GPU is used."""
+    from h3ctl.context import cpu_fallback_note
+
+    sign = tmp_path / "version"
+    sign.write_text("NVRM version: 580\n")
+    missing = {"cpu": {"available": True}, "cuda": {"built": False, "available": False,
+                                                    "reason": "cuda: the CUDA backend is not built in this installation"}}
+    note = cpu_fallback_note("auto", "cpu", signs=(str(sign),), backends=missing)
+    assert note and "NVIDIA driver" in note and "not built in this installation" in note and "\n" not in note
+    assert cpu_fallback_note("auto", "cpu", signs=(str(tmp_path / "none"),), backends=missing) is None
+    assert cpu_fallback_note("cpu", "cpu", signs=(str(sign),), backends=missing) is None
+    assert cpu_fallback_note("auto", "cuda", signs=(str(sign),), backends=missing) is None
+    usable = {"cuda": {"built": True, "available": True}}
+    assert cpu_fallback_note("auto", "cpu", signs=(str(sign),), backends=usable) is None
+    # this machine's own answer is one line or nothing, and the engine reports the device by name
+    with Engine(threads=1) as eng:
+        assert eng.device == "cpu"
+        line = cpu_fallback_note("auto", eng.device)
+        assert line is None or "\n" not in line

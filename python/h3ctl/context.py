@@ -110,3 +110,22 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+# Signs of an NVIDIA driver on this machine (its kernel module's version file, its user-space library).
+NVIDIA_DRIVER_SIGNS = ("/proc/driver/nvidia/version", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1",
+                       "/usr/lib/aarch64-linux-gnu/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1")
+
+
+def cpu_fallback_note(requested: str, running: str, signs=NVIDIA_DRIVER_SIGNS, backends=None) -> str | None:
+    """The one line a render owes when `--device auto` lands on the CPU of a machine that has an NVIDIA driver
+    (a CPU-only build, a missing library, an old driver: the CUDA backend's own reason), else None."""
+    if requested != "auto" or running != "cpu" or not any(os.path.exists(p) for p in signs):
+        return None
+    if backends is None:
+        backends = _lib.backends()
+    cuda = backends.get("cuda", {})
+    if cuda.get("available"):
+        return None
+    reason = cuda.get("reason") or "the CUDA backend is not usable"
+    return f"note: this machine has an NVIDIA driver but the render runs on the CPU: {reason} (`h3ctl info` lists the backends)"

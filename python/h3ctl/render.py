@@ -252,6 +252,11 @@ def _render(args, width, height, out, reserved, sig) -> int:
                     precision=precision, ref2va=bool(refs),
                     vram=getattr(args, "vram", None), fp8_attention=getattr(args, "fp8_attention", False),
                     quantized=getattr(args, "quantized", None), **parts)
+    from .context import cpu_fallback_note
+
+    note = cpu_fallback_note(args.device, engine.device)
+    if note:
+        print(f"h3ctl: {note}", file=sys.stderr, flush=True)
     # read now: the engine is closed before the profile is printed
     # where h3_stages_device says the text encoder and the decoders run (the device unless H3_STAGES_CPU=1)
     stages = getattr(engine, "stages_device", None) or engine.device

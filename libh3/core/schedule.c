@@ -173,7 +173,7 @@ void h3_sched_euler(float *x, const float *v, int64_t n, float t, float sigma, f
 
 /* ---- noise ----------------------------------------------------------------------------- */
 /*
- * Gaussian noise (README text):
+ * Gaussian noise (docs/architecture.md, "Noise"):
  *
  *   libh3 draws its initial noise from a counter-based generator, so every element is a pure
  *   function of (seed, stream, index): results do not depend on thread count, chunking or the

@@ -1,6 +1,6 @@
 /*
  * The transformer's speed knobs (h3_request's reuse, core reuse, layers, token reduction, cache
- * threshold; see README "Speed presets"): model logic over the backend ops, each exact when off.
+ * threshold; see docs/presets.md): model logic over the backend ops, each exact when off.
  */
 #include "models/dit_internal.h"
 

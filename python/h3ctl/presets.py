@@ -20,7 +20,7 @@ here, so their quality columns say "not measured".
 
 A preset is a set of these (`render_scale` stands for a render size of that fraction of the output, rounded
 down to a valid canvas of the same aspect). The `measured` numbers of each preset come from
-tests/bench_presets.py on h3-tiny (see the README's table): speed-up of transformer time against `reference`
+tests/bench_presets.py on h3-tiny (docs/presets.md has the table): speed-up of transformer time against `reference`
 at the same seed, SSIM and PSNR of the frames and log-spectral distance of the audio against the reference
 render from the same noise, and the semantic pass rate on the held-out prompts.
 """

@@ -67,4 +67,13 @@ H3_INTERNAL int h3_geom_ref_image_edge(h3_model *m, const struct h3_canvas_rule 
    Ref2VA, trained on squares only, says 1:1). */
 H3_INTERNAL void h3_geom_ref_aspect(h3_model *m, int *aspect_w, int *aspect_h);
 
+/* The fused QKV projection's row order. libh3 (and the official shards) interleave it per head: head
+   h holds rows [q_h; k_h; v_h], head_dim rows each. ComfyUI's single files and the Turbo LoRAs stack
+   it, [q_all; k_all; v_all]. Row j of the stacked order is this row of libh3's. */
+static inline int64_t h3_qkv_interleaved_row(int64_t j, int64_t heads, int64_t head_dim)
+{
+    const int64_t all = heads * head_dim, part = j / all, r = j % all;
+    return (r / head_dim) * 3 * head_dim + part * head_dim + r % head_dim;
+}
+
 #endif /* H3_GEOMETRY_H */

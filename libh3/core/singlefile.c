@@ -5,6 +5,7 @@
  * into the owned file; the jobs run once, at the first data access (h3_store_ready).
  */
 #define _GNU_SOURCE
+#include "core/geometry.h"
 #include "core/singlefile.h"
 #include "core/tuning.h"
 
@@ -418,12 +419,12 @@ static int fill(h3_store *s)
         else
             stage = (uint8_t *)in;
         if (job->qkv) {
-            /* [q_all; k_all; v_all] -> head h: q_h, k_h, v_h (D rows each). */
+            /* [q_all; k_all; v_all] -> libh3's per-head order, D contiguous rows at a time. */
             const int64_t A = N / 3, D = A / src->heads;
             const size_t row = (size_t)K * es;
-            for (int64_t h = 0; h < src->heads; h++)
-                for (int64_t p = 0; p < 3; p++)
-                    memcpy(dst + (size_t)((h * 3 + p) * D) * row, stage + (size_t)(p * A + h * D) * row, (size_t)D * row);
+            for (int64_t r0 = 0; r0 < N; r0 += D)
+                memcpy(dst + (size_t)h3_qkv_interleaved_row(r0, src->heads, D) * row, stage + (size_t)r0 * row,
+                       (size_t)D * row);
         }
     }
     free(tmp);

@@ -1,5 +1,6 @@
 /* LoRA files for the transformer: key names, checks against the model, and the merge (lora.h). */
 #include "models/lora.h"
+#include "core/geometry.h"
 
 #include "core/schedule.h"
 
@@ -694,12 +695,10 @@ int h3_lora_targets(const h3_lora *l)
 /* The released row of LoRA output row j. */
 static int64_t map_row(const h3_lora *l, const lora_entry *e, int64_t j, int64_t rows)
 {
-    const int64_t D = l->head_dim, A = (int64_t)l->heads * D;
+    const int64_t D = l->head_dim;
     switch (e->map) {
-    case MAP_QKV_STACKED: {
-        const int64_t part = j / A, r = j % A;
-        return (r / D) * 3 * D + part * D + r % D;
-    }
+    case MAP_QKV_STACKED:
+        return h3_qkv_interleaved_row(j, l->heads, D);
     case MAP_QKV_Q:
     case MAP_QKV_K:
     case MAP_QKV_V:

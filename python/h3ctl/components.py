@@ -34,6 +34,8 @@ REFUSED_VARIANTS = {"nvfp4_awq": "nvfp4 (4-bit) weights are not read by libh3: u
 
 
 def _is_official(d: Path) -> bool:
+    if is_diffusers_folder(d):  # it has a transformer/ folder too, under diffusers' names
+        return False
     return (d / "FL2VA").is_dir() or (d / "Ref2VA").is_dir() or (d / "transformer").is_dir()
 
 
@@ -138,8 +140,9 @@ def resolve(model_dir=None, *, ref2va: bool = False, transformer=None, text_enco
             files = {**found, **files}
             folder = Path(os.fspath(config_dir)) if config_dir is not None else None  # None: h3ctl's copy
         elif is_diffusers_folder(folder):
-            raise H3Error(f"{folder}: a diffusers-format MiniMax-H3 folder; libh3 does not read diffusers' names yet "
-                          "(give the official MiniMaxAI folder, or ComfyUI's single files)")
+            raise H3Error(f"{folder}: a diffusers-format MiniMax-H3 folder; libh3 reads only its transformer so far "
+                          "(--transformer DIR/transformer/diffusion_pytorch_model.safetensors with -d the official "
+                          "MiniMaxAI folder for the other parts), not the folder itself")
     for part, path in files.items():
         if not path.is_file():
             raise H3Error(f"{path}: {'is a directory, expected a .safetensors file' if path.is_dir() else 'no such file'}"
@@ -209,6 +212,9 @@ def describe_file(path) -> str | None:
         dtypes[v["dtype"]] = dtypes.get(v["dtype"], 0) + 1
     if any(".lora_A." in k or ".lora_B." in k or "lora_down" in k for k in names):
         return "a LoRA (lora_A/lora_B pairs), not a model: give it with --lora"
+    if {"transformer_blocks.0.attn.to_q.weight", "context_embedder.weight"} <= bare and not prefixed:
+        return (f"MiniMax-H3 transformer under diffusers' names (give it with --transformer, -d the official folder "
+                f"for its config); dtypes: {', '.join(f'{d} {c}' for d, c in sorted(dtypes.items()))}")
     if {"blocks.0.attn.qkv_proj.weight", "condition_proj.weight"} <= bare:
         part = "transformer (give it with --transformer)"
     elif "model.language_model.embed_tokens.weight" in bare:

@@ -1,0 +1,100 @@
+"""diffusers-format MiniMax-H3 files (issue #25; docs/single-files.md, "diffusers' names").
+
+The fixtures' random tiny models (`build_models("tiny", seed=0)`) are saved with diffusers' own `save_pretrained`
+next to the official layout written from the same models (`write_official`, all-F32 so both hold the same values):
+
+* the transformer's `diffusion_pytorch_model.safetensors` (diffusers' names: separate to_q/to_k/to_v,
+  `ff.net.0.proj` [value; gate], no `rope.inv_freq`): every tensor of the official shard equals what libh3 presents
+  from it, byte for byte (build/tests/test_single_file compares the stores), `rope.inv_freq` included (computed as
+  diffusers computes its buffer);
+* a render with `--transformer` that file and the official folder's configs is byte-identical (tolerance 0) to the
+  official layout's render;
+* bad input: a diffusers folder given with -d (its VAEs' names are not read yet), a diffusers transformer without
+  its to_k tensors, one line and exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "python"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from h3ctl import Engine, components  # noqa: E402
+from tests.h3cli import assert_clean_error, run  # noqa: E402
+
+SHAPE = dict(width=32, height=32, frames=22, steps=2)
+PROMPT = "a red circle moves right on a black background, a high beep"
+SEED = 3
+COMPARE = ROOT / "build" / "tests" / "test_single_file"
+
+
+@pytest.fixture(scope="module")
+def folders(tiny_models, tmp_path_factory):
+    from tests.fixtures import write_official
+
+    root = tmp_path_factory.mktemp("h3_diffusers")
+    official = write_official(tiny_models, root / "official", dtype="f32")
+    diff = root / "diffusers"
+    tiny_models["transformer"].save_pretrained(str(diff / "transformer"))
+    (diff / "model_index.json").write_text('{"_class_name": "MiniMaxH3Pipeline", "transformer": '
+                                           '["diffusers", "MiniMaxH3Transformer3DModel"]}\n')
+    proc = subprocess.run(["make", "-s", "-C", str(ROOT), "build/tests/test_single_file"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return official, diff, tiny_models["transformer"].config
+
+
+def _render(model_dir, **files):
+    with Engine(model_dir, threads=2, **files) as e:
+        return e.render(PROMPT, seed=SEED, **SHAPE)
+
+
+def test_transformer_tensors_equal_official(folders):
+    official, diff, cfg = folders
+    single = diff / "transformer" / "diffusion_pytorch_model.safetensors"
+    ref = official / "transformer" / "model.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(ref), "np") as f:
+        n_ref = len(list(f.keys()))
+    proc = subprocess.run([str(COMPARE), str(single), str(ref), str(cfg.num_attention_heads),
+                           str(cfg.rope_freq_dim), str(cfg.rope_theta)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"compare: {n_ref} tensors equal, 0 differ" in proc.stdout
+    assert "diffusers' names" in proc.stdout
+
+
+def test_render_equals_official(folders):
+    official, diff, _ = folders
+    single = diff / "transformer" / "diffusion_pytorch_model.safetensors"
+    a = _render(official.parent)
+    b = _render(official.parent, transformer=single)
+    assert np.array_equal(a.frames, b.frames) and np.array_equal(a.audio, b.audio)
+
+
+def test_bad_diffusers_input(folders, tmp_path):
+    official, diff, _ = folders
+    out = tmp_path / "out.mp4"
+    common = ("-o", out, "--width", 32, "--height", 32, "--frames", 22, "--steps", 2)
+    proc = run("render", "-p", "x", "-d", diff, *common)
+    assert_clean_error(proc, "diffusers-format MiniMax-H3 folder")
+    assert not out.exists()
+
+    from safetensors.numpy import load_file, save_file
+
+    t = load_file(str(diff / "transformer" / "diffusion_pytorch_model.safetensors"))
+    del t["transformer_blocks.0.attn.to_k.weight"]
+    broken = tmp_path / "broken.safetensors"
+    save_file(t, str(broken))
+    proc = run("render", "-p", "x", "-d", official.parent, "--transformer", broken, *common)
+    assert_clean_error(proc, "transformer_blocks.0.attn.to_k.weight")
+    assert not out.exists()
+    assert components.is_diffusers_folder(diff)

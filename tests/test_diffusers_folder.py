@@ -9,6 +9,7 @@ next to the official layout written from the same models (`write_official`, all-
   diffusers computes its buffer);
 * a render with `--transformer` that file and the official folder's configs is byte-identical (tolerance 0) to the
   official layout's render;
+* `h3ctl check` and `h3ctl info` name the file's form (diffusers' names);
 * bad input: a diffusers folder given with -d (its VAEs' names are not read yet), a diffusers transformer without
   its to_k tensors, one line and exit 2, nothing written.
 """
@@ -98,3 +99,13 @@ def test_bad_diffusers_input(folders, tmp_path):
     assert_clean_error(proc, "transformer_blocks.0.attn.to_k.weight")
     assert not out.exists()
     assert components.is_diffusers_folder(diff)
+
+
+def test_check_and_info_name_diffusers_file(folders):
+    official, diff, _ = folders
+    single = diff / "transformer" / "diffusion_pytorch_model.safetensors"
+    proc = run("check", single)
+    assert proc.returncode == 0 and "transformer under diffusers' names" in proc.stdout, proc.stdout + proc.stderr
+    proc = run("info", "-d", official.parent, "--transformer", single)
+    assert proc.returncode == 0, proc.stderr
+    assert "diffusers' names" in proc.stdout and "QKV" in proc.stdout, proc.stdout

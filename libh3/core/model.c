@@ -381,6 +381,8 @@ int h3_model_headers(h3_model *m, h3_component c)
             h3_cfg_int(&k->config, h3j_root(&k->config), &rope_freq, "rope_inv_freq_len", NULL);
             h3_cfg_num(&k->config, h3j_root(&k->config), &theta, "rope_theta", NULL);
         }
+        h3_vvae_cfg vc;
+        if (c == H3_COMP_VIDEO_VAE && h3_vvae_cfg_load(m, &vc) == 0) heads = vc.dec_heads; /* diffusers' to_q/k/v */
         rc = h3_sf_open_rope(&k->store, m->file[c], c, (int)heads, rope_freq > 0 && rope_freq <= 4096 ? (int)rope_freq : 0,
                              theta, m->sf_desc[c], sizeof m->sf_desc[c]);
     } else if (c == H3_COMP_VIDEO_VAE || c == H3_COMP_AUDIO_VAE) {

@@ -23,7 +23,7 @@
 #define SF_PREFIX "model.diffusion_model."
 #define SF_ALIGN 64
 
-enum { JOB_PERMUTE = 1, JOB_FP8, JOB_INT8, JOB_QKV3, JOB_SWAP, JOB_ROPE };
+enum { JOB_PERMUTE = 1, JOB_FP8, JOB_INT8, JOB_QKV3, JOB_SWAP, JOB_ROPE, JOB_ZERO };
 
 typedef struct {
     size_t dst;      /* index of the presented tensor */
@@ -125,6 +125,40 @@ static int df_name(const char *in, char *out, size_t cap)
     return 0;
 }
 
+/* diffusers' AutoencoderKLMiniMaxH3 names -> the official video VAE's (video_vae/source). */
+static const char *const DV_SUB[][2] = {
+    {".attn.to_q.", ".attn.to_qkv."}, {".attn.to_out.0.", ".attn.to_out."},
+    {".ff.net.0.proj.", ".ff.w1."}, {".ff.net.2.", ".ff.w2."},
+};
+
+static int dv_name(const char *in, char *out, size_t cap)
+{
+    int level, block, used = 0;
+    char a[640];
+    if (sscanf(in, "encoder.down_blocks.%d.resnets.%d.%n", &level, &block, &used) == 2 && used > 0) {
+        const char *rest = in + used;
+        const bool sc = strncmp(rest, "conv_shortcut.", 14) == 0;
+        snprintf(a, sizeof a, "encoder.down.%d.block.%d.%s%s", level, block, sc ? "nin_shortcut." : "",
+                 sc ? rest + 14 : rest);
+    } else if (used = 0, sscanf(in, "encoder.down_blocks.%d.downsamplers.0.%n", &level, &used) == 1 && used > 0) {
+        snprintf(a, sizeof a, "encoder.down.%d.downsample.%s", level, in + used);
+    } else if (strncmp(in, "decoder.proj_in.", 16) == 0) {
+        snprintf(a, sizeof a, "decoder.x_embedder.%s", in + 16);
+    } else {
+        snprintf(a, sizeof a, "%s", in);
+        for (size_t i = 0; i < sizeof DV_SUB / sizeof *DV_SUB; i++) {
+            const char *hit = strstr(a, DV_SUB[i][0]);
+            if (!hit) continue;
+            char b[640];
+            snprintf(b, sizeof b, "%.*s%s%s", (int)(hit - a), a, DV_SUB[i][1], hit + strlen(DV_SUB[i][0]));
+            snprintf(a, sizeof a, "%s", b);
+        }
+    }
+    if (strlen(a) + 1 > cap || strlen(a) + 1 >= sizeof a) return -1;
+    memcpy(out, a, strlen(a) + 1);
+    return 0;
+}
+
 /* The raw tensor `base` + `suffix` (base: a raw name without ".weight"). */
 static long raw_find(const h3_store *raw, const char *base, const char *suffix)
 {
@@ -205,6 +239,8 @@ static int identify(const h3_store *raw, h3_component comp, bool prefixed, const
         if (!HAS("model.language_model.embed_tokens.weight")) break;
         return 0;
     case H3_COMP_VIDEO_VAE:
+        if (HAS("encoder.down_blocks.0.resnets.0.conv1.weight") || HAS("decoder.transformer_blocks.0.attn.to_q.weight"))
+            return 1; /* diffusers' names */
         if (!HAS("decoder.conv_in.weight") && !HAS("decoder.proj_in.weight") && !HAS("encoder.conv_in.weight")) break;
         return 0;
     case H3_COMP_AUDIO_VAE:
@@ -244,7 +280,8 @@ static bool is_float(h3_dtype d) { return d == H3_DT_F32 || d == H3_DT_BF16 || d
 
 /* Raw tensor i of a transformer under diffusers' names: renamed; to_q/to_k/to_v fused into the per-head
    interleaved qkv_proj; ff.net.0.proj ([value; gate]) presented as mlp.fc1 ([gate; value]). */
-static int present_diffusers(h3_store *s, struct h3_sf_source *src, size_t i, const char *path, int counts[4])
+static int present_diffusers(h3_store *s, struct h3_sf_source *src, size_t i, bool vae, const char *path,
+                             int counts[4])
 {
     h3_store *raw = &src->raw;
     const h3_tensor *t = &raw->tensors[i];
@@ -254,7 +291,7 @@ static int present_diffusers(h3_store *s, struct h3_sf_source *src, size_t i, co
         return h3_err(H3_E_UNSUPPORTED, "%s: tensor '%s' is %s; libh3 reads diffusers' transformer in F32, BF16 or "
                       "F16 only", path, rname, h3_dtype_name(t->dtype));
     char name[640];
-    if (df_name(rname, name, sizeof name)) return h3_err(H3_E_FORMAT, "%s: tensor name too long: '%s'", path, rname);
+    if ((vae ? dv_name : df_name)(rname, name, sizeof name)) return h3_err(H3_E_FORMAT, "%s: tensor name too long: '%s'", path, rname);
     h3_tensor v = *t;
     v.file = 0;
     sf_job job = {.src = i, .scale = -1};
@@ -436,9 +473,15 @@ int h3_sf_open_rope(h3_store *s, const char *path, h3_component comp, int heads,
     }
     int counts[4] = {0};
     for (size_t i = 0; !rc && i < raw->ntensors; i++)
-        rc = dif ? present_diffusers(s, src, i, path, counts)
+        rc = dif ? present_diffusers(s, src, i, comp == H3_COMP_VIDEO_VAE, path, counts)
                  : present(s, src, meta_loaded ? &meta : NULL, i, prefixed, legacy, path, counts);
-    if (!rc && dif && rope_freq > 0 && !h3_store_find(s, "rope.inv_freq")) {
+    const h3_tensor *reg = dif && comp == H3_COMP_VIDEO_VAE && !rc ? h3_store_find(s, "decoder.register_tokens") : NULL;
+    if (reg && reg->ndim >= 1 && !h3_store_find(s, "decoder.mask_token")) {
+        /* The official file holds a zero mask token diffusers does not keep (unused by decoding). */
+        h3_tensor v = {.dtype = reg->dtype, .ndim = 3, .shape = {1, 1, reg->shape[reg->ndim - 1]}};
+        rc = push_job(s, src, (sf_job){.kind = JOB_ZERO, .scale = -1}, v, "decoder.mask_token", path);
+    }
+    if (!rc && dif && comp == H3_COMP_TRANSFORMER && rope_freq > 0 && !h3_store_find(s, "rope.inv_freq")) {
         h3_tensor v = {.dtype = H3_DT_F32, .ndim = 1, .shape = {rope_freq}};
         rc = push_job(s, src, (sf_job){.kind = JOB_ROPE, .scale = -1}, v, "rope.inv_freq", path);
     }
@@ -505,6 +548,7 @@ static int fill(h3_store *s)
     for (size_t j = 0; !rc && j < src->njobs; j++) {
         const sf_job *job = &src->jobs[j];
         const h3_tensor *rt = &raw->tensors[job->src], *dt = &s->tensors[job->dst];
+        if (job->kind == JOB_ZERO) continue; /* the owned file starts zeroed (ftruncate) */
         if (job->kind == JOB_ROPE) {
             /* diffusers' buffer: 1 / theta ** (arange(0, 2F, 2) / 2F), each step a float32 operation. */
             float *f = (float *)(out + dt->begin);

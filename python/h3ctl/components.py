@@ -134,15 +134,20 @@ def resolve(model_dir=None, *, ref2va: bool = False, transformer=None, text_enco
     if config_dir is not None and (folder is None or not folder.is_dir() or _is_official(folder)):
         folder = Path(os.fspath(config_dir)) if folder is None else folder
     if folder is not None and folder.is_dir() and not _is_official(folder):
-        models = _comfy_models_dir(folder)
+        models = None if is_diffusers_folder(folder) else _comfy_models_dir(folder)  # diffusers' vae/ too
         if models is not None:
             found = comfy_files(models, ref2va)
             files = {**found, **files}
             folder = Path(os.fspath(config_dir)) if config_dir is not None else None  # None: h3ctl's copy
         elif is_diffusers_folder(folder):
-            raise H3Error(f"{folder}: a diffusers-format MiniMax-H3 folder; libh3 reads only its transformer so far "
-                          "(--transformer DIR/transformer/diffusion_pytorch_model.safetensors with -d the official "
-                          "MiniMaxAI folder for the other parts), not the folder itself")
+            from .diffusers_folder import translate
+
+            try:  # its configs in the official layout; weights read in place
+                folder, found = translate(folder)
+            except H3Error as e:
+                raise H3Error(f"a diffusers-format MiniMax-H3 folder libh3 cannot read: {e} (or give the official "
+                              "MiniMaxAI folder)") from None
+            files = {**found, **files}
     for part, path in files.items():
         if not path.is_file():
             raise H3Error(f"{path}: {'is a directory, expected a .safetensors file' if path.is_dir() else 'no such file'}"

@@ -165,6 +165,12 @@ def test_check_and_info_name_diffusers_file(folders):
     single = diff / "transformer" / "diffusion_pytorch_model.safetensors"
     proc = run("check", single)
     assert proc.returncode == 0 and "transformer under diffusers' names" in proc.stdout, proc.stdout + proc.stderr
+    proc = run("check", diff)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line.split(" ok (")[1].split(")")[0] for line in proc.stdout.splitlines()) == \
+        ["audio_vae", "text_encoder", "transformer", "video_vae"], proc.stdout
+    proc = run("info", "-d", diff)
+    assert proc.returncode == 0 and proc.stdout.count("(diffusers' names)") == 2, proc.stdout + proc.stderr
     proc = run("info", "-d", official.parent, "--transformer", single)
     assert proc.returncode == 0, proc.stderr
     assert "diffusers' names" in proc.stdout and "QKV" in proc.stdout, proc.stdout

@@ -9,6 +9,9 @@
  *     `weight_scale`, optionally ConvRot-rotated) are dequantised to BF16, the value rounded once to
  *     nearest-even from the exact product (see quant_formats.c);
  *   - the pruned ("curve form") table `adaln_t_table` is presented as `time_embedder.table`.
+ *   - a transformer or video VAE saved by diffusers (its names: `transformer_blocks.N.attn.to_q`,
+ *     `encoder.down_blocks`, ...) is presented under the original names (see h3_sf_open_rope and
+ *     docs/single-files.md).
  * Tensors that need no transform are views of the file (mapped, as the shards are); the others are
  * written once, on the first data access, into an owned file (a memfd on Linux, an unlinked temporary
  * file elsewhere) that the mmap and pread readers use like any shard. Its size is h3_sf_owned_bytes.

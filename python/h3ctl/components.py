@@ -1,4 +1,5 @@
-"""Where a model's parts come from: an official folder, single files, or a ComfyUI `models/` folder.
+"""Where a model's parts come from: an official folder, single files, a ComfyUI `models/` folder, or a
+diffusers-format folder (its configs translated by diffusers_folder.py, its weights read in place).
 
 libh3 reads the official MiniMaxAI layout; single files (ComfyUI's repackages: `minimax_h3_fl2va_bf16.safetensors`,
 `..._pruned_int8_convrot`, `..._pruned_fp8_scaled`, `qwen3vl_32b_minimax_h3_bf16`, the VAEs) replace a component's

@@ -374,8 +374,17 @@ int h3_model_headers(h3_model *m, h3_component c)
     int rc;
     if (m->file[c]) {
         int64_t heads = 0;
-        if (c == H3_COMP_TRANSFORMER) h3_cfg_int(&k->config, h3j_root(&k->config), &heads, "num_attention_heads", NULL);
-        rc = h3_sf_open(&k->store, m->file[c], c, (int)heads, m->sf_desc[c], sizeof m->sf_desc[c]);
+        int64_t rope_freq = 0;
+        double theta = 10000.0; /* the released config omits it; its inv_freq table solves to 10000 */
+        if (c == H3_COMP_TRANSFORMER) {
+            h3_cfg_int(&k->config, h3j_root(&k->config), &heads, "num_attention_heads", NULL);
+            h3_cfg_int(&k->config, h3j_root(&k->config), &rope_freq, "rope_inv_freq_len", NULL);
+            h3_cfg_num(&k->config, h3j_root(&k->config), &theta, "rope_theta", NULL);
+        }
+        h3_vvae_cfg vc;
+        if (c == H3_COMP_VIDEO_VAE && h3_vvae_cfg_load(m, &vc) == 0) heads = vc.dec_heads; /* diffusers' to_q/k/v */
+        rc = h3_sf_open_rope(&k->store, m->file[c], c, (int)heads, rope_freq > 0 && rope_freq <= 4096 ? (int)rope_freq : 0,
+                             theta, m->sf_desc[c], sizeof m->sf_desc[c]);
     } else if (c == H3_COMP_VIDEO_VAE || c == H3_COMP_AUDIO_VAE) {
         /* VAEs are single files named by their config. */
         const char *fn = cfg_string(&k->config, "source_safetensors_path", "model.safetensors");

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@
 #define SF_PREFIX "model.diffusion_model."
 #define SF_ALIGN 64
 
-enum { JOB_PERMUTE = 1, JOB_FP8, JOB_INT8 };
+enum { JOB_PERMUTE = 1, JOB_FP8, JOB_INT8, JOB_QKV3, JOB_SWAP, JOB_ROPE, JOB_ZERO };
 
 typedef struct {
     size_t dst;      /* index of the presented tensor */
@@ -32,6 +33,7 @@ typedef struct {
     bool qkv;        /* reorder [q; k; v] rows to the per-head interleaving */
     bool e5m2;
     int group;       /* int8: ConvRot group size, 0 = none */
+    size_t src_k, src_v; /* JOB_QKV3 (diffusers' separate to_k / to_v) */
 } sf_job;
 
 struct h3_sf_source {
@@ -39,6 +41,8 @@ struct h3_sf_source {
     sf_job *jobs;
     size_t njobs;
     int heads;
+    int rope_freq;   /* diffusers names: rope.inv_freq is computed (a non-persistent buffer there) */
+    double rope_theta;
     int fd;          /* the owned file */
     char *tmp_path;  /* a temporary file to unlink at the end (no memfd) */
     uint64_t owned;
@@ -81,6 +85,78 @@ static bool is_sidecar(const char *n)
 static const char *strip(const char *n, bool prefixed)
 {
     return prefixed && strncmp(n, SF_PREFIX, strlen(SF_PREFIX)) == 0 ? n + strlen(SF_PREFIX) : n;
+}
+
+/* diffusers' MiniMaxH3Transformer3DModel names -> the original ones (the inverse of diffusers' converter):
+   whole prefixes first, then substrings in order. */
+static const char *const DF_PREFIX[][2] = {
+    {"proj_in.", "video_patch_proj."}, {"audio_proj_in.", "audio_patch_proj."},
+    {"proj_out.", "final_layer.video_out."}, {"audio_proj_out.", "final_layer.audio_out."},
+    {"token_refiner.refiner_blocks.", "token_refiner.blocks."}, {"transformer_blocks.", "blocks."},
+};
+static const char *const DF_SUB[][2] = {
+    {"context_embedder.", "condition_proj."}, {"time_embedder.linear_1.", "time_embedder.proj_in."},
+    {"time_embedder.linear_2.", "time_embedder.proj_out."}, {"norm_out.norm.", "final_layer.norm."},
+    {"norm_out.linear.", "final_layer.adaln_proj.linear."}, {".attn.norm_q.", ".attn.q_norm."},
+    {".attn.norm_k.", ".attn.k_norm."}, {".attn.to_out.0.", ".attn.out_proj."}, {".attn.to_q.", ".attn.qkv_proj."},
+    {".ff.net.0.proj.", ".mlp.fc1."}, {".ff.net.2.", ".mlp.fc2."},
+};
+
+static int df_name(const char *in, char *out, size_t cap)
+{
+    char a[640];
+    snprintf(a, sizeof a, "%s", in);
+    for (size_t i = 0; i < sizeof DF_PREFIX / sizeof *DF_PREFIX; i++) {
+        const size_t l = strlen(DF_PREFIX[i][0]);
+        if (strncmp(in, DF_PREFIX[i][0], l) == 0) {
+            snprintf(a, sizeof a, "%s%s", DF_PREFIX[i][1], in + l);
+            break;
+        }
+    }
+    for (size_t i = 0; i < sizeof DF_SUB / sizeof *DF_SUB; i++) {
+        const char *hit = strstr(a, DF_SUB[i][0]);
+        if (!hit) continue;
+        char b[640];
+        snprintf(b, sizeof b, "%.*s%s%s", (int)(hit - a), a, DF_SUB[i][1], hit + strlen(DF_SUB[i][0]));
+        snprintf(a, sizeof a, "%s", b);
+    }
+    if (strlen(a) + 1 > cap || strlen(a) + 1 >= sizeof a) return -1;
+    memcpy(out, a, strlen(a) + 1);
+    return 0;
+}
+
+/* diffusers' AutoencoderKLMiniMaxH3 names -> the official video VAE's (video_vae/source). */
+static const char *const DV_SUB[][2] = {
+    {".attn.to_q.", ".attn.to_qkv."}, {".attn.to_out.0.", ".attn.to_out."},
+    {".ff.net.0.proj.", ".ff.w1."}, {".ff.net.2.", ".ff.w2."},
+};
+
+static int dv_name(const char *in, char *out, size_t cap)
+{
+    int level, block, used = 0;
+    char a[640];
+    if (sscanf(in, "encoder.down_blocks.%d.resnets.%d.%n", &level, &block, &used) == 2 && used > 0) {
+        const char *rest = in + used;
+        const bool sc = strncmp(rest, "conv_shortcut.", 14) == 0;
+        snprintf(a, sizeof a, "encoder.down.%d.block.%d.%s%s", level, block, sc ? "nin_shortcut." : "",
+                 sc ? rest + 14 : rest);
+    } else if (used = 0, sscanf(in, "encoder.down_blocks.%d.downsamplers.0.%n", &level, &used) == 1 && used > 0) {
+        snprintf(a, sizeof a, "encoder.down.%d.downsample.%s", level, in + used);
+    } else if (strncmp(in, "decoder.proj_in.", 16) == 0) {
+        snprintf(a, sizeof a, "decoder.x_embedder.%s", in + 16);
+    } else {
+        snprintf(a, sizeof a, "%s", in);
+        for (size_t i = 0; i < sizeof DV_SUB / sizeof *DV_SUB; i++) {
+            const char *hit = strstr(a, DV_SUB[i][0]);
+            if (!hit) continue;
+            char b[640];
+            snprintf(b, sizeof b, "%.*s%s%s", (int)(hit - a), a, DV_SUB[i][1], hit + strlen(DV_SUB[i][0]));
+            snprintf(a, sizeof a, "%s", b);
+        }
+    }
+    if (strlen(a) + 1 > cap || strlen(a) + 1 >= sizeof a) return -1;
+    memcpy(out, a, strlen(a) + 1);
+    return 0;
 }
 
 /* The raw tensor `base` + `suffix` (base: a raw name without ".weight"). */
@@ -150,9 +226,12 @@ static int identify(const h3_store *raw, h3_component comp, bool prefixed, const
 #define HAS(name) (h3_store_find(raw, prefixed ? SF_PREFIX name : name) != NULL)
     switch (comp) {
     case H3_COMP_TRANSFORMER:
+        if (HAS("transformer_blocks.0.attn.to_q.weight") && HAS("context_embedder.weight") &&
+            HAS("audio_proj_in.weight"))
+            return 1; /* diffusers' names */
         if (HAS("transformer_blocks.0.attn.to_q.weight"))
-            return h3_err(H3_E_UNSUPPORTED, "%s: a transformer under diffusers' names (transformer_blocks.*.to_q); "
-                          "give its diffusers folder with -d, or a file under the original MiniMax names", path);
+            return h3_err(H3_E_INVALID, "%s: diffusers' transformer names but no context_embedder / audio_proj_in: "
+                          "not a whole MiniMax-H3 transformer", path);
         if (!HAS("blocks.0.attn.qkv_proj.weight") || !HAS("condition_proj.weight") || !HAS("audio_patch_proj.weight"))
             break;
         return 0;
@@ -160,6 +239,8 @@ static int identify(const h3_store *raw, h3_component comp, bool prefixed, const
         if (!HAS("model.language_model.embed_tokens.weight")) break;
         return 0;
     case H3_COMP_VIDEO_VAE:
+        if (HAS("encoder.down_blocks.0.resnets.0.conv1.weight") || HAS("decoder.transformer_blocks.0.attn.to_q.weight"))
+            return 1; /* diffusers' names */
         if (!HAS("decoder.conv_in.weight") && !HAS("decoder.proj_in.weight") && !HAS("encoder.conv_in.weight")) break;
         return 0;
     case H3_COMP_AUDIO_VAE:
@@ -179,6 +260,70 @@ static int identify(const h3_store *raw, h3_component comp, bool prefixed, const
 }
 
 /* The presented form of raw tensor i: a view, or a job (appended to src->jobs). */
+/* Append a job whose output is v (placed in the owned file) and present v as `name`. */
+static int push_job(h3_store *s, struct h3_sf_source *src, sf_job job, h3_tensor v, const char *name, const char *path)
+{
+    const uint64_t bytes = numel(&v) * h3_dtype_size(v.dtype);
+    v.file = 1;
+    v.begin = src->owned;
+    v.end = src->owned + bytes;
+    src->owned += (bytes + SF_ALIGN - 1) / SF_ALIGN * SF_ALIGN;
+    job.dst = s->ntensors;
+    sf_job *nj = h3_realloc(src->jobs, (src->njobs + 1) * sizeof *nj);
+    if (!nj) return -H3_E_NOMEM;
+    src->jobs = nj;
+    src->jobs[src->njobs++] = job;
+    return h3_store_push(s, name, &v, path);
+}
+
+static bool is_float(h3_dtype d) { return d == H3_DT_F32 || d == H3_DT_BF16 || d == H3_DT_F16; }
+
+/* Raw tensor i of a transformer under diffusers' names: renamed; to_q/to_k/to_v fused into the per-head
+   interleaved qkv_proj; ff.net.0.proj ([value; gate]) presented as mlp.fc1 ([gate; value]). */
+static int present_diffusers(h3_store *s, struct h3_sf_source *src, size_t i, bool vae, const char *path,
+                             int counts[4])
+{
+    h3_store *raw = &src->raw;
+    const h3_tensor *t = &raw->tensors[i];
+    const char *rname = h3_tensor_name(raw, t);
+    if (strstr(rname, ".attn.to_k.") || strstr(rname, ".attn.to_v.")) return 0; /* read by the to_q job */
+    if (!is_float(t->dtype))
+        return h3_err(H3_E_UNSUPPORTED, "%s: tensor '%s' is %s; libh3 reads diffusers' transformer in F32, BF16 or "
+                      "F16 only", path, rname, h3_dtype_name(t->dtype));
+    char name[640];
+    if ((vae ? dv_name : df_name)(rname, name, sizeof name)) return h3_err(H3_E_FORMAT, "%s: tensor name too long: '%s'", path, rname);
+    h3_tensor v = *t;
+    v.file = 0;
+    sf_job job = {.src = i, .scale = -1};
+    if (strstr(rname, ".attn.to_q.")) {
+        char kn[640], vn[640];
+        const char *at = strstr(rname, ".attn.to_q.");
+        snprintf(kn, sizeof kn, "%.*s.attn.to_k.%s", (int)(at - rname), rname, at + strlen(".attn.to_q."));
+        snprintf(vn, sizeof vn, "%.*s.attn.to_v.%s", (int)(at - rname), rname, at + strlen(".attn.to_q."));
+        const h3_tensor *k = h3_store_find(raw, kn), *vv = h3_store_find(raw, vn);
+        if (!k || !vv || k->dtype != t->dtype || vv->dtype != t->dtype || k->ndim != t->ndim || vv->ndim != t->ndim ||
+            numel(k) != numel(t) || numel(vv) != numel(t))
+            return h3_err(H3_E_SCHEMA, "%s: '%s' needs '%s' and '%s' of its dtype and shape", path, rname, kn, vn);
+        if (src->heads <= 0 || t->shape[0] % src->heads)
+            return h3_err(H3_E_SCHEMA, "%s: '%s' has %lld rows, not %d heads x head_dim", path, rname,
+                          (long long)t->shape[0], src->heads);
+        job.kind = JOB_QKV3;
+        job.qkv = true;
+        job.src_k = (size_t)(k - raw->tensors);
+        job.src_v = (size_t)(vv - raw->tensors);
+        v.shape[0] = 3 * t->shape[0];
+        counts[0]++;
+        return push_job(s, src, job, v, name, path);
+    }
+    if (strstr(rname, ".ff.net.0.proj.")) {
+        if (t->ndim < 1 || t->shape[0] % 2)
+            return h3_err(H3_E_SCHEMA, "%s: '%s' has an odd number of rows (expected [value; gate])", path, rname);
+        job.kind = JOB_SWAP;
+        return push_job(s, src, job, v, name, path);
+    }
+    return h3_store_push(s, name, &v, path);
+}
+
 static int present(h3_store *s, struct h3_sf_source *src, const h3_json *meta, size_t i, bool prefixed,
                    bool legacy_fp8, const char *path, int counts[4])
 {
@@ -249,18 +394,7 @@ static int present(h3_store *s, struct h3_sf_source *src, const h3_json *meta, s
             return h3_err(H3_E_SCHEMA, "%s: '%s' has %lld rows, not 3 x %d heads x head_dim", path, rname,
                           (long long)t->shape[0], src->heads);
     }
-    if (job.kind) {
-        const uint64_t bytes = numel(t) * h3_dtype_size(v.dtype);
-        v.file = 1;
-        v.begin = src->owned;
-        v.end = src->owned + bytes;
-        src->owned += (bytes + SF_ALIGN - 1) / SF_ALIGN * SF_ALIGN;
-        job.dst = s->ntensors;
-        sf_job *nj = h3_realloc(src->jobs, (src->njobs + 1) * sizeof *nj);
-        if (!nj) return -H3_E_NOMEM;
-        src->jobs = nj;
-        src->jobs[src->njobs++] = job;
-    }
+    if (job.kind) return push_job(s, src, job, v, name, path);
     return h3_store_push(s, name, &v, path);
 }
 
@@ -279,12 +413,20 @@ static int owned_file(struct h3_sf_source *src)
 
 int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char *desc, size_t cap)
 {
+    return h3_sf_open_rope(s, path, comp, heads, 0, 0.0, desc, cap);
+}
+
+int h3_sf_open_rope(h3_store *s, const char *path, h3_component comp, int heads, int rope_freq, double rope_theta,
+                    char *desc, size_t cap)
+{
     memset(s, 0, sizeof *s);
     if (desc && cap) desc[0] = 0;
     struct h3_sf_source *src = h3_calloc(1, sizeof *src);
     if (!src) return -H3_E_NOMEM;
     src->fd = -1;
     src->heads = heads;
+    src->rope_freq = rope_freq;
+    src->rope_theta = rope_theta;
     pthread_mutex_init(&src->mu, NULL);
     int rc = h3_store_add_file(&src->raw, path);
     h3_json meta;
@@ -311,7 +453,13 @@ int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char
     bool prefixed = false;
     for (size_t i = 0; !rc && i < raw->ntensors && !prefixed; i++)
         prefixed = strncmp(h3_tensor_name(raw, &raw->tensors[i]), SF_PREFIX, strlen(SF_PREFIX)) == 0;
-    if (!rc) rc = identify(raw, comp, prefixed, path);
+    bool dif = false;
+    if (!rc) {
+        rc = identify(raw, comp, prefixed, path);
+        dif = rc == 1;
+        if (dif) rc = prefixed ? h3_err(H3_E_INVALID, "%s: diffusers' names under a model.diffusion_model. prefix "
+                                        "(unknown layout)", path) : 0;
+    }
     const bool legacy = !rc && (h3_store_find(raw, "scaled_fp8") || h3_store_find(raw, SF_PREFIX "scaled_fp8"));
     /* files[0]: the file itself (views); files[1]: the owned file, filled later. */
     if (!rc && !(s->files = h3_calloc(2, sizeof *s->files))) rc = -H3_E_NOMEM;
@@ -324,7 +472,19 @@ int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char
         if (!s->files[0].path) rc = -H3_E_NOMEM;
     }
     int counts[4] = {0};
-    for (size_t i = 0; !rc && i < raw->ntensors; i++) rc = present(s, src, meta_loaded ? &meta : NULL, i, prefixed, legacy, path, counts);
+    for (size_t i = 0; !rc && i < raw->ntensors; i++)
+        rc = dif ? present_diffusers(s, src, i, comp == H3_COMP_VIDEO_VAE, path, counts)
+                 : present(s, src, meta_loaded ? &meta : NULL, i, prefixed, legacy, path, counts);
+    const h3_tensor *reg = dif && comp == H3_COMP_VIDEO_VAE && !rc ? h3_store_find(s, "decoder.register_tokens") : NULL;
+    if (reg && reg->ndim >= 1 && !h3_store_find(s, "decoder.mask_token")) {
+        /* The official file holds a zero mask token diffusers does not keep (unused by decoding). */
+        h3_tensor v = {.dtype = reg->dtype, .ndim = 3, .shape = {1, 1, reg->shape[reg->ndim - 1]}};
+        rc = push_job(s, src, (sf_job){.kind = JOB_ZERO, .scale = -1}, v, "decoder.mask_token", path);
+    }
+    if (!rc && dif && comp == H3_COMP_TRANSFORMER && rope_freq > 0 && !h3_store_find(s, "rope.inv_freq")) {
+        h3_tensor v = {.dtype = H3_DT_F32, .ndim = 1, .shape = {rope_freq}};
+        rc = push_job(s, src, (sf_job){.kind = JOB_ROPE, .scale = -1}, v, "rope.inv_freq", path);
+    }
     if (meta_loaded) h3_json_free(&meta);
     if (!rc && src->njobs) {
         rc = owned_file(src);
@@ -356,7 +516,7 @@ int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char
             snprintf(pruned, sizeof pruned, ", pruned (AdaLN curve table %lld x %lld: the basis width replaces "
                      "time_embed_dim)", (long long)tab->shape[0], (long long)tab->shape[1]);
         size_t n = (size_t)snprintf(desc, cap, "single file (%s names%s); variant: %s%s%s%s",
-                                    prefixed ? "model.diffusion_model." : "bare", "",
+                                    dif ? "diffusers'" : prefixed ? "model.diffusion_model." : "bare", "",
                                     counts[3] ? "int8_convrot" : counts[2] ? "int8" : counts[1] ? "fp8_scaled" : "bf16",
                                     pruned,
                                     counts[0] ? ", QKV [q;k;v]" : "", legacy ? ", legacy scaled_fp8" : "");
@@ -388,6 +548,14 @@ static int fill(h3_store *s)
     for (size_t j = 0; !rc && j < src->njobs; j++) {
         const sf_job *job = &src->jobs[j];
         const h3_tensor *rt = &raw->tensors[job->src], *dt = &s->tensors[job->dst];
+        if (job->kind == JOB_ZERO) continue; /* the owned file starts zeroed (ftruncate) */
+        if (job->kind == JOB_ROPE) {
+            /* diffusers' buffer: 1 / theta ** (arange(0, 2F, 2) / 2F), each step a float32 operation. */
+            float *f = (float *)(out + dt->begin);
+            const int F = (int)dt->shape[0];
+            for (int i = 0; i < F; i++) f[i] = 1.0f / powf((float)src->rope_theta, (float)(2 * i) / (float)(2 * F));
+            continue;
+        }
         const void *in = h3_store_get(raw, h3_tensor_name(raw, rt), rt->dtype, rt->ndim, rt->shape);
         const float *sc = NULL;
         if (in && job->scale >= 0) {
@@ -412,7 +580,22 @@ static int fill(h3_store *s)
             }
             stage = tmp;
         }
-        if (job->kind == JOB_FP8)
+        if (job->kind == JOB_QKV3) { /* [q; k; v] from the three tensors, then the reorder below */
+            const size_t part = bytes / 3;
+            const h3_tensor *kt = &raw->tensors[job->src_k], *vt = &raw->tensors[job->src_v];
+            const void *kin = h3_store_get(raw, h3_tensor_name(raw, kt), kt->dtype, kt->ndim, kt->shape);
+            const void *vin = h3_store_get(raw, h3_tensor_name(raw, vt), vt->dtype, vt->ndim, vt->shape);
+            if (!kin || !vin) {
+                rc = -H3_E_IO;
+                break;
+            }
+            memcpy(stage, in, part);
+            memcpy(stage + part, kin, part);
+            memcpy(stage + 2 * part, vin, part);
+        } else if (job->kind == JOB_SWAP) { /* [value; gate] -> [gate; value] */
+            memcpy(dst, (const uint8_t *)in + bytes / 2, bytes / 2);
+            memcpy(dst + bytes / 2, in, bytes / 2);
+        } else if (job->kind == JOB_FP8)
             h3_deq_fp8(in, job->e5m2, sc[0], N, K, (uint16_t *)stage);
         else if (job->kind == JOB_INT8)
             h3_deq_int8(in, sc, (int64_t)numel(&raw->tensors[job->scale]), job->group, N, K, (uint16_t *)stage);

@@ -9,6 +9,9 @@
  *     `weight_scale`, optionally ConvRot-rotated) are dequantised to BF16, the value rounded once to
  *     nearest-even from the exact product (see quant_formats.c);
  *   - the pruned ("curve form") table `adaln_t_table` is presented as `time_embedder.table`.
+ *   - a transformer or video VAE saved by diffusers (its names: `transformer_blocks.N.attn.to_q`,
+ *     `encoder.down_blocks`, ...) is presented under the original names (see h3_sf_open_rope and
+ *     docs/single-files.md).
  * Tensors that need no transform are views of the file (mapped, as the shards are); the others are
  * written once, on the first data access, into an owned file (a memfd on Linux, an unlinked temporary
  * file elsewhere) that the mmap and pread readers use like any shard. Its size is h3_sf_owned_bytes.
@@ -26,6 +29,15 @@
  * format, variant, dtypes, what is transformed.
  */
 H3_INTERNAL int h3_sf_open(h3_store *s, const char *path, h3_component comp, int heads, char *desc, size_t cap);
+/*
+ * As h3_sf_open, for a transformer that may be under diffusers' MiniMaxH3Transformer3DModel names
+ * (`transformer_blocks.N.attn.to_q`, ...; see docs/single-files.md): those are presented under the
+ * original names, to_q/to_k/to_v fused into the per-head interleaved `attn.qkv_proj`, `ff.net.0.proj`
+ * ([value; gate]) as `mlp.fc1` ([gate; value]), and `rope.inv_freq` (not stored by diffusers)
+ * computed from `rope_freq` frequencies and `rope_theta` as diffusers computes it.
+ */
+H3_INTERNAL int h3_sf_open_rope(h3_store *s, const char *path, h3_component comp, int heads, int rope_freq,
+                                double rope_theta, char *desc, size_t cap);
 /* Bytes of the owned file (transformed tensors) a store from h3_sf_open fills; 0 for other stores. */
 H3_INTERNAL uint64_t h3_sf_owned_bytes(const h3_store *s);
 

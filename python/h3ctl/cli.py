@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(pr)
 
-    pi = sub.add_parser("info", help="describe a model directory (headers only)")
+    pi = sub.add_parser("info", help="describe a model directory: official, ComfyUI models/ or diffusers-format (headers only)")
     pi.add_argument("-d", "--model-dir", help="model directory (official layout, or a ComfyUI models/ folder); "
                     "default: the embedded h3-tiny")
     pi.add_argument("--json", action="store_true", help="machine-readable output")
@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_quantize_arguments(pq)
 
-    pc = sub.add_parser("check", help="validate safetensors files, or a model directory (all components, headers only)")
+    pc = sub.add_parser("check", help="validate safetensors files, or a model directory: official, ComfyUI models/ or "
+                        "diffusers-format (all components, headers only)")
     pc.add_argument("paths", nargs="+", help="files (.safetensors) or model directories")
 
     sub.add_parser("presets", help="the speed presets: settings, measured speed-up and quality")
@@ -142,6 +143,13 @@ def _cmd_check(args) -> int:
 
         from . import components
 
+        if os.path.isdir(path) and components.is_diffusers_folder(Path(path)):
+            # a diffusers-format folder: its configs translate (or the reason why not), each part's file checked
+            _, found = components.resolve(path)
+            for part, f in found.items():
+                _lib.check(lib.h3_safetensors_check(os.fsencode(f)))
+                print(f"{f}: ok ({part}): {components.describe_file(f) or 'read in place'}")
+            continue
         models = components._comfy_models_dir(Path(path)) if os.path.isdir(path) else None
         if models is not None and not components._is_official(Path(path)):
             # a ComfyUI models/ folder: each MiniMax-H3 file it holds, checked and described

@@ -1,4 +1,5 @@
-"""Where a model's parts come from: an official folder, single files, or a ComfyUI `models/` folder.
+"""Where a model's parts come from: an official folder, single files, a ComfyUI `models/` folder, or a
+diffusers-format folder (its configs translated by diffusers_folder.py, its weights read in place).
 
 libh3 reads the official MiniMaxAI layout; single files (ComfyUI's repackages: `minimax_h3_fl2va_bf16.safetensors`,
 `..._pruned_int8_convrot`, `..._pruned_fp8_scaled`, `qwen3vl_32b_minimax_h3_bf16`, the VAEs) replace a component's
@@ -34,6 +35,8 @@ REFUSED_VARIANTS = {"nvfp4_awq": "nvfp4 (4-bit) weights are not read by libh3: u
 
 
 def _is_official(d: Path) -> bool:
+    if is_diffusers_folder(d):  # it has a transformer/ folder too, under diffusers' names
+        return False
     return (d / "FL2VA").is_dir() or (d / "Ref2VA").is_dir() or (d / "transformer").is_dir()
 
 
@@ -132,14 +135,20 @@ def resolve(model_dir=None, *, ref2va: bool = False, transformer=None, text_enco
     if config_dir is not None and (folder is None or not folder.is_dir() or _is_official(folder)):
         folder = Path(os.fspath(config_dir)) if folder is None else folder
     if folder is not None and folder.is_dir() and not _is_official(folder):
-        models = _comfy_models_dir(folder)
+        models = None if is_diffusers_folder(folder) else _comfy_models_dir(folder)  # diffusers' vae/ too
         if models is not None:
             found = comfy_files(models, ref2va)
             files = {**found, **files}
             folder = Path(os.fspath(config_dir)) if config_dir is not None else None  # None: h3ctl's copy
         elif is_diffusers_folder(folder):
-            raise H3Error(f"{folder}: a diffusers-format MiniMax-H3 folder; libh3 does not read diffusers' names yet "
-                          "(give the official MiniMaxAI folder, or ComfyUI's single files)")
+            from .diffusers_folder import translate
+
+            try:  # its configs in the official layout; weights read in place
+                folder, found = translate(folder)
+            except H3Error as e:
+                raise H3Error(f"a diffusers-format MiniMax-H3 folder libh3 cannot read: {e} (or give the official "
+                              "MiniMaxAI folder)") from None
+            files = {**found, **files}
     for part, path in files.items():
         if not path.is_file():
             raise H3Error(f"{path}: {'is a directory, expected a .safetensors file' if path.is_dir() else 'no such file'}"
@@ -209,6 +218,9 @@ def describe_file(path) -> str | None:
         dtypes[v["dtype"]] = dtypes.get(v["dtype"], 0) + 1
     if any(".lora_A." in k or ".lora_B." in k or "lora_down" in k for k in names):
         return "a LoRA (lora_A/lora_B pairs), not a model: give it with --lora"
+    if {"transformer_blocks.0.attn.to_q.weight", "context_embedder.weight"} <= bare and not prefixed:
+        return (f"MiniMax-H3 transformer under diffusers' names (give it with --transformer, -d the official folder "
+                f"for its config); dtypes: {', '.join(f'{d} {c}' for d, c in sorted(dtypes.items()))}")
     if {"blocks.0.attn.qkv_proj.weight", "condition_proj.weight"} <= bare:
         part = "transformer (give it with --transformer)"
     elif "model.language_model.embed_tokens.weight" in bare:

@@ -173,13 +173,14 @@ static void test_bf16_rounding(void)
     CHECK_MSG(bad == 0, "%d roundings differ", bad);
 }
 
-/* SINGLE REF HEADS: REF's tensors equal SINGLE's presented ones byte for byte. */
-static int compare(const char *single, const char *ref, int heads)
+/* SINGLE REF HEADS [ROPE_FREQ THETA | video_vae]: REF's tensors equal SINGLE's presented ones byte for byte. */
+static int compare(const char *single, const char *ref, h3_component comp, int heads, int rope_freq, double theta)
 {
     h3_store a, b;
     memset(&b, 0, sizeof b);
     char desc[256];
-    if (h3_sf_open(&a, single, H3_COMP_TRANSFORMER, heads, desc, sizeof desc) || h3_store_add_file(&b, ref)) {
+    if (h3_sf_open_rope(&a, single, comp, heads, rope_freq, theta, desc, sizeof desc) ||
+        h3_store_add_file(&b, ref)) {
         fprintf(stderr, "%s\n", h3_last_error());
         return 2;
     }
@@ -204,7 +205,11 @@ static int compare(const char *single, const char *ref, int heads)
 
 int main(int argc, char **argv)
 {
-    if (argc == 4) return compare(argv[1], argv[2], atoi(argv[3]));
+    if (argc == 5 && strcmp(argv[4], "video_vae") == 0)
+        return compare(argv[1], argv[2], H3_COMP_VIDEO_VAE, atoi(argv[3]), 0, 0.0);
+    if (argc == 4 || argc == 6)
+        return compare(argv[1], argv[2], H3_COMP_TRANSFORMER, atoi(argv[3]), argc == 6 ? atoi(argv[4]) : 0,
+                       argc == 6 ? atof(argv[5]) : 0.0);
     const char *tmp = getenv("TMPDIR");
     snprintf(dir_, sizeof dir_, "%s/h3sf-XXXXXX", tmp && tmp[0] && strlen(tmp) < 40 ? tmp : "/tmp");
     if (!mkdtemp(dir_)) return 2;

@@ -100,6 +100,7 @@ build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_fp8.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wstream.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_wpack.inc
+build/tests/test_api_seq build/tests-asan/test_api_seq: tests/c/api_seq_model.inc
 
 # test_backend_abi loads fake backend libraries (tests/c/fake_backend.c, plain C) built next to it.
 FAKE_BACKENDS := noabi wrong hollow

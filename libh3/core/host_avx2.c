@@ -14,25 +14,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 H3_INTERNAL void h3_to_f32_avx2(const void *src, h3_dtype dt, float *dst, int64_t n);
 
-void h3_to_f32_avx2(const void *src, h3_dtype dt, float *dst, int64_t n)
-{
-    typedef uint16_t v8h __attribute__((vector_size(16), aligned(2), may_alias));
-    typedef uint32_t v8u __attribute__((vector_size(32), aligned(32)));
-    typedef uint32_t v8uu __attribute__((vector_size(32), aligned(4), may_alias));
-    if (dt == H3_DT_F32) {
-        memmove(dst, src, (size_t)n * sizeof(float));
-        return;
-    }
-    const uint16_t *h = src;
-    int64_t i = 0;
-    if (dt == H3_DT_BF16) {
-        for (; i + 8 <= n; i += 8) *(v8uu *)(dst + i) = __builtin_convertvector(*(const v8h *)(h + i), v8u) << 16;
-        for (; i < n; i++) dst[i] = h3_bf16_to_f32(h[i]);
-        return;
-    }
-#if defined(__F16C__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-#endif
-    for (; i < n; i++) dst[i] = h3_f16_to_f32(h[i]);
-}
+#define H3_TO_F32_FN void h3_to_f32_avx2
+#include "core/host_to_f32.inc"
+#undef H3_TO_F32_FN
 #endif

@@ -5,6 +5,7 @@
 #include "models/dit.h"
 #include "models/dit_fp8file.h"
 #include "models/text_encoder.h"
+#include "core/geometry.h"
 #include "core/singlefile.h"
 
 #include <stdio.h>
@@ -90,46 +91,6 @@ int h3_online_cpus(void)
     return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
 }
 
-/*
- * model_index.json's "h3ctl" block, checked once when the model opens, so `h3ctl check`, `info`,
- * `render` and the session refuse the same block with the same words (the readers below it,
- * geometry's h3ctl_int and the plan's limits, would otherwise fall back to a default silently or
- * fail only at render time). Every key this library reads must be a whole number in its range;
- * other keys are left to newer readers.
- */
-static int h3ctl_block_check(const h3_model *m)
-{
-    if (!m->index_loaded) return 0;
-    const h3j *blk = h3j_get(&m->index, h3j_root(&m->index), "h3ctl");
-    if (!blk) return 0;
-    if (blk->type != H3J_OBJ)
-        return h3_err(H3_E_FORMAT, "%s/model_index.json: \"h3ctl\" must be an object", m->partition_dir);
-    static const struct { const char *key; int64_t lo, hi; } keys[] = {
-        {"default_width", 1, 16384}, {"default_height", 1, 16384}, {"default_frames", 1, 100000},
-        {"default_steps", 2, 1000}, {"max_pixels", 1, (int64_t)1 << 40}, {"max_frames", 1, 100000},
-        {"canvas_short_edge", 1, 16384}, {"canvas_max_pixels", 1, (int64_t)1 << 40},
-        {"reference_image_short_edge", 1, 65536}, {"reference_aspect_width", 1, 64},
-        {"reference_aspect_height", 1, 64},
-    };
-    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-        const h3j *v = h3j_get(&m->index, blk, keys[i].key);
-        if (!v) continue;
-        if (v->type != H3J_NUM || !v->is_int || v->i < keys[i].lo || v->i > keys[i].hi) {
-            char got[48];
-            if (v->type == H3J_NUM)
-                snprintf(got, sizeof got, "%.17g", v->num);
-            else if (v->type == H3J_STR)
-                snprintf(got, sizeof got, "\"%.40s\"", h3j_str(&m->index, v));
-            else
-                snprintf(got, sizeof got, "%s", v->type == H3J_NULL ? "null" : v->type == H3J_OBJ ? "an object" :
-                                                 v->type == H3J_ARR ? "a list" : "a boolean");
-            return h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be a whole number between %lld and %lld, "
-                          "got %s", m->partition_dir, keys[i].key, (long long)keys[i].lo, (long long)keys[i].hi, got);
-        }
-    }
-    return 0;
-}
-
 /* The single files of h3_options, each read (header) and checked against its config now: a wrong
    file fails h3_init, before any work. */
 static int set_files(h3_model *m, const h3_options *o)
@@ -208,7 +169,7 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
     ctx->rt.vram_bytes = o.vram_bytes;
     /* The quantised weights file is checked against the model before the device opens: its reasons
        (another checkpoint, an incomplete file) hold whatever the device. */
-    int rc = h3ctl_block_check(&ctx->model);
+    int rc = h3_geom_h3ctl_check(&ctx->model);
     if (!rc && o.quantized_path)
         rc = o.precision != H3_PRECISION_FP8
                  ? h3_err(H3_E_INVALID, "%s: a quantized weights file needs precision fp8 (it holds fp8 weights)",

@@ -3,6 +3,7 @@
 #include "core/keyframe.h"
 
 #include <math.h>
+#include <stdio.h>
 
 void h3_geom_cfg_default(h3_geom_cfg *g)
 {
@@ -73,30 +74,80 @@ static int64_t h3ctl_int(h3_model *m, const char *key, int64_t dflt)
     return dflt;
 }
 
+/*
+ * model_index.json's "h3ctl" block: the one table of the keys this library reads and their ranges. h3_init checks
+ * the whole block once (h3_geom_h3ctl_check), so `h3ctl check`, `info`, `render` and the session refuse the same
+ * block with the same words; the readers below then take the values as checked. Other keys are left to newer
+ * readers.
+ */
+static const struct {
+    const char *key;
+    int64_t lo, hi;
+} H3CTL_KEYS[] = {
+    {"default_width", 1, 16384}, {"default_height", 1, 16384}, {"default_frames", 1, 100000},
+    {"default_steps", 2, 1000}, {"max_pixels", 1, (int64_t)1 << 40}, {"max_frames", 1, 100000},
+    {"canvas_short_edge", 1, 16384}, {"canvas_max_pixels", 1, (int64_t)1 << 40},
+    {"reference_image_short_edge", 1, 65536}, {"reference_aspect_width", 1, 64},
+    {"reference_aspect_height", 1, 64},
+};
+
+static const h3j *h3ctl_block(const h3_model *m)
+{
+    return m && m->index_loaded ? h3j_get(&m->index, h3j_root(&m->index), "h3ctl") : NULL;
+}
+
+/* Key i of the block: 0 when absent or in range (*v set when present), else the refusal. */
+static int h3ctl_key(const h3_model *m, const h3j *blk, size_t i, int64_t *out, bool *present)
+{
+    const h3j *v = h3j_get(&m->index, blk, H3CTL_KEYS[i].key);
+    *present = v != NULL;
+    if (!v) return 0;
+    if (v->type == H3J_NUM && v->is_int && v->i >= H3CTL_KEYS[i].lo && v->i <= H3CTL_KEYS[i].hi) {
+        *out = v->i;
+        return 0;
+    }
+    char got[48];
+    if (v->type == H3J_NUM)
+        snprintf(got, sizeof got, "%.17g", v->num);
+    else if (v->type == H3J_STR)
+        snprintf(got, sizeof got, "\"%.40s\"", h3j_str(&m->index, v));
+    else
+        snprintf(got, sizeof got, "%s", v->type == H3J_NULL ? "null" : v->type == H3J_OBJ ? "an object" :
+                                         v->type == H3J_ARR ? "a list" : "a boolean");
+    return h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be a whole number between %lld and %lld, got %s",
+                  m->partition_dir, H3CTL_KEYS[i].key, (long long)H3CTL_KEYS[i].lo, (long long)H3CTL_KEYS[i].hi, got);
+}
+
+int h3_geom_h3ctl_check(const h3_model *m)
+{
+    const h3j *blk = h3ctl_block(m);
+    if (!blk) return 0;
+    if (blk->type != H3J_OBJ)
+        return h3_err(H3_E_FORMAT, "%s/model_index.json: \"h3ctl\" must be an object", m->partition_dir);
+    for (size_t i = 0; i < sizeof H3CTL_KEYS / sizeof *H3CTL_KEYS; i++) {
+        int64_t v;
+        bool present;
+        int rc = h3ctl_key(m, blk, i, &v, &present);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int h3_geom_model_defaults(h3_model *m, h3_model_defaults *out)
 {
-    static const struct {
-        const char *key;
-        int dflt, lo, hi;
-    } keys[4] = {{"default_width", 1344, 1, 1 << 20},
-                 {"default_height", 768, 1, 1 << 20},
-                 {"default_frames", 124, 1, 100000},
-                 {"default_steps", 20, 2, 1000}};
+    /* the first four keys of H3CTL_KEYS, with the release's values when the block leaves them out */
+    static const int dflt[4] = {1344, 768, 124, 20};
     int *dst[4] = {&out->width, &out->height, &out->frames, &out->steps};
-    const h3j *blk = m && m->index_loaded ? h3j_get(&m->index, h3j_root(&m->index), "h3ctl") : NULL;
+    const h3j *blk = h3ctl_block(m);
+    if (blk && blk->type != H3J_OBJ) blk = NULL;
     int rc = 0;
-    for (int i = 0; i < 4; i++) {
-        *dst[i] = keys[i].dflt;
-        if (!blk || !h3j_get(&m->index, blk, keys[i].key)) continue;
+    for (size_t i = 0; i < 4; i++) {
         int64_t v;
-        if (h3_cfg_int(&m->index, blk, &v, keys[i].key, (const char *)NULL) != 0 || v < keys[i].lo ||
-            v > keys[i].hi) {
-            if (!rc)
-                rc = h3_err(H3_E_FORMAT, "%s/model_index.json: h3ctl.%s must be an integer from %d to %d",
-                            m->partition_dir, keys[i].key, keys[i].lo, keys[i].hi);
-            continue;
-        }
-        *dst[i] = (int)v;
+        bool present = false;
+        *dst[i] = dflt[i];
+        const int krc = blk ? h3ctl_key(m, blk, i, &v, &present) : 0;
+        if (krc && !rc) rc = krc;
+        if (!krc && present) *dst[i] = (int)v;
     }
     return rc;
 }

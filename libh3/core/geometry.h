@@ -40,13 +40,16 @@ H3_INTERNAL void h3_geom_plan(const h3_geom_cfg *g, int width, int height, int f
  * default_frames / default_steps, each else the release's 1344 x 768, 124 frames, 20 steps. The one
  * place these defaults are decided (h3_request_default, and through it h3ctl, read them; the
  * canvas rule below derives its short edge from them). m may be NULL (the release's). A value that
- * is not an integer in range (sides 1 .. 2^20, frames 1 .. 100000, steps 2 .. 1000) fails with
- * H3_E_FORMAT naming it, *out then holding the release's value for it.
+ * is not a whole number in h3_geom_h3ctl_check's range (sides 1 .. 16384, frames 1 .. 100000,
+ * steps 2 .. 1000) fails with H3_E_FORMAT naming it, *out then holding the release's value for it.
  */
 typedef struct h3_model_defaults {
     int width, height, frames, steps;
 } h3_model_defaults;
 H3_INTERNAL int h3_geom_model_defaults(h3_model *m, h3_model_defaults *out);
+/* model_index.json's "h3ctl" block against the ranges of every key libh3 reads (h3_init calls it once): 0, or
+   H3_E_FORMAT naming the key, its range and the value found. */
+H3_INTERNAL int h3_geom_h3ctl_check(const h3_model *m);
 
 /*
  * The canvas rule of FL2VA keyframes on this model (keyframe.h): diffusers' canvas_short_edge and

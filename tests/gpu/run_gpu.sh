@@ -16,6 +16,9 @@
 #   bench-fp8  (optional) attention alone at 1,874 / 7,135 / 37,838 tokens, bf16 and fp8 (H3_BENCH=1
 #           test_backend_ops), then tests/bench_cuda_dit.py --fp8 --fp8-attention at 7,135 and 37,838 tokens without
 #           torch.compile: bf16, fp8 weights, fp8 attention and both, ms per block and rel-L2 (bench-fp8.json)
+#   hashes  (optional) tests/gpu/render_hashes.py: h3-tiny render hashes per configuration (hashes.txt), to compare
+#           two builds bit for bit
+#   facts   (optional) the driver and the NVIDIA wheels' libraries and headers the machine has
 #   bench-render  (optional, not in the default list: ~4 min) tests/bench_render_released.py: whole renders at the
 #           released widths (4 blocks, 4 text layers, full decoders) at 864x480x56 and 1344x768x124, per phase next
 #           to diffusers, extrapolated to 50 blocks / 20 steps, bf16 and (--fp8) fp8 weights + fp8 attention (table +
@@ -125,6 +128,17 @@ for stage in "${STAGES[@]}"; do
     bench-stages)
         run bench-stages "$PY" tests/bench_cuda_stages.py --out "$LOG/bench-stages.json"
         ;;
+    hashes)
+        # h3-tiny renders' hashes per configuration: diff two builds' hashes.txt to check they give the same bytes
+        run hashes "$PY" tests/gpu/render_hashes.py
+        cp "$LOG/hashes.log" "$LOG/hashes.txt"
+        ;;
+    facts)
+        # what the machine offers a driver-only install: the driver, and the NVIDIA wheels' libraries and headers
+        run facts bash -c "nvidia-smi; \"$PY\" -c 'import nvidia, os; [print(r, sorted(os.listdir(r))) for r in nvidia.__path__]'; \
+            \"$PY\" -c 'import glob, nvidia; [print(p) for r in nvidia.__path__ for p in sorted(glob.glob(r + \"/**/*.so*\", recursive=True) + glob.glob(r + \"/**/include/*.h\", recursive=True))]' | grep -E 'nvrtc|cublasLt|cudnn.so|cudnn_graph|cuda_bf16|cuda_fp8|cuda.h|libcuda|runtime'; \
+            ls -l /usr/lib/x86_64-linux-gnu/libcuda.so* 2>&1 | head -3; \"$PY\" -m pip list 2>/dev/null | grep -i -E 'nvidia|torch'"
+        ;;
     bench-render)
         run bench-render "$PY" tests/bench_render_released.py ${BENCH_RENDER_ARGS:---no-compile --repeats 1 --fp8} \
             --out "$LOG/bench-render.json"
@@ -132,7 +146,7 @@ for stage in "${STAGES[@]}"; do
         grep -E '^\| \*\*total|extrapolated to' "$LOG/bench-render.log" >>"$LOG/summary.txt"
         ;;
     *)
-        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-fp8, bench-stages, bench-stream, bench-render)"
+        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-fp8, bench-stages, bench-stream, bench-render, hashes, facts)"
         FAILED=1
         ;;
     esac

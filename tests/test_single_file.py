@@ -21,6 +21,7 @@ curve table) and read back through libh3:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,9 +100,56 @@ def test_bf16_single_file(tiny, official_render, compare_tool, tmp_path):
     assert same(render(transformer=pre), official_render)
 
 
+def memfd_bytes() -> int:
+    """Bytes the kernel holds for this process's single-file owned files (the memfds core/singlefile.c writes the
+    transformed tensors into): the allocator's own count of widened memory."""
+    seen = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:h3-single-file"):
+                st = os.stat(f"/proc/self/fd/{fd}")  # the same memfd may be open twice (its /proc path reopened)
+                seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+        except OSError:
+            continue
+    return sum(seen.values())
+
+
+def f32_dequantised(base_tensors, tens, meta, layers, heads):
+    """base_tensors with each of `layers` as ComfyUI's dequantise-then-compute holds it before any narrowing:
+    W = (q * s) @ H^T per group, computed in float64 and rounded once to F32 (official rows)."""
+    out = dict(base_tensors)
+    for base in layers:
+        q = tens[base + ".weight"].numpy().astype(np.float64)
+        s = tens[base + ".weight_scale"].numpy().astype(np.float64).reshape(-1, 1)
+        spec = (json.loads(bytes(tens[base + ".comfy_quant"].tolist())) if base + ".comfy_quant" in tens
+                else json.loads(meta["_quantization_metadata"])["layers"][base])
+        g = spec.get("convrot_groupsize", 0) if spec.get("convrot") else 0
+        n, k = q.shape
+        w = q * s
+        if g:
+            w = (w.reshape(n, k // g, g) @ (sf.hadamard(g).T / np.sqrt(g))).reshape(n, k)
+        w = torch.from_numpy(w.astype(np.float32))
+        out[base + ".weight"] = sf.qkv_from_thirds(w, heads) if base.endswith(".attn.qkv_proj") else w
+    return out
+
+
+def denoised(model_dir=TINY, **files):
+    cfg = sf.config(TINY)
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((7, cfg["text_dim"])).astype(np.float32)
+    lat = rng.standard_normal((24, 3, 2, 2)).astype(np.float32)
+    aud = rng.standard_normal((2, 32, 5)).astype(np.float32)
+    with Engine(model_dir, threads=2, **files) as e:
+        return tr.denoise(e._ctx, emb, lat, aud, 4)[:2]
+
+
+def rel_l2(a, b) -> float:
+    return max(float(np.linalg.norm(x - y) / np.linalg.norm(y)) for x, y in zip(a, b))
+
+
 @pytest.mark.parametrize("variant,metadata_form", [("fp8_scaled", False), ("int8_convrot", False),
                                                    ("int8_convrot", True)])
-def test_quantised_single_file(tiny, compare_tool, tmp_path, variant, metadata_form):
+def test_quantised_single_file(tiny, compare_tool, tmp_path, monkeypatch, variant, metadata_form):
     t, heads = tiny
     tens, meta, refs = sf.comfy_tensors(t, heads, variant=variant, metadata_form=metadata_form)
     assert len(refs) == 6 * 5  # every block's qkv, out, fc1, fc2 and adaln projection
@@ -113,19 +161,54 @@ def test_quantised_single_file(tiny, compare_tool, tmp_path, variant, metadata_f
     # the dequantised weights: numpy's reference bits, every one
     out = presented_equal(compare_tool, single, deq, tmp_path, heads)
     assert f"{len(t)} tensors equal" in out
+    # the widening path (the only one for fp8 on the CPU; H3_QUANT_WIDEN=1 for int8): dequantise-then-compute,
+    # the official layout holding the dequantised weights renders the same bytes
+    if variant != "fp8_scaled":
+        monkeypatch.setenv("H3_QUANT_WIDEN", "1")
     with Engine(TINY, threads=2, transformer=single) as e:
         desc = e._ctx.info()["components"]["transformer"]["single_file_format"]
-        got = e.render(PROMPT, seed=SEED, **SHAPE)
+        widened = e.render(PROMPT, seed=SEED, **SHAPE)
+        widened_alloc = memfd_bytes()
     assert ("fp8_scaled" if variant == "fp8_scaled" else "int8") in desc
-    # dequantise-then-compute: the official layout holding the dequantised weights renders the same bytes
     ref_dir = sf.official_with(TINY, tmp_path / "deq", deq)
-    assert same(got, render(ref_dir))
-    if variant == "int8_convrot" and not metadata_form:
-        # the blocks streamed under a budget are read (pread) from the owned file: the same bytes
+    assert same(widened, render(ref_dir))
+    if variant == "fp8_scaled":
+        return
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    # native (the CPU default): the GEMM layers computed from the stored codes, the activations rotated at run time
+    with Engine(TINY, threads=2, transformer=single) as e:
+        owned = e._ctx.info()["components"]["transformer"]["single_file_owned_bytes"]
+        got = e.render(PROMPT, seed=SEED, **SHAPE)
+        native_alloc = memfd_bytes()
+    # memory: the GEMM layers' BF16 forms are never written; what the owned file holds is the rest (the AdaLN
+    # projections, widened because they are read on the host) and the QKV codes reordered (1 byte a value)
+    gemm = [b for b in refs if not b.endswith("adaln_proj.linear")]
+    gemm_bf16 = sum(t[b + ".weight"].numel() * 2 for b in gemm)
+    qkv_codes = sum(t[b + ".weight"].numel() + t[b + ".weight"].shape[0] * 4 for b in gemm if "qkv" in b)
+    print(f"owned file allocated: widened {widened_alloc} B, native {native_alloc} B (reported {owned} B); "
+          f"GEMM layers as BF16 {gemm_bf16} B, QKV codes {qkv_codes} B")
+    assert native_alloc <= owned + 64 * 1024 and widened_alloc - native_alloc >= gemm_bf16 - qkv_codes - 64 * 1024
+    # numbers: against ComfyUI's dequantise-then-compute in F32 (the GEMM layers' dequantised values before any BF16
+    # rounding; the AdaLN projections as both paths read them, widened), native is within 1e-5 relative L2 on the
+    # denoised latents; the widened path is within its BF16 rounding
+    exact_dir = sf.official_with(TINY, tmp_path / "exact", f32_dequantised(deq, tens, meta, gemm, heads))
+    ref = denoised(exact_dir)
+    nat = rel_l2(denoised(transformer=single), ref)
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    wid = rel_l2(denoised(transformer=single), ref)
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    print(f"denoised rel-L2 against F32 dequantise-then-compute: native {nat:.3g}, widened {wid:.3g}")
+    assert nat < 1e-5 and nat < wid
+    diff = np.abs(got.frames.astype(int) - widened.frames.astype(int)).max()
+    arel = float(np.linalg.norm(got.audio - widened.audio) / np.linalg.norm(widened.audio))
+    print(f"native render against the widened one: frames max |diff| {diff}, audio rel-L2 {arel:.3g}")
+    assert diff <= 2 and arel < 2e-2
+    if not metadata_form:
+        # the blocks streamed under a budget on the CPU are read (pread) from the owned file: widened there
         with Engine(TINY, threads=2, transformer=single, vram=0.008) as e:
             streamed = e.render(PROMPT, seed=SEED, **SHAPE)
             assert e.last_transformer_profile["stream"]["streamed_blocks"] == 6
-        assert same(streamed, got)
+        assert same(streamed, widened)
 
 
 def test_pruned_single_file(tiny, official_render, tmp_path):

@@ -108,6 +108,22 @@ static int set_files(h3_model *m, const h3_options *o)
     return rc;
 }
 
+/* Whether a single-file transformer's quantised layers compute from their stored codes (decided
+   before any of its data is read, docs/single-files.md): int8 on the CPU (not under a vram budget,
+   whose CPU streamer reads the stored blocks' bytes), fp8 on a GPU with fp8 GEMMs; never with
+   H3_QUANT_WIDEN=1 (the widening path, which LoRA files need: they merge into widened weights). */
+static int single_file_native(h3_ctx *ctx, const h3_options *o)
+{
+    h3_comp *k = &ctx->model.comp[H3_COMP_TRANSFORMER];
+    if (!ctx->model.file[H3_COMP_TRANSFORMER] || !k->headers_loaded || ctx->rt.tuning.quant_widen)
+        return 0;
+    if (ctx->device == H3_DEVICE_CPU) return o->vram_bytes > 0 ? 0 : h3_sf_native(&k->store, true, h3_dit_gemm_weight);
+    const h3_backend *g = ctx->rt.gpu;
+    if (g && h3_backend_has(g, H3_CAP_FP8_WEIGHTS) && g->compute_capability >= 89)
+        return h3_sf_native(&k->store, true, NULL);
+    return 0;
+}
+
 H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
 {
     h3_options o;
@@ -175,7 +191,8 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
                  ? h3_err(H3_E_INVALID, "%s: a quantized weights file needs precision fp8 (it holds fp8 weights)",
                           o.quantized_path)
                  : h3_fp8file_open(&ctx->model, o.quantized_path, &ctx->rt.fp8file);
-    if (rc || open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0) {
+    if (rc || open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0 ||
+        single_file_native(ctx, &o) != 0) {
         h3_rt_free(&ctx->rt);
         h3_model_close(&ctx->model);
         free(ctx);

@@ -127,6 +127,7 @@ static const struct {
     {H3_CAP_WSTREAM, true, "wstream_wait_host", WT_AT(wstream_wait_host)},
     {H3_CAP_WSTREAM, true, "wstream_done", WT_AT(wstream_done)},
     {H3_CAP_WSTREAM, true, "wstream_close", WT_AT(wstream_close)},
+    {H3_CAP_I8_WEIGHTS, true, "weight_load_i8", WT_AT(weight_load_i8)},
 };
 #undef MEM_AT
 #undef WT_AT

@@ -166,7 +166,9 @@ def test_quantised_single_file(tiny, compare_tool, tmp_path, monkeypatch, varian
     if variant != "fp8_scaled":
         monkeypatch.setenv("H3_QUANT_WIDEN", "1")
     with Engine(TINY, threads=2, transformer=single) as e:
-        desc = e._ctx.info()["components"]["transformer"]["single_file_format"]
+        c = e._ctx.info()["components"]["transformer"]
+        desc = c["single_file_format"]
+        assert c["single_file_native_codes"] == 0
         widened = e.render(PROMPT, seed=SEED, **SHAPE)
         widened_alloc = memfd_bytes()
     assert ("fp8_scaled" if variant == "fp8_scaled" else "int8") in desc
@@ -177,7 +179,9 @@ def test_quantised_single_file(tiny, compare_tool, tmp_path, monkeypatch, varian
     monkeypatch.delenv("H3_QUANT_WIDEN")
     # native (the CPU default): the GEMM layers computed from the stored codes, the activations rotated at run time
     with Engine(TINY, threads=2, transformer=single) as e:
-        owned = e._ctx.info()["components"]["transformer"]["single_file_owned_bytes"]
+        c = e._ctx.info()["components"]["transformer"]
+        owned = c["single_file_owned_bytes"]
+        assert c["single_file_native_codes"] > 0
         got = e.render(PROMPT, seed=SEED, **SHAPE)
         native_alloc = memfd_bytes()
     # memory: the GEMM layers' BF16 forms are never written; what the owned file holds is the rest (the AdaLN

@@ -117,10 +117,10 @@ static int single_file_native(h3_ctx *ctx, const h3_options *o)
     h3_comp *k = &ctx->model.comp[H3_COMP_TRANSFORMER];
     if (!ctx->model.file[H3_COMP_TRANSFORMER] || !k->headers_loaded || ctx->rt.tuning.quant_widen)
         return 0;
-    if (ctx->device == H3_DEVICE_CPU) return o->vram_bytes > 0 ? 0 : h3_sf_native(&k->store, true, h3_dit_gemm_weight);
+    if (ctx->device == H3_DEVICE_CPU) return o->vram_bytes > 0 ? 0 : h3_sf_native(&k->store, true, false, h3_dit_gemm_weight);
     const h3_backend *g = ctx->rt.gpu;
     if (g && h3_backend_has(g, H3_CAP_FP8_WEIGHTS) && g->compute_capability >= 89)
-        return h3_sf_native(&k->store, true, NULL);
+        return h3_sf_native(&k->store, false, true, NULL);
     return 0;
 }
 
@@ -453,6 +453,9 @@ H3_API const char *h3_model_info_json(h3_ctx *ctx)
                 json_kv_str(&b, "single_file_format", m->sf_desc[c], true);
                 h3_buf_printf(&b, ", \"single_file_owned_bytes\": %llu",
                               (unsigned long long)h3_sf_owned_bytes(&k->store));
+                /* Bytes of the stored codes the transformer computes from (h3_sf_native; 0: every quantised layer widened). */
+                h3_buf_printf(&b, ", \"single_file_native_codes\": %llu",
+                              (unsigned long long)(h3_sf_native_on(&k->store) ? h3_sf_codes_bytes(&k->store) : 0));
             }
             /* A shared-weight Ref2VA partition: this component is FL2VA's folder. */
             if (k->shared) h3_buf_printf(&b, ", \"shared_from\": \"FL2VA\"");

@@ -37,6 +37,7 @@ typedef struct {
     bool codes;      /* writes a stored-codes tensor (JOB_CODES, JOB_SCALES) into src->qs: run only when the
                         codes are used natively (h3_sf_native) */
     bool skip;       /* an int8 layer computed from its codes: its BF16 form is not written (h3_sf_native) */
+    bool fp8;        /* a codes job of an fp8 layer */
 } sf_job;
 
 struct h3_sf_source {
@@ -51,6 +52,7 @@ struct h3_sf_source {
        store of its own, so that the presented one lists, counts and estimates what it did before. */
     h3_store qs;
     bool native_codes; /* h3_sf_native: the codes jobs run */
+    bool native_i8, native_fp8; /* of which formats */
     int fd;          /* the owned file */
     char *tmp_path;  /* a temporary file to unlink at the end (no memfd) */
     uint64_t owned;
@@ -78,7 +80,7 @@ void h3_sf_source_free(struct h3_sf_source *src)
 /* Whether job j runs in the source's mode. */
 static bool job_runs(const struct h3_sf_source *src, const sf_job *j)
 {
-    if (j->codes) return src->native_codes;
+    if (j->codes) return j->fp8 ? src->native_fp8 : src->native_i8;
     return !j->skip;
 }
 
@@ -102,21 +104,35 @@ uint64_t h3_sf_codes_bytes(const h3_store *s)
     if (!s || !s->source) return 0;
     const h3_store *q = &s->source->qs;
     uint64_t n = 0;
-    for (size_t i = 0; i < q->ntensors; i++) n += q->tensors[i].end - q->tensors[i].begin;
+    /* a codes tensor and its scales follow each other */
+    for (size_t i = 0; i + 1 < q->ntensors; i += 2) {
+        const h3_dtype d = q->tensors[i].dtype;
+        if (d == H3_DT_I8 ? s->source->native_i8 : s->source->native_fp8)
+            n += q->tensors[i].end - q->tensors[i].begin + q->tensors[i + 1].end - q->tensors[i + 1].begin;
+    }
     return n;
 }
 
-int h3_sf_native(h3_store *s, bool codes, bool (*skip_i8)(const char *name))
+bool h3_sf_native_on(const h3_store *s) { return s && s->source && s->source->native_codes; }
+
+int h3_sf_native(h3_store *s, bool i8, bool fp8, bool (*skip_i8)(const char *name))
 {
     struct h3_sf_source *src = s ? s->source : NULL;
     if (!src) return 0;
     if (src->njobs && atomic_load(&src->filled))
         return h3_err(H3_E_INVALID, "%s: the single file's tensors were already written (set its mode first)",
                       src->raw.files[0].path);
-    src->native_codes = codes && src->qs.ntensors > 0;
+    src->native_i8 = i8 && src->qs.ntensors > 0;
+    src->native_fp8 = fp8 && src->qs.ntensors > 0;
+    bool any = false;
+    for (size_t i = 0; i < src->qs.ntensors; i++) {
+        const h3_dtype d = src->qs.tensors[i].dtype;
+        any |= (d == H3_DT_I8 && src->native_i8) || ((d == H3_DT_F8_E4M3 || d == H3_DT_F8_E5M2) && src->native_fp8);
+    }
+    src->native_codes = any;
     for (size_t j = 0; j < src->njobs; j++) {
         sf_job *job = &src->jobs[j];
-        job->skip = src->native_codes && skip_i8 && job->kind == JOB_INT8 &&
+        job->skip = src->native_i8 && skip_i8 && job->kind == JOB_INT8 &&
                     skip_i8(h3_tensor_name(s, &s->tensors[job->dst]));
     }
     return 0;
@@ -130,7 +146,7 @@ int h3_sf_qweight(h3_store *s, const char *name, int64_t rows, int64_t cols, h3_
     char n[640];
     snprintf(n, sizeof n, "%s#codes", name);
     const h3_tensor *t = h3_store_find(&src->qs, n);
-    if (!t) return 0;
+    if (!t || !(t->dtype == H3_DT_I8 ? src->native_i8 : src->native_fp8)) return 0;
     const h3_tensor *p = h3_store_find(s, name);
     const size_t pi = p ? (size_t)(p - s->tensors) : (size_t)-1;
     out->widened = true;
@@ -421,8 +437,9 @@ static int present_codes(struct h3_sf_source *src, const h3_tensor *t, size_t i,
     h3_tensor v = *t;
     v.file = 0;
     int rc;
-    if (qkv) rc = push_job(q, src, (sf_job){.kind = JOB_CODES, .src = i, .scale = -1, .qkv = true, .codes = true}, v,
-                           n, path);
+    const bool fp8 = t->dtype != H3_DT_I8;
+    if (qkv) rc = push_job(q, src, (sf_job){.kind = JOB_CODES, .src = i, .scale = -1, .qkv = true, .codes = true, .fp8 = fp8},
+                           v, n, path);
     else rc = h3_store_push(q, n, &v, path);
     if (rc) return rc;
     const h3_tensor *st = &raw->tensors[sc];
@@ -433,7 +450,8 @@ static int present_codes(struct h3_sf_source *src, const h3_tensor *t, size_t i,
     w.dtype = H3_DT_F32;
     snprintf(n, sizeof n, "%s#scale", name);
     if (qkv || numel(st) != (uint64_t)t->shape[0])
-        return push_job(q, src, (sf_job){.kind = JOB_SCALES, .src = (size_t)sc, .scale = -1, .qkv = qkv, .codes = true},
+        return push_job(q, src,
+                        (sf_job){.kind = JOB_SCALES, .src = (size_t)sc, .scale = -1, .qkv = qkv, .codes = true, .fp8 = fp8},
                         w, n, path);
     return h3_store_push(q, n, &w, path);
 }

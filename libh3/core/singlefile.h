@@ -44,12 +44,12 @@ H3_INTERNAL uint64_t h3_sf_owned_bytes(const h3_store *s);
 /*
  * The stored codes of the quantised layers, for a backend that computes on them (int8 on the CPU,
  * fp8 on a GPU with fp8 GEMMs): h3_sf_native, before any data of the store is read, says whether
- * they are used (`codes`: the jobs that lay them out run) and which int8 layers' BF16 forms are
+ * they are used, per format (`i8`, `fp8`: the jobs that lay them out run) and which int8 layers' BF16 forms are
  * then left unwritten (those `skip_i8` says yes to, by presented name: the ones the consumer loads
  * from their codes; their owned memory is never touched; NULL: none). Without the call the store
  * widens every quantised layer, as before. Error once the store's data was read.
  */
-H3_INTERNAL int h3_sf_native(h3_store *s, bool codes, bool (*skip_i8)(const char *name));
+H3_INTERNAL int h3_sf_native(h3_store *s, bool i8, bool fp8, bool (*skip_i8)(const char *name));
 typedef struct h3_sf_qw {
     h3_dtype dtype;     /* H3_DT_I8, H3_DT_F8_E4M3 or H3_DT_F8_E5M2 */
     const void *q;      /* [rows, cols] codes in libh3's row order (QKV rows reordered) */
@@ -60,6 +60,8 @@ typedef struct h3_sf_qw {
 /* Layer `name` [rows, cols] as stored codes: 1 and *out set, 0 when the store has no codes for it
    (not a single file, not quantised, or h3_sf_native not asked), or an error. */
 H3_INTERNAL int h3_sf_qweight(h3_store *s, const char *name, int64_t rows, int64_t cols, h3_sf_qw *out);
+/* Whether h3_sf_native turned the codes on. */
+H3_INTERNAL bool h3_sf_native_on(const h3_store *s);
 /* Bytes of the stored codes and scales presented by h3_sf_qweight (views of the file and their reordered copies). */
 H3_INTERNAL uint64_t h3_sf_codes_bytes(const h3_store *s);
 

@@ -297,7 +297,7 @@ static void test_native_int8(void)
     const uint64_t widened = h3_sf_owned_bytes(&st);
     h3_sf_qw w;
     CHECK(h3_sf_qweight(&st, "blocks.0.mlp.fc1.weight", 16, 8, &w) == 0); /* not asked for: no codes */
-    CHECK(h3_sf_native(&st, true, h3_dit_gemm_weight) == 0);
+    CHECK(h3_sf_native(&st, true, true, h3_dit_gemm_weight) == 0);
     const uint64_t native = h3_sf_owned_bytes(&st);
     /* what the native mode writes: the reordered QKV codes and scales, fc1's and fc2's broadcast scales, the AdaLN
        projection widened (the predicate keeps it); fp8 stays widened as well (no CPU fp8 arithmetic) */
@@ -330,7 +330,7 @@ static void test_native_int8(void)
     const int64_t sh[2] = {8, 8};
     const uint16_t *ada = h3_store_get(&st, "blocks.0.adaln_proj.linear.weight", H3_DT_BF16, 2, sh);
     CHECK(ada && ada[9] == ref_bf16((double)qa[9] * 0.003f));
-    CHECK(h3_sf_native(&st, false, NULL) == -H3_E_INVALID); /* too late: the data was read */
+    CHECK(h3_sf_native(&st, false, false, NULL) == -H3_E_INVALID); /* too late: the data was read */
     h3_store_close(&st);
     unlink(p);
     free(p);

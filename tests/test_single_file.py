@@ -259,17 +259,48 @@ def _te_tensors():
 
 
 @pytest.mark.parametrize("variant", ["bf16", "int8_convrot"])
-def test_text_encoder_single_file(official_render, tmp_path, variant):
+def test_text_encoder_single_file(official_render, tmp_path, monkeypatch, variant):
     te = _te_tensors()
     tens, meta, refs = sf.comfy_tensors(te, None, variant=variant, select=sf.is_te_linear)
     single = sf.write_single(tmp_path / f"qwen3vl_32b_minimax_h3_{variant}.safetensors", tens, meta)
-    got = render(text_encoder=single)
     if variant == "bf16":
-        assert same(got, official_render)
-    else:
-        assert refs
-        ref_dir = sf.official_with(TINY, tmp_path / "deq", sf.dequantised_official(te, refs), part="text_encoder")
-        assert same(got, render(ref_dir))
+        assert same(render(text_encoder=single), official_render)
+        return
+    assert refs
+    # widening (H3_QUANT_WIDEN=1): the render of the official shards holding the dequantised BF16 weights
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    ref_dir = sf.official_with(TINY, tmp_path / "deq", sf.dequantised_official(te, refs), part="text_encoder")
+    widened = render(text_encoder=single)
+    assert same(widened, render(ref_dir))
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    # native (the CPU default): the layers' GEMMs from the stored codes; against ComfyUI's dequantise-then-compute
+    # in F32 the prompt embeddings are within 1e-5 relative L2, closer than the widened path
+    from h3ctl import text as h3text
+
+    exact_dir = sf.official_with(TINY, tmp_path / "exact", f32_dequantised(te, tens, meta, list(refs), None),
+                                 part="text_encoder")
+    ids = np.array([1, 5, 9, 33, 2, 17, 8], dtype=np.int32)
+
+    def emb(model_dir=TINY, **files):
+        with Engine(model_dir, threads=2, **files) as e:
+            return h3text.encode(e._ctx, ids), memfd_bytes(), e._ctx.info()["components"]["text_encoder"]
+
+    ref, _, _ = emb(exact_dir)
+    nat, nat_alloc, c = emb(text_encoder=single)
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    wid, wid_alloc, _ = emb(text_encoder=single)
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    rn = float(np.linalg.norm(nat - ref) / np.linalg.norm(ref))
+    rw = float(np.linalg.norm(wid - ref) / np.linalg.norm(ref))
+    print(f"text encoder int8_convrot: embeddings rel-L2 against F32 dequantise-then-compute: native {rn:.3g}, "
+          f"widened {rw:.3g}; owned memfd {nat_alloc} B native, {wid_alloc} B widened")
+    assert c["single_file_native_codes"] > 0 and rn < 1e-5 and rn < rw
+    assert nat_alloc < wid_alloc and nat_alloc <= c["single_file_owned_bytes"] + 64 * 1024
+    got = render(text_encoder=single)
+    diff = np.abs(got.frames.astype(int) - widened.frames.astype(int)).max()
+    arel = float(np.linalg.norm(got.audio - widened.audio) / np.linalg.norm(widened.audio))
+    print(f"native text encoder render against the widened one: frames max |diff| {diff}, audio rel-L2 {arel:.3g}")
+    assert diff <= 2 and arel < 2e-2
 
 
 # ---- bad input --------------------------------------------------------------------------------------------------

@@ -114,9 +114,16 @@ static int set_files(h3_model *m, const h3_options *o)
    H3_QUANT_WIDEN=1 (the widening path, which LoRA files need: they merge into widened weights). */
 static int single_file_native(h3_ctx *ctx, const h3_options *o)
 {
+    if (ctx->rt.tuning.quant_widen) return 0;
+    /* The text encoder: its layers' int8 GEMM weights on the CPU (the stages' backend there). */
+    h3_comp *te = &ctx->model.comp[H3_COMP_TEXT_ENCODER];
+    int rc;
+    if (ctx->model.file[H3_COMP_TEXT_ENCODER] && te->headers_loaded &&
+        (ctx->device == H3_DEVICE_CPU || (ctx->flags & H3_OPT_STAGES_CPU)) &&
+        (rc = h3_sf_native(&te->store, true, false, h3_text_gemm_weight)))
+        return rc;
     h3_comp *k = &ctx->model.comp[H3_COMP_TRANSFORMER];
-    if (!ctx->model.file[H3_COMP_TRANSFORMER] || !k->headers_loaded || ctx->rt.tuning.quant_widen)
-        return 0;
+    if (!ctx->model.file[H3_COMP_TRANSFORMER] || !k->headers_loaded) return 0;
     if (ctx->device == H3_DEVICE_CPU) return o->vram_bytes > 0 ? 0 : h3_sf_native(&k->store, true, false, h3_dit_gemm_weight);
     const h3_backend *g = ctx->rt.gpu;
     if (g && h3_backend_has(g, H3_CAP_FP8_WEIGHTS) && g->compute_capability >= 89)

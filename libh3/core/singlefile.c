@@ -138,6 +138,30 @@ int h3_sf_native(h3_store *s, bool i8, bool fp8, bool (*skip_i8)(const char *nam
     return 0;
 }
 
+bool h3_sf_qtensor(const h3_store *s, const char *name, const h3_tensor **codes, const h3_tensor **scale, int *group)
+{
+    *codes = *scale = NULL;
+    *group = 0;
+    const struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src || !src->native_i8) return false;
+    char n[640];
+    snprintf(n, sizeof n, "%s#codes", name);
+    const h3_tensor *c = h3_store_find(&src->qs, n);
+    snprintf(n, sizeof n, "%s#scale", name);
+    const h3_tensor *sc = h3_store_find(&src->qs, n);
+    const h3_tensor *p = h3_store_find(s, name);
+    if (!c || !sc || !p || c->dtype != H3_DT_I8) return false;
+    const size_t pi = (size_t)(p - s->tensors);
+    for (size_t j = 0; j < src->njobs; j++)
+        if (!src->jobs[j].codes && src->jobs[j].dst == pi) {
+            if (!src->jobs[j].skip) return false; /* widened: the consumer reads the BF16 form */
+            *group = src->jobs[j].group;
+        }
+    *codes = c;
+    *scale = sc;
+    return true;
+}
+
 int h3_sf_qweight(h3_store *s, const char *name, int64_t rows, int64_t cols, h3_sf_qw *out)
 {
     memset(out, 0, sizeof *out);

@@ -60,6 +60,10 @@ typedef struct h3_sf_qw {
 /* Layer `name` [rows, cols] as stored codes: 1 and *out set, 0 when the store has no codes for it
    (not a single file, not quantised, or h3_sf_native not asked), or an error. */
 H3_INTERNAL int h3_sf_qweight(h3_store *s, const char *name, int64_t rows, int64_t cols, h3_sf_qw *out);
+/* The same without reading data: the int8 codes and scales tensors of `name` (in the files of `s`, for a
+   reader such as core/streamer) and its ConvRot group. true only for int8 codes turned on by h3_sf_native. */
+H3_INTERNAL bool h3_sf_qtensor(const h3_store *s, const char *name, const h3_tensor **codes, const h3_tensor **scale,
+                               int *group);
 /* Whether h3_sf_native turned the codes on. */
 H3_INTERNAL bool h3_sf_native_on(const h3_store *s);
 /* Bytes of the stored codes and scales presented by h3_sf_qweight (views of the file and their reordered copies). */

@@ -319,7 +319,8 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
         h3_err(H3_E_INVALID, "NULL context");
         return NULL;
     }
-    char *js = h3_rt_memory_estimate_ex(&ctx->model, ctx->threads, ctx->flags, ctx->rt.precision, width, height,
+    char *js = h3_rt_memory_estimate_ex(&ctx->model, ctx->threads, ctx->flags, ctx->rt.precision, ctx->rt.vram_bytes,
+                                        width, height,
                                         frames, prompt_tokens);
     if (!js) return NULL;
     free(ctx->mem_json);

@@ -113,6 +113,39 @@ uint64_t h3_sf_codes_bytes(const h3_store *s)
     return n;
 }
 
+void h3_sf_native_bytes(const h3_store *s, bool (*pred)(const char *name), uint64_t *presented, uint64_t *codes)
+{
+    *presented = *codes = 0;
+    const struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src || !src->native_codes) return;
+    const h3_store *q = &src->qs;
+    for (size_t i = 0; i + 1 < q->ntensors; i += 2) { /* a codes tensor, then its scales */
+        const h3_tensor *c = &q->tensors[i];
+        if (!(c->dtype == H3_DT_I8 ? src->native_i8 : src->native_fp8)) continue;
+        char name[640];
+        snprintf(name, sizeof name, "%s", h3_tensor_name(q, c));
+        char *hash = strrchr(name, '#');
+        if (hash) *hash = 0;
+        const h3_tensor *p = h3_store_find(s, name);
+        if (!p || (pred && !pred(name))) continue;
+        *presented += p->end - p->begin;
+        *codes += c->end - c->begin + q->tensors[i + 1].end - q->tensors[i + 1].begin;
+    }
+}
+
+uint64_t h3_sf_codes_of(const h3_store *s, const char *name)
+{
+    const struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src || !src->native_codes) return 0;
+    char n[640];
+    snprintf(n, sizeof n, "%s#codes", name);
+    const h3_tensor *c = h3_store_find(&src->qs, n);
+    snprintf(n, sizeof n, "%s#scale", name);
+    const h3_tensor *sc = h3_store_find(&src->qs, n);
+    if (!c || !sc || !(c->dtype == H3_DT_I8 ? src->native_i8 : src->native_fp8)) return 0;
+    return (c->end - c->begin) + (sc->end - sc->begin);
+}
+
 bool h3_sf_native_on(const h3_store *s) { return s && s->source && s->source->native_codes; }
 
 int h3_sf_native(h3_store *s, bool i8, bool fp8, bool (*skip_i8)(const char *name))

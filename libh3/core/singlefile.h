@@ -64,6 +64,12 @@ H3_INTERNAL int h3_sf_qweight(h3_store *s, const char *name, int64_t rows, int64
    reader such as core/streamer) and its ConvRot group. true only for int8 codes turned on by h3_sf_native. */
 H3_INTERNAL bool h3_sf_qtensor(const h3_store *s, const char *name, const h3_tensor **codes, const h3_tensor **scale,
                                int *group);
+/* Of the layers whose codes are on and that `pred` accepts (by presented name; NULL: all): their presented
+   (BF16) bytes and the bytes of their codes and scales: what the memory estimate swaps. */
+H3_INTERNAL void h3_sf_native_bytes(const h3_store *s, bool (*pred)(const char *name), uint64_t *presented,
+                                    uint64_t *codes);
+/* Bytes of layer `name`'s codes and scales when its codes are on (h3_sf_native), else 0. */
+H3_INTERNAL uint64_t h3_sf_codes_of(const h3_store *s, const char *name);
 /* Whether h3_sf_native turned the codes on. */
 H3_INTERNAL bool h3_sf_native_on(const h3_store *s);
 /* Bytes of the stored codes and scales presented by h3_sf_qweight (views of the file and their reordered copies). */

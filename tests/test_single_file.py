@@ -462,3 +462,55 @@ def test_comfy_folder_render(tiny, official_render, tmp_path):
     assert proc.returncode == 0 and out.stat().st_size > 1000, proc.stderr
     with pytest.raises(H3Error, match="not an official MiniMax-H3 folder"):
         components.resolve(models, config_dir=models)
+
+
+def test_memory_estimate_of_release_shaped_single_files(tmp_path):
+    """h3ctl check / info on single files of the release's 33B shapes (header-only files, their data a hole): the
+    estimate's weights equal the sums computed here from the headers, the int8 layers counted at their codes on the
+    CPU, and a --vram budget keeps the blocks dit_stream.c's rule says."""
+    from h3ctl.components import RELEASE_CONFIGS
+    from h3ctl.context import Context
+    from tests import bench_memory_single_file as bm
+
+    lay = {v: bm.release_layout(v) for v in ("bf16", "int8_convrot")}
+    files = {v: bm.write_sparse(tmp_path / f"minimax_h3_fl2va_{v}.safetensors", lay[v]) for v in lay}
+    size = {"bf16": 2, "f32": 4, "i8": 1, "f8": 1, "u8": 1}
+    nbytes = {v: {n: size[d] * int(np.prod(s)) for n, d, s in lay[v]} for v in lay}
+    strip = len(sf.PREFIX)
+    gemm = {n[strip:] for n, d, s in lay["int8_convrot"] if d == "i8"}
+    assert len(gemm) == 200  # 50 blocks x qkv / out / fc1 / fc2
+    bf16_resident = sum(b for n, b in nbytes["bf16"].items() if "adaln_proj" not in n)
+    codes = sum(nbytes["int8_convrot"][sf.PREFIX + g] + nbytes["int8_convrot"][sf.PREFIX + g[:-7] + ".weight_scale"]
+                for g in gemm)
+    widened = sum(nbytes["bf16"][sf.PREFIX + g] for g in gemm)
+    est = {}
+    for v, f in files.items():
+        with Context(RELEASE_CONFIGS, device="cpu", files={"transformer": f}) as c:
+            est[v] = c.memory_estimate(864, 480, 56, 64)["phases"]
+    assert est["bf16"]["denoise_precomputed_adaln"]["weights"] == bf16_resident
+    # int8 on the CPU: the blocks' GEMM layers held as their codes and scales, the rest as presented (BF16)
+    assert est["int8_convrot"]["single_file_codes"] == {"presented": widened, "held": codes}
+    assert est["int8_convrot"]["denoise_precomputed_adaln"]["weights"] == bf16_resident - widened + codes
+    # a budget: the fixed GEMM weights (refiner, projections) + 2 ring slots keep no block; 3 more blocks keep 3
+    with Context(RELEASE_CONFIGS, device="cpu", files={"transformer": files["bf16"]}, vram=1 << 19) as c:
+        ub = c.memory_estimate(864, 480, 56, 64)["phases"]["under_vram_budget"]
+    blk = sum(nbytes["bf16"][sf.PREFIX + f"blocks.0.{p}.weight"] for p in
+              ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"))
+    assert ub["block_bytes"] == blk and ub["blocks_resident"] == 50 and ub["blocks_streamed"] == 0
+    for keep in (0, 3):
+        gib = (ub["fixed_gemm_bytes"] + (keep + 2) * blk) / 2**30
+        with Context(RELEASE_CONFIGS, device="cpu", files={"transformer": files["bf16"]}, vram=gib) as c:
+            low = c.memory_estimate(864, 480, 56, 64)["phases"]["under_vram_budget"]
+        assert low["blocks_resident"] == keep and low["blocks_streamed"] == 50 - keep and low["fits"]
+        assert low["gemm_weights_held"] == ub["fixed_gemm_bytes"] + (keep + 2) * blk
+    # check prints the estimate at both released shapes, info a table of them (with --vram too)
+    proc = run("check", files["int8_convrot"])
+    assert proc.returncode == 0, proc.stderr
+    for shape in ("864x480x56", "1344x768x124"):
+        assert f"estimate {shape}: transformer weights" in proc.stdout and "no block resident" in proc.stdout
+    proc = run("info", "--transformer", files["int8_convrot"], "--device", "cpu", "--vram", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["single_file_estimates"]
+    assert [(r["width"], r["height"], r["frames"]) for r in rows] == [(864, 480, 56), (1344, 768, 124)]
+    assert rows[0]["no_vram"]["resident"] == bf16_resident - widened + codes
+    assert all(r["vram"]["streamed_blocks"] > 0 for r in rows)

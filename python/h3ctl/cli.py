@@ -172,6 +172,11 @@ def _cmd_check(args) -> int:
 
             what = describe_file(path) if path.endswith(".safetensors") else None
             print(f"{path}: ok{': ' + what if what else ''}")
+            if what and "transformer (give it with --transformer)" in what:
+                from .info import check_lines
+
+                for line in check_lines(path):
+                    print(line)
     return 0
 
 

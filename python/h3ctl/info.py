@@ -49,6 +49,33 @@ def single_file_estimates(ctx, vram_ctx, prompt_tokens: int) -> list[dict]:
     return rows
 
 
+def check_lines(path, prompt_tokens: int = 64) -> list[str]:
+    """`h3ctl check FILE` of a transformer single file of the release's shapes: libh3's estimate (CPU context,
+    h3ctl's copy of the release's transformer config; headers only) at SINGLE_FILE_SHAPES, without a budget and
+    with the smallest --vram (no block resident: the fixed GEMM weights and the two ring slots, dit_stream.c's
+    rule). [] when the file is not of the release's shapes (h3ctl info -d the model's folder estimates it then)."""
+    from .components import RELEASE_CONFIGS
+
+    files = {"transformer": str(path)}
+    lines = []
+    try:
+        with Context(RELEASE_CONFIGS, device="cpu", files=files) as ctx, \
+                Context(RELEASE_CONFIGS, device="cpu", files=files, vram=1 << 19) as big:
+            for w, h, f in SINGLE_FILE_SHAPES:
+                a = peak_and_resident(ctx.memory_estimate(w, h, f, prompt_tokens))
+                ub = big.memory_estimate(w, h, f, prompt_tokens)["phases"]["under_vram_budget"]
+                gib = (ub["fixed_gemm_bytes"] + 2 * ub["block_bytes"]) / 2**30
+                with Context(RELEASE_CONFIGS, device="cpu", files=files, vram=gib) as low:
+                    b = peak_and_resident(low.memory_estimate(w, h, f, prompt_tokens))
+                lines.append(f"  estimate {w}x{h}x{f}: transformer weights {human_bytes(a['resident'])}, denoise peak "
+                             f"{human_bytes(a['peak'])}; with --vram {gib:.1f} (no block resident): "
+                             f"{human_bytes(b['resident'])} on the device, peak {human_bytes(b['peak'])}")
+    except H3Error:
+        return []
+    return ["  memory (libh3's estimate on the CPU, where int8 layers run from their codes; a GPU widens them, and "
+            "runs fp8 from its codes at compute capability 8.9+):"] + lines
+
+
 def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens: int, ref2va: bool = False,
             device: str = "auto", device_index: int = 0, precision: str = "default", parts: dict | None = None,
             vram=None) -> dict:
@@ -149,7 +176,10 @@ def render_text(info: dict) -> str:
     for name in COMPONENT_ORDER:
         c = info["components"].get(name, {})
         if c.get("single_file"):
-            console.print(f"[bold]{name}[/] from {escape(c['single_file'])}: {escape(c['single_file_format'])}; "
+            native = c.get("single_file_native_codes", 0)
+            how = (f"; its quantised layers computed from their stored codes ({human_bytes(native)}), "
+                   "not dequantised" if native else "")
+            console.print(f"[bold]{name}[/] from {escape(c['single_file'])}: {escape(c['single_file_format'])}{how}; "
                           f"{human_bytes(c.get('single_file_owned_bytes', 0))} of it written into memory at load "
                           "(the configs come from the model folder)", highlight=False, soft_wrap=True)
     est = info.get("single_file_estimates")

@@ -514,3 +514,29 @@ def test_memory_estimate_of_release_shaped_single_files(tmp_path):
     assert [(r["width"], r["height"], r["frames"]) for r in rows] == [(864, 480, 56), (1344, 768, 124)]
     assert rows[0]["no_vram"]["resident"] == bf16_resident - widened + codes
     assert all(r["vram"]["streamed_blocks"] > 0 for r in rows)
+
+
+def test_lora_with_native_int8(tiny, tmp_path, monkeypatch):
+    """A LoRA on an int8_convrot file run from its codes: the LoRA merges into widened weights, so the layers left
+    unwritten are widened at the transformer's load (h3_sf_widen) and the render is byte-identical to the
+    widening path's (H3_QUANT_WIDEN=1) with the same LoRA."""
+    from safetensors.numpy import save_file as save_np
+
+    t, heads = tiny
+    tens, meta, _ = sf.comfy_tensors(t, heads, variant="int8_convrot")
+    single = sf.write_single(tmp_path / "minimax_h3_fl2va_int8_convrot.safetensors", tens, meta, prefix=True)
+    rng = np.random.default_rng(5)
+    out_f, in_f = t["blocks.1.mlp.fc1.weight"].shape
+    lora = tmp_path / "l.safetensors"
+    save_np({"blocks.1.mlp.fc1.lora_A.weight": (rng.standard_normal((4, in_f)) * 0.1).astype(np.float32),
+             "blocks.1.mlp.fc1.lora_B.weight": (rng.standard_normal((out_f, 4)) * 0.1).astype(np.float32)}, str(lora))
+    with Engine(TINY, threads=2, transformer=single) as e:
+        assert e._ctx.info()["components"]["transformer"]["single_file_native_codes"] > 0
+        got = e.render(PROMPT, seed=SEED, lora=[str(lora)], **SHAPE)
+        got_alloc = memfd_bytes()
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    with Engine(TINY, threads=2, transformer=single) as e:
+        want = e.render(PROMPT, seed=SEED, lora=[str(lora)], **SHAPE)
+        want_alloc = memfd_bytes()
+    assert same(got, want)
+    assert got_alloc >= want_alloc  # every BF16 form was written after all (and the reordered QKV codes)

@@ -731,11 +731,12 @@ int h3_sf_open_rope(h3_store *s, const char *path, h3_component comp, int heads,
 }
 
 /* Run every job into the owned file. */
-static int fill(h3_store *s)
+/* Run the jobs of the source's mode into the owned file, or (skipped) only the int8 layers h3_sf_native left out. */
+static int fill_jobs(h3_store *s, bool skipped)
 {
     struct h3_sf_source *src = s->source;
     h3_store *raw = &src->raw;
-    if (ftruncate(src->fd, (off_t)src->owned) != 0)
+    if (!skipped && ftruncate(src->fd, (off_t)src->owned) != 0)
         return h3_err(H3_E_NOMEM, "%s: cannot size the owned file for its transformed tensors (%llu bytes): %s",
                       raw->files[0].path, (unsigned long long)src->owned, strerror(errno));
     uint8_t *out = mmap(NULL, (size_t)src->owned, PROT_READ | PROT_WRITE, MAP_SHARED, src->fd, 0);
@@ -748,7 +749,8 @@ static int fill(h3_store *s)
     for (size_t j = 0; !rc && j < src->njobs; j++) {
         const sf_job *job = &src->jobs[j];
         const h3_tensor *rt = &raw->tensors[job->src], *dt = &(job->codes ? &src->qs : s)->tensors[job->dst];
-        if (job->kind == JOB_ZERO || !job_runs(src, job)) continue; /* the owned file starts zeroed (ftruncate) */
+        if (job->kind == JOB_ZERO || (skipped ? !job->skip : !job_runs(src, job)))
+            continue; /* the owned file starts zeroed (ftruncate) */
         if (job->kind == JOB_ROPE) {
             /* diffusers' buffer: 1 / theta ** (arange(0, 2F, 2) / 2F), each step a float32 operation. */
             float *f = (float *)(out + dt->begin);
@@ -817,6 +819,23 @@ static int fill(h3_store *s)
     free(tmp);
     if (munmap(out, (size_t)src->owned) != 0 && !rc) rc = h3_err(H3_E_IO, "cannot unmap the owned file");
     h3_store_release(raw);
+    return rc;
+}
+
+static int fill(h3_store *s) { return fill_jobs(s, false); }
+
+int h3_sf_widen(h3_store *s)
+{
+    struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src) return 0;
+    int rc = h3_store_ready(s);
+    if (rc) return rc;
+    pthread_mutex_lock(&src->mu);
+    bool any = false;
+    for (size_t j = 0; j < src->njobs; j++) any |= src->jobs[j].skip;
+    if (any && !(rc = fill_jobs(s, true)))
+        for (size_t j = 0; j < src->njobs; j++) src->jobs[j].skip = false;
+    pthread_mutex_unlock(&src->mu);
     return rc;
 }
 

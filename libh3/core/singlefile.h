@@ -70,6 +70,9 @@ H3_INTERNAL void h3_sf_native_bytes(const h3_store *s, bool (*pred)(const char *
                                     uint64_t *codes);
 /* Bytes of layer `name`'s codes and scales when its codes are on (h3_sf_native), else 0. */
 H3_INTERNAL uint64_t h3_sf_codes_of(const h3_store *s, const char *name);
+/* Write the BF16 forms h3_sf_native left out (a consumer that needs them after all: a LoRA merges into widened
+   weights); the codes stay available. Once; then every layer is presented widened as without the call. */
+H3_INTERNAL int h3_sf_widen(h3_store *s);
 /* Whether h3_sf_native turned the codes on. */
 H3_INTERNAL bool h3_sf_native_on(const h3_store *s);
 /* Bytes of the stored codes and scales presented by h3_sf_qweight (views of the file and their reordered copies). */

@@ -130,9 +130,8 @@ static int get_w(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *fm
     h3_sf_qw q;
     int rc = h3_sf_qweight(d->st, name, rows, cols, &q);
     if (rc < 0) return rc;
-    if (rc > 0 && d->w.lora && !q.widened)
-        return h3_err(H3_E_UNSUPPORTED, "%s: a LoRA merges into widened weights, and this single file's int8 layers "
-                      "run from their stored codes: set H3_QUANT_WIDEN=1 to widen them at load", name);
+    /* A LoRA merges into widened weights: the layers left unwritten are widened now (once, all of them). */
+    if (rc > 0 && d->w.lora && !q.widened && (rc = h3_sf_widen(d->st))) return rc;
     if (rc > 0 && !d->w.lora) {
         if (q.dtype == H3_DT_I8 && h3_backend_has(d->be, H3_CAP_I8_WEIGHTS))
             rc = d->be->weights->weight_load_i8(d->be, q.q, q.scale, q.group, rows, cols, w);

@@ -331,6 +331,21 @@ static void test_native_int8(void)
     const uint16_t *ada = h3_store_get(&st, "blocks.0.adaln_proj.linear.weight", H3_DT_BF16, 2, sh);
     CHECK(ada && ada[9] == ref_bf16((double)qa[9] * 0.003f));
     CHECK(h3_sf_native(&st, false, false, NULL) == -H3_E_INVALID); /* too late: the data was read */
+    /* h3_sf_widen (a LoRA after all): the left-out BF16 forms written now, equal to the widening path's */
+    CHECK(h3_sf_widen(&st) == 0);
+    const int64_t shq[2] = {ROWS, KIN};
+    const uint16_t *wq = h3_store_get(&st, "blocks.0.attn.qkv_proj.weight", H3_DT_BF16, 2, shq);
+    CHECK(wq != NULL);
+    for (int r = 0; wq && r < ROWS; r++) {
+        const int h = r / (3 * D), part = (r / D) % 3, dd = r % D, src = part * HEADS * D + h * D + dd;
+        for (int a = 0; a < KIN; a++) {
+            long sum = 0;
+            for (int b2 = 0; b2 < KIN; b2++) sum += hsign(a, b2) * qq[src * KIN + b2];
+            bad += wq[r * KIN + a] != ref_bf16((double)sum * (double)sq[src] / 4.0);
+        }
+    }
+    CHECK_MSG(bad == 0, "%d widened values differ after h3_sf_widen", bad);
+    CHECK(h3_sf_qweight(&st, "blocks.0.attn.qkv_proj.weight", ROWS, KIN, &w) == 1 && w.widened);
     h3_store_close(&st);
     unlink(p);
     free(p);

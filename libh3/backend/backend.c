@@ -127,7 +127,6 @@ static const struct {
     {H3_CAP_WSTREAM, true, "wstream_wait_host", WT_AT(wstream_wait_host)},
     {H3_CAP_WSTREAM, true, "wstream_done", WT_AT(wstream_done)},
     {H3_CAP_WSTREAM, true, "wstream_close", WT_AT(wstream_close)},
-    {H3_CAP_I8_WEIGHTS, true, "weight_load_i8", WT_AT(weight_load_i8)},
 };
 #undef MEM_AT
 #undef WT_AT
@@ -155,6 +154,8 @@ int h3_backend_check(const h3_backend *be)
             return h3_err(H3_E_UNSUPPORTED, "backend %s: no %s function%s", name, cap_entries[i].name,
                           cap_entries[i].cap ? " (its capability bits promise one)" : "");
     }
+    if (h3_backend_has(be, H3_CAP_I8_WEIGHTS) && !be->weight_load_i8)
+        return h3_err(H3_E_UNSUPPORTED, "backend %s: no weight_load_i8 function (its capability bits promise one)", name);
     for (int op = 0; op < H3_OP_COUNT; op++)
         if (op_info[op].required && !h3_backend_supports(be, (h3_op)op))
             return h3_err(H3_E_UNSUPPORTED, "backend %s: no %s op (every backend needs it)", name, op_info[op].name);

@@ -278,17 +278,6 @@ typedef struct h3_backend_weights {
     /* Wait for everything and free the handle (NULL is ignored). */
     void (*wstream_close)(h3_backend *be, void *ws);
 
-    /* ---- optional (H3_CAP_I8_WEIGHTS): a weight stored as int8 codes (a ComfyUI int8 /
-       int8_convrot single file, core/singlefile.h): q [rows * cols] int8, scale [rows] f32, the
-       weight W = ((q * scale).reshape(rows, cols / group, group) @ H^T).reshape(rows, cols) with H
-       the orthonormal Hadamard matrix of order `group` (a power of 4; 0: no rotation, W = q * scale).
-       `linear` over the handle computes X W^T + bias as (X rotated by H in groups of `group`
-       columns) (q * scale)^T: the activations are rotated at run time, the codes never widened.
-       The host data must stay valid while the handle lives (the CPU keeps views of the mapping).
-       Added at the end of the table, behind its capability bit: a backend built before it never
-       sets the bit, so the entry is never read from its shorter table. */
-    int (*weight_load_i8)(h3_backend *be, const int8_t *q, const float *scale, int group, int64_t rows,
-                          int64_t cols, h3_bw *out);
 } h3_backend_weights;
 
 /* The compute ops every stage shares. Each is required unless marked optional (h3_backend_supports). */
@@ -535,6 +524,17 @@ struct h3_backend {
     int attn_precision;
     /* Why this backend cannot run fp8 attention ("" when it can): set at creation. */
     char attn_fp8_why[200];
+    /* Optional (H3_CAP_I8_WEIGHTS): a weight stored as int8 codes (a ComfyUI int8 / int8_convrot single
+       file, core/singlefile.h): q [rows * cols] int8, scale [rows] f32, the weight W = ((q * scale).reshape(
+       rows, cols / group, group) @ H^T).reshape(rows, cols) with H the orthonormal Hadamard matrix of order
+       `group` (a power of 4; 0: no rotation, W = q * scale). `linear` over the handle computes X W^T + bias
+       as (X rotated by H in groups of `group` columns) (q * scale)^T: the activations are rotated at run time,
+       the codes never widened. The host data must stay valid while the handle lives (the CPU keeps views of
+       the mapping); weight_free frees the handle. Here, at the end of the struct and behind its capability
+       bit, rather than in the weights table: a backend built before it never sets the bit, so the field is
+       never read from its shorter struct, and the tables' initialisers stay complete. */
+    int (*weight_load_i8)(h3_backend *be, const int8_t *q, const float *scale, int group, int64_t rows, int64_t cols,
+                          h3_bw *out);
 };
 
 /* Host services handed to a backend built as its own shared library (it cannot see libh3's

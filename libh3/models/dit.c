@@ -134,7 +134,7 @@ static int get_w(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *fm
     if (rc > 0 && d->w.lora && !q.widened && (rc = h3_sf_widen(d->st))) return rc;
     if (rc > 0 && !d->w.lora) {
         if (q.dtype == H3_DT_I8 && h3_backend_has(d->be, H3_CAP_I8_WEIGHTS))
-            rc = d->be->weights->weight_load_i8(d->be, q.q, q.scale, q.group, rows, cols, w);
+            rc = d->be->weight_load_i8(d->be, q.q, q.scale, q.group, rows, cols, w);
         else if (q.dtype == H3_DT_F8_E4M3 && h3_backend_has(d->be, H3_CAP_FP8_WEIGHTS) &&
                  d->be->compute_capability >= 89 && h3_fp8_weight_shape_ok(rows, cols))
             rc = d->be->weights->weight_load_fp8(d->be, q.q, q.scale, rows, cols, w);

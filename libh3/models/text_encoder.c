@@ -436,7 +436,7 @@ static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_l
         const h3_tensor *t = L->t[g];
         if (L->sc[g])
             rc = h3_backend_has(be, H3_CAP_I8_WEIGHTS)
-                     ? be->weights->weight_load_i8(be, (const int8_t *)(buf + L->off[g]),
+                     ? be->weight_load_i8(be, (const int8_t *)(buf + L->off[g]),
                                                    (const float *)(buf + L->sc_off[g]), L->group[g], t->shape[0],
                                                    t->shape[1], &W[g])
                      : h3_err(H3_E_UNSUPPORTED, "text encoder: the %s backend cannot compute on int8 codes", be->name);

@@ -193,7 +193,7 @@ static double linear_i8_err(h3_backend *be, int M, int N, int K, int g, bool one
             W[(size_t)n * K + k] = acc / sqrt((double)g);
         }
     h3_bw w;
-    *ok = be->weights->weight_load_i8(be, q, s, g, N, K, &w) == 0;
+    *ok = be->weight_load_i8(be, q, s, g, N, K, &w) == 0;
     double worst = 0, big = 0;
     if (*ok) {
         const h3_bt x = h3_bt_make(X, H3_DT_F32, M, K, K), y = h3_bt_make(Y, H3_DT_F32, M, N, N);
@@ -246,15 +246,15 @@ static void test_native_int8(void)
         h3_bw w1, w2;
         const h3_bt x = h3_bt_make(X, H3_DT_F32, M, K, K), y1 = h3_bt_make(Y1, H3_DT_F32, M, N, N),
                     y2 = h3_bt_make(Y2, H3_DT_F32, M, N, N);
-        CHECK(be->weights->weight_load_i8(be, q, s, 64, N, K, &w1) == 0 &&
-              one->weights->weight_load_i8(one, q, s, 64, N, K, &w2) == 0);
+        CHECK(be->weight_load_i8(be, q, s, 64, N, K, &w1) == 0 &&
+              one->weight_load_i8(one, q, s, 64, N, K, &w2) == 0);
         CHECK(be->ops->linear(be, &x, &w1, NULL, &y1) == 0 && one->ops->linear(one, &x, &w2, NULL, &y2) == 0);
         CHECK_MSG(memcmp(Y1, Y2, sizeof Y1) == 0, "native int8 linear: 1 and 2 threads differ");
         be->weights->weight_free(be, &w1);
         one->weights->weight_free(one, &w2);
         /* refused: a group that is not a power of 4, or does not divide K */
-        CHECK(be->weights->weight_load_i8(be, q, s, 32, N, K, &w1) == -H3_E_INVALID);
-        CHECK(be->weights->weight_load_i8(be, q, s, 64, N, 200, &w1) == -H3_E_INVALID);
+        CHECK(be->weight_load_i8(be, q, s, 32, N, K, &w1) == -H3_E_INVALID);
+        CHECK(be->weight_load_i8(be, q, s, 64, N, 200, &w1) == -H3_E_INVALID);
     }
     h3_backend_destroy(one);
     h3_pool_destroy(pool1);

@@ -460,7 +460,6 @@ static const h3_backend_mem cpu_mem = {
 static const h3_backend_weights cpu_weights = {
     .weight_load = cpu_weight_load,
     .weight_free = cpu_weight_free,
-    .weight_load_i8 = cpu_weight_load_i8,
     .wstream_open = cpu_wstream_open,
     .wstream_load = cpu_wstream_load,
     .wstream_wait_host = cpu_wstream_sync,
@@ -514,6 +513,7 @@ int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)
     b->base.name = "cpu";
     b->base.abi_version = H3_BACKEND_ABI;
     b->base.caps = H3_CAP_WSTREAM | H3_CAP_DECODERS | H3_CAP_SYNCHRONOUS | H3_CAP_I8_WEIGHTS;
+    b->base.weight_load_i8 = cpu_weight_load_i8;
     b->base.is_host = true;
     b->base.mem = &cpu_mem;
     b->base.weights = &cpu_weights;

@@ -203,14 +203,16 @@ def estimate_table(args) -> int:
     rows = []
     for variant in args.variants.split(","):
         single = write_sparse(Path(tmp.name) / f"minimax_h3_fl2va_{variant}.safetensors", release_layout(variant))
-        for mode in ("gpu", "cpu"):
+        for mode in (("gpu",) if args.device == "cuda" else ("gpu", "cpu")):
             if mode == "cpu" and "int8" not in variant:
                 continue
-            if mode == "gpu":
-                os.environ["H3_QUANT_WIDEN"] = "1"  # a GPU widens int8 (and fp8 below compute capability 8.9)
+            if mode == "gpu" and args.device == "cpu":
+                # a GPU widens int8 (and fp8 below compute capability 8.9); a CUDA context (--device cuda) applies
+                # its own rule, fp8 from its codes on 8.9+
+                os.environ["H3_QUANT_WIDEN"] = "1"
             try:
                 for g in shapes:
-                    kw = dict(device="cpu", files={"transformer": single})
+                    kw = dict(device=args.device, files={"transformer": single})
                     with Context(components.RELEASE_CONFIGS, **kw) as c:
                         est = c.memory_estimate(g["width"], g["height"], g["frames"], g["n_text"])
                     with Context(components.RELEASE_CONFIGS, vram=1 << 19, **kw) as c:
@@ -230,7 +232,8 @@ def estimate_table(args) -> int:
           "| fits with it | measured peak (H200) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        where = "GPU (widened)" if r["mode"] == "gpu" and "bf16" not in r["variant"] else (
+        native = args.device == "cuda" and r["variant"].endswith("fp8_scaled")
+        where = "GPU (fp8 codes)" if native else "GPU (widened)" if r["mode"] == "gpu" and "bf16" not in r["variant"] else (
             "GPU" if r["mode"] == "gpu" else "CPU (native int8; RAM)")
         print(f"| {r['variant']} | {where} | {r['shape']} | {r['resident'] / GIB:.1f} GiB | {r['peak'] / GIB:.1f} GiB "
               f"| {fits(r['peak']) if r['mode'] == 'gpu' else '-'} | {r['vram_gib']:.1f} GiB | "
@@ -248,6 +251,8 @@ def main() -> int:
     ap.add_argument("--vram-blocks", type=int, default=1, help="resident blocks of the --vram run (0: no such run)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="--estimate-table's context (cuda: the GPU's own rule, fp8 from its codes on 8.9+)")
     ap.add_argument("--estimate-table", action="store_true",
                     help="no GPU: the estimate for the release's 50 blocks from header-only files (docs' table)")
     args = ap.parse_args()

@@ -83,7 +83,7 @@ def test_info_full_size_sparse_layout_under_two_seconds(tmp_path):
 
 KNOBS = ("H3_NO_SIMD", "H3_CUDA_LIB", "H3_DIT_PRECOMPUTE", "H3_DIT_KEEP_ADALN", "H3_TEXT_PREFETCH", "H3_DROP_PAGE_CACHE",
          "H3_STAGES_CPU", "H3_FP8_ATTENTION", "H3_TEXT_STREAM", "H3_TEXT_READERS", "H3_TEXT_KEEP", "H3_STREAM_PACK",
-         "H3_CUDA_ATTENTION", "H3_CUDA_ROWS", "H3_CUDNN_LIB")
+         "H3_CUDA_ATTENTION", "H3_CUDA_ROWS", "H3_CUDNN_LIB", "H3_QUANT_WIDEN")
 
 
 def test_info_prints_the_tuning_in_effect(ckpt):
@@ -98,12 +98,12 @@ def test_info_prints_the_tuning_in_effect(ckpt):
     proc = run("info", "-d", part, "--device", "cpu", env=clean)
     assert "none set: every default holds" in proc.stdout
     env = dict(clean, H3_TEXT_READERS="99", H3_DIT_PRECOMPUTE="0", H3_DIT_KEEP_ADALN="1", H3_STREAM_PACK="0",
-               H3_TEXT_KEEP="1", H3_TEXT_STREAM="0", H3_CUDA_ROWS="scalar", H3_NO_SIMD="1")
+               H3_TEXT_KEEP="1", H3_TEXT_STREAM="0", H3_CUDA_ROWS="scalar", H3_NO_SIMD="1", H3_QUANT_WIDEN="1")
     got = json.loads(run("info", "-d", part, "--json", "--device", "cpu", env=env).stdout)["tuning"]
     assert got == {k: None for k in KNOBS} | {"H3_TEXT_READERS": 16, "H3_DIT_PRECOMPUTE": False,
                                                "H3_DIT_KEEP_ADALN": True, "H3_STREAM_PACK": False,
                                                "H3_TEXT_KEEP": True, "H3_TEXT_STREAM": False, "H3_CUDA_ROWS": "scalar",
-                                               "H3_NO_SIMD": True}
+                                               "H3_NO_SIMD": True, "H3_QUANT_WIDEN": True}
     proc = run("info", "-d", part, "--device", "cpu", env=env)
     assert proc.returncode == 0, proc.stderr
     for line in ("H3_TEXT_READERS=16", "H3_DIT_PRECOMPUTE=0", "H3_STREAM_PACK=0", "H3_CUDA_ROWS=scalar", "H3_NO_SIMD=1"):

@@ -21,6 +21,7 @@ curve table) and read back through libh3:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,9 +100,56 @@ def test_bf16_single_file(tiny, official_render, compare_tool, tmp_path):
     assert same(render(transformer=pre), official_render)
 
 
+def memfd_bytes() -> int:
+    """Bytes the kernel holds for this process's single-file owned files (the memfds core/singlefile.c writes the
+    transformed tensors into): the allocator's own count of widened memory."""
+    seen = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:h3-single-file"):
+                st = os.stat(f"/proc/self/fd/{fd}")  # the same memfd may be open twice (its /proc path reopened)
+                seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+        except OSError:
+            continue
+    return sum(seen.values())
+
+
+def f32_dequantised(base_tensors, tens, meta, layers, heads):
+    """base_tensors with each of `layers` as ComfyUI's dequantise-then-compute holds it before any narrowing:
+    W = (q * s) @ H^T per group, computed in float64 and rounded once to F32 (official rows)."""
+    out = dict(base_tensors)
+    for base in layers:
+        q = tens[base + ".weight"].numpy().astype(np.float64)
+        s = tens[base + ".weight_scale"].numpy().astype(np.float64).reshape(-1, 1)
+        spec = (json.loads(bytes(tens[base + ".comfy_quant"].tolist())) if base + ".comfy_quant" in tens
+                else json.loads(meta["_quantization_metadata"])["layers"][base])
+        g = spec.get("convrot_groupsize", 0) if spec.get("convrot") else 0
+        n, k = q.shape
+        w = q * s
+        if g:
+            w = (w.reshape(n, k // g, g) @ (sf.hadamard(g).T / np.sqrt(g))).reshape(n, k)
+        w = torch.from_numpy(w.astype(np.float32))
+        out[base + ".weight"] = sf.qkv_from_thirds(w, heads) if base.endswith(".attn.qkv_proj") else w
+    return out
+
+
+def denoised(model_dir=TINY, **files):
+    cfg = sf.config(TINY)
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((7, cfg["text_dim"])).astype(np.float32)
+    lat = rng.standard_normal((24, 3, 2, 2)).astype(np.float32)
+    aud = rng.standard_normal((2, 32, 5)).astype(np.float32)
+    with Engine(model_dir, threads=2, **files) as e:
+        return tr.denoise(e._ctx, emb, lat, aud, 4)[:2]
+
+
+def rel_l2(a, b) -> float:
+    return max(float(np.linalg.norm(x - y) / np.linalg.norm(y)) for x, y in zip(a, b))
+
+
 @pytest.mark.parametrize("variant,metadata_form", [("fp8_scaled", False), ("int8_convrot", False),
                                                    ("int8_convrot", True)])
-def test_quantised_single_file(tiny, compare_tool, tmp_path, variant, metadata_form):
+def test_quantised_single_file(tiny, compare_tool, tmp_path, monkeypatch, variant, metadata_form):
     t, heads = tiny
     tens, meta, refs = sf.comfy_tensors(t, heads, variant=variant, metadata_form=metadata_form)
     assert len(refs) == 6 * 5  # every block's qkv, out, fc1, fc2 and adaln projection
@@ -113,19 +161,58 @@ def test_quantised_single_file(tiny, compare_tool, tmp_path, variant, metadata_f
     # the dequantised weights: numpy's reference bits, every one
     out = presented_equal(compare_tool, single, deq, tmp_path, heads)
     assert f"{len(t)} tensors equal" in out
+    # the widening path (the only one for fp8 on the CPU; H3_QUANT_WIDEN=1 for int8): dequantise-then-compute,
+    # the official layout holding the dequantised weights renders the same bytes
+    if variant != "fp8_scaled":
+        monkeypatch.setenv("H3_QUANT_WIDEN", "1")
     with Engine(TINY, threads=2, transformer=single) as e:
-        desc = e._ctx.info()["components"]["transformer"]["single_file_format"]
-        got = e.render(PROMPT, seed=SEED, **SHAPE)
+        c = e._ctx.info()["components"]["transformer"]
+        desc = c["single_file_format"]
+        assert c["single_file_native_codes"] == 0
+        widened = e.render(PROMPT, seed=SEED, **SHAPE)
+        widened_alloc = memfd_bytes()
     assert ("fp8_scaled" if variant == "fp8_scaled" else "int8") in desc
-    # dequantise-then-compute: the official layout holding the dequantised weights renders the same bytes
     ref_dir = sf.official_with(TINY, tmp_path / "deq", deq)
-    assert same(got, render(ref_dir))
-    if variant == "int8_convrot" and not metadata_form:
-        # the blocks streamed under a budget are read (pread) from the owned file: the same bytes
+    assert same(widened, render(ref_dir))
+    if variant == "fp8_scaled":
+        return
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    # native (the CPU default): the GEMM layers computed from the stored codes, the activations rotated at run time
+    with Engine(TINY, threads=2, transformer=single) as e:
+        c = e._ctx.info()["components"]["transformer"]
+        owned = c["single_file_owned_bytes"]
+        assert c["single_file_native_codes"] > 0
+        got = e.render(PROMPT, seed=SEED, **SHAPE)
+        native_alloc = memfd_bytes()
+    # memory: the GEMM layers' BF16 forms are never written; what the owned file holds is the rest (the AdaLN
+    # projections, widened because they are read on the host) and the QKV codes reordered (1 byte a value)
+    gemm = [b for b in refs if not b.endswith("adaln_proj.linear")]
+    gemm_bf16 = sum(t[b + ".weight"].numel() * 2 for b in gemm)
+    qkv_codes = sum(t[b + ".weight"].numel() + t[b + ".weight"].shape[0] * 4 for b in gemm if "qkv" in b)
+    print(f"owned file allocated: widened {widened_alloc} B, native {native_alloc} B (reported {owned} B); "
+          f"GEMM layers as BF16 {gemm_bf16} B, QKV codes {qkv_codes} B")
+    assert native_alloc <= owned + 64 * 1024 and widened_alloc - native_alloc >= gemm_bf16 - qkv_codes - 64 * 1024
+    # numbers: against ComfyUI's dequantise-then-compute in F32 (the GEMM layers' dequantised values before any BF16
+    # rounding; the AdaLN projections as both paths read them, widened), native is within 1e-5 relative L2 on the
+    # denoised latents; the widened path is within its BF16 rounding
+    exact_dir = sf.official_with(TINY, tmp_path / "exact", f32_dequantised(deq, tens, meta, gemm, heads))
+    ref = denoised(exact_dir)
+    nat = rel_l2(denoised(transformer=single), ref)
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    wid = rel_l2(denoised(transformer=single), ref)
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    print(f"denoised rel-L2 against F32 dequantise-then-compute: native {nat:.3g}, widened {wid:.3g}")
+    assert nat < 1e-5 and nat < wid
+    diff = np.abs(got.frames.astype(int) - widened.frames.astype(int)).max()
+    arel = float(np.linalg.norm(got.audio - widened.audio) / np.linalg.norm(widened.audio))
+    print(f"native render against the widened one: frames max |diff| {diff}, audio rel-L2 {arel:.3g}")
+    assert diff <= 2 and arel < 2e-2
+    if not metadata_form:
+        # the blocks streamed under a budget on the CPU are read (pread) from the owned file: widened there
         with Engine(TINY, threads=2, transformer=single, vram=0.008) as e:
             streamed = e.render(PROMPT, seed=SEED, **SHAPE)
             assert e.last_transformer_profile["stream"]["streamed_blocks"] == 6
-        assert same(streamed, got)
+        assert same(streamed, widened)
 
 
 def test_pruned_single_file(tiny, official_render, tmp_path):
@@ -172,17 +259,48 @@ def _te_tensors():
 
 
 @pytest.mark.parametrize("variant", ["bf16", "int8_convrot"])
-def test_text_encoder_single_file(official_render, tmp_path, variant):
+def test_text_encoder_single_file(official_render, tmp_path, monkeypatch, variant):
     te = _te_tensors()
     tens, meta, refs = sf.comfy_tensors(te, None, variant=variant, select=sf.is_te_linear)
     single = sf.write_single(tmp_path / f"qwen3vl_32b_minimax_h3_{variant}.safetensors", tens, meta)
-    got = render(text_encoder=single)
     if variant == "bf16":
-        assert same(got, official_render)
-    else:
-        assert refs
-        ref_dir = sf.official_with(TINY, tmp_path / "deq", sf.dequantised_official(te, refs), part="text_encoder")
-        assert same(got, render(ref_dir))
+        assert same(render(text_encoder=single), official_render)
+        return
+    assert refs
+    # widening (H3_QUANT_WIDEN=1): the render of the official shards holding the dequantised BF16 weights
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    ref_dir = sf.official_with(TINY, tmp_path / "deq", sf.dequantised_official(te, refs), part="text_encoder")
+    widened = render(text_encoder=single)
+    assert same(widened, render(ref_dir))
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    # native (the CPU default): the layers' GEMMs from the stored codes; against ComfyUI's dequantise-then-compute
+    # in F32 the prompt embeddings are within 1e-5 relative L2, closer than the widened path
+    from h3ctl import text as h3text
+
+    exact_dir = sf.official_with(TINY, tmp_path / "exact", f32_dequantised(te, tens, meta, list(refs), None),
+                                 part="text_encoder")
+    ids = np.array([1, 5, 9, 33, 2, 17, 8], dtype=np.int32)
+
+    def emb(model_dir=TINY, **files):
+        with Engine(model_dir, threads=2, **files) as e:
+            return h3text.encode(e._ctx, ids), memfd_bytes(), e._ctx.info()["components"]["text_encoder"]
+
+    ref, _, _ = emb(exact_dir)
+    nat, nat_alloc, c = emb(text_encoder=single)
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    wid, wid_alloc, _ = emb(text_encoder=single)
+    monkeypatch.delenv("H3_QUANT_WIDEN")
+    rn = float(np.linalg.norm(nat - ref) / np.linalg.norm(ref))
+    rw = float(np.linalg.norm(wid - ref) / np.linalg.norm(ref))
+    print(f"text encoder int8_convrot: embeddings rel-L2 against F32 dequantise-then-compute: native {rn:.3g}, "
+          f"widened {rw:.3g}; owned memfd {nat_alloc} B native, {wid_alloc} B widened")
+    assert c["single_file_native_codes"] > 0 and rn < 1e-5 and rn < rw
+    assert nat_alloc < wid_alloc and nat_alloc <= c["single_file_owned_bytes"] + 64 * 1024
+    got = render(text_encoder=single)
+    diff = np.abs(got.frames.astype(int) - widened.frames.astype(int)).max()
+    arel = float(np.linalg.norm(got.audio - widened.audio) / np.linalg.norm(widened.audio))
+    print(f"native text encoder render against the widened one: frames max |diff| {diff}, audio rel-L2 {arel:.3g}")
+    assert diff <= 2 and arel < 2e-2
 
 
 # ---- bad input --------------------------------------------------------------------------------------------------
@@ -344,3 +462,81 @@ def test_comfy_folder_render(tiny, official_render, tmp_path):
     assert proc.returncode == 0 and out.stat().st_size > 1000, proc.stderr
     with pytest.raises(H3Error, match="not an official MiniMax-H3 folder"):
         components.resolve(models, config_dir=models)
+
+
+def test_memory_estimate_of_release_shaped_single_files(tmp_path):
+    """h3ctl check / info on single files of the release's 33B shapes (header-only files, their data a hole): the
+    estimate's weights equal the sums computed here from the headers, the int8 layers counted at their codes on the
+    CPU, and a --vram budget keeps the blocks dit_stream.c's rule says."""
+    from h3ctl.components import RELEASE_CONFIGS
+    from h3ctl.context import Context
+    from tests import bench_memory_single_file as bm
+
+    lay = {v: bm.release_layout(v) for v in ("bf16", "int8_convrot")}
+    files = {v: bm.write_sparse(tmp_path / f"minimax_h3_fl2va_{v}.safetensors", lay[v]) for v in lay}
+    size = {"bf16": 2, "f32": 4, "i8": 1, "f8": 1, "u8": 1}
+    nbytes = {v: {n: size[d] * int(np.prod(s)) for n, d, s in lay[v]} for v in lay}
+    strip = len(sf.PREFIX)
+    gemm = {n[strip:] for n, d, s in lay["int8_convrot"] if d == "i8"}
+    assert len(gemm) == 200  # 50 blocks x qkv / out / fc1 / fc2
+    bf16_resident = sum(b for n, b in nbytes["bf16"].items() if "adaln_proj" not in n)
+    codes = sum(nbytes["int8_convrot"][sf.PREFIX + g] + nbytes["int8_convrot"][sf.PREFIX + g[:-7] + ".weight_scale"]
+                for g in gemm)
+    widened = sum(nbytes["bf16"][sf.PREFIX + g] for g in gemm)
+    est = {}
+    for v, f in files.items():
+        with Context(RELEASE_CONFIGS, device="cpu", files={"transformer": f}) as c:
+            est[v] = c.memory_estimate(864, 480, 56, 64)["phases"]
+    assert est["bf16"]["denoise_precomputed_adaln"]["weights"] == bf16_resident
+    # int8 on the CPU: the blocks' GEMM layers held as their codes and scales, the rest as presented (BF16)
+    assert est["int8_convrot"]["single_file_codes"] == {"presented": widened, "held": codes}
+    assert est["int8_convrot"]["denoise_precomputed_adaln"]["weights"] == bf16_resident - widened + codes
+    # a budget: the fixed GEMM weights (refiner, projections) + 2 ring slots keep no block; 3 more blocks keep 3
+    with Context(RELEASE_CONFIGS, device="cpu", files={"transformer": files["bf16"]}, vram=1 << 19) as c:
+        ub = c.memory_estimate(864, 480, 56, 64)["phases"]["under_vram_budget"]
+    blk = sum(nbytes["bf16"][sf.PREFIX + f"blocks.0.{p}.weight"] for p in
+              ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"))
+    assert ub["block_bytes"] == blk and ub["blocks_resident"] == 50 and ub["blocks_streamed"] == 0
+    for keep in (0, 3):
+        gib = (ub["fixed_gemm_bytes"] + (keep + 2) * blk) / 2**30
+        with Context(RELEASE_CONFIGS, device="cpu", files={"transformer": files["bf16"]}, vram=gib) as c:
+            low = c.memory_estimate(864, 480, 56, 64)["phases"]["under_vram_budget"]
+        assert low["blocks_resident"] == keep and low["blocks_streamed"] == 50 - keep and low["fits"]
+        assert low["gemm_weights_held"] == ub["fixed_gemm_bytes"] + (keep + 2) * blk
+    # check prints the estimate at both released shapes, info a table of them (with --vram too)
+    proc = run("check", files["int8_convrot"])
+    assert proc.returncode == 0, proc.stderr
+    for shape in ("864x480x56", "1344x768x124"):
+        assert f"estimate {shape}: transformer weights" in proc.stdout and "no block resident" in proc.stdout
+    proc = run("info", "--transformer", files["int8_convrot"], "--device", "cpu", "--vram", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["single_file_estimates"]
+    assert [(r["width"], r["height"], r["frames"]) for r in rows] == [(864, 480, 56), (1344, 768, 124)]
+    assert rows[0]["no_vram"]["resident"] == bf16_resident - widened + codes
+    assert all(r["vram"]["streamed_blocks"] > 0 for r in rows)
+
+
+def test_lora_with_native_int8(tiny, tmp_path, monkeypatch):
+    """A LoRA on an int8_convrot file run from its codes: the LoRA merges into widened weights, so the layers left
+    unwritten are widened at the transformer's load (h3_sf_widen) and the render is byte-identical to the
+    widening path's (H3_QUANT_WIDEN=1) with the same LoRA."""
+    from safetensors.numpy import save_file as save_np
+
+    t, heads = tiny
+    tens, meta, _ = sf.comfy_tensors(t, heads, variant="int8_convrot")
+    single = sf.write_single(tmp_path / "minimax_h3_fl2va_int8_convrot.safetensors", tens, meta, prefix=True)
+    rng = np.random.default_rng(5)
+    out_f, in_f = t["blocks.1.mlp.fc1.weight"].shape
+    lora = tmp_path / "l.safetensors"
+    save_np({"blocks.1.mlp.fc1.lora_A.weight": (rng.standard_normal((4, in_f)) * 0.1).astype(np.float32),
+             "blocks.1.mlp.fc1.lora_B.weight": (rng.standard_normal((out_f, 4)) * 0.1).astype(np.float32)}, str(lora))
+    with Engine(TINY, threads=2, transformer=single) as e:
+        assert e._ctx.info()["components"]["transformer"]["single_file_native_codes"] > 0
+        got = e.render(PROMPT, seed=SEED, lora=[str(lora)], **SHAPE)
+        got_alloc = memfd_bytes()
+    monkeypatch.setenv("H3_QUANT_WIDEN", "1")
+    with Engine(TINY, threads=2, transformer=single) as e:
+        want = e.render(PROMPT, seed=SEED, lora=[str(lora)], **SHAPE)
+        want_alloc = memfd_bytes()
+    assert same(got, want)
+    assert got_alloc >= want_alloc  # every BF16 form was written after all (and the reordered QKV codes)

@@ -108,6 +108,29 @@ static int set_files(h3_model *m, const h3_options *o)
     return rc;
 }
 
+/* Whether a single-file transformer's quantised layers compute from their stored codes (decided
+   before any of its data is read, docs/single-files.md): int8 on the CPU (not under a vram budget,
+   whose CPU streamer reads the stored blocks' bytes), fp8 on a GPU with fp8 GEMMs; never with
+   H3_QUANT_WIDEN=1 (the widening path, which LoRA files need: they merge into widened weights). */
+static int single_file_native(h3_ctx *ctx, const h3_options *o)
+{
+    if (ctx->rt.tuning.quant_widen) return 0;
+    /* The text encoder: its layers' int8 GEMM weights on the CPU (the stages' backend there). */
+    h3_comp *te = &ctx->model.comp[H3_COMP_TEXT_ENCODER];
+    int rc;
+    if (ctx->model.file[H3_COMP_TEXT_ENCODER] && te->headers_loaded &&
+        (ctx->device == H3_DEVICE_CPU || (ctx->flags & H3_OPT_STAGES_CPU)) &&
+        (rc = h3_sf_native(&te->store, true, false, h3_text_gemm_weight)))
+        return rc;
+    h3_comp *k = &ctx->model.comp[H3_COMP_TRANSFORMER];
+    if (!ctx->model.file[H3_COMP_TRANSFORMER] || !k->headers_loaded) return 0;
+    if (ctx->device == H3_DEVICE_CPU) return o->vram_bytes > 0 ? 0 : h3_sf_native(&k->store, true, false, h3_dit_gemm_weight);
+    const h3_backend *g = ctx->rt.gpu;
+    if (g && h3_backend_has(g, H3_CAP_FP8_WEIGHTS) && g->compute_capability >= 89)
+        return h3_sf_native(&k->store, false, true, NULL);
+    return 0;
+}
+
 H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
 {
     h3_options o;
@@ -175,7 +198,8 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
                  ? h3_err(H3_E_INVALID, "%s: a quantized weights file needs precision fp8 (it holds fp8 weights)",
                           o.quantized_path)
                  : h3_fp8file_open(&ctx->model, o.quantized_path, &ctx->rt.fp8file);
-    if (rc || open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0) {
+    if (rc || open_device(ctx, o.device, o.device_index) != 0 || check_precision(ctx, o.precision) != 0 ||
+        single_file_native(ctx, &o) != 0) {
         h3_rt_free(&ctx->rt);
         h3_model_close(&ctx->model);
         free(ctx);
@@ -295,7 +319,8 @@ H3_API const char *h3_memory_estimate_json(h3_ctx *ctx, int width, int height, i
         h3_err(H3_E_INVALID, "NULL context");
         return NULL;
     }
-    char *js = h3_rt_memory_estimate_ex(&ctx->model, ctx->threads, ctx->flags, ctx->rt.precision, width, height,
+    char *js = h3_rt_memory_estimate_ex(&ctx->model, ctx->threads, ctx->flags, ctx->rt.precision, ctx->rt.vram_bytes,
+                                        width, height,
                                         frames, prompt_tokens);
     if (!js) return NULL;
     free(ctx->mem_json);
@@ -436,6 +461,9 @@ H3_API const char *h3_model_info_json(h3_ctx *ctx)
                 json_kv_str(&b, "single_file_format", m->sf_desc[c], true);
                 h3_buf_printf(&b, ", \"single_file_owned_bytes\": %llu",
                               (unsigned long long)h3_sf_owned_bytes(&k->store));
+                /* Bytes of the stored codes the transformer computes from (h3_sf_native; 0: every quantised layer widened). */
+                h3_buf_printf(&b, ", \"single_file_native_codes\": %llu",
+                              (unsigned long long)(h3_sf_native_on(&k->store) ? h3_sf_codes_bytes(&k->store) : 0));
             }
             /* A shared-weight Ref2VA partition: this component is FL2VA's folder. */
             if (k->shared) h3_buf_printf(&b, ", \"shared_from\": \"FL2VA\"");

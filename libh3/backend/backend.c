@@ -154,6 +154,8 @@ int h3_backend_check(const h3_backend *be)
             return h3_err(H3_E_UNSUPPORTED, "backend %s: no %s function%s", name, cap_entries[i].name,
                           cap_entries[i].cap ? " (its capability bits promise one)" : "");
     }
+    if (h3_backend_has(be, H3_CAP_I8_WEIGHTS) && !be->weight_load_i8)
+        return h3_err(H3_E_UNSUPPORTED, "backend %s: no weight_load_i8 function (its capability bits promise one)", name);
     for (int op = 0; op < H3_OP_COUNT; op++)
         if (op_info[op].required && !h3_backend_supports(be, (h3_op)op))
             return h3_err(H3_E_UNSUPPORTED, "backend %s: no %s op (every backend needs it)", name, op_info[op].name);

@@ -277,6 +277,7 @@ typedef struct h3_backend_weights {
     int (*wstream_done)(h3_backend *be, void *ws, int slot);
     /* Wait for everything and free the handle (NULL is ignored). */
     void (*wstream_close)(h3_backend *be, void *ws);
+
 } h3_backend_weights;
 
 /* The compute ops every stage shares. Each is required unless marked optional (h3_backend_supports). */
@@ -477,6 +478,7 @@ enum {
     H3_CAP_WSTREAM = 1u << 5,     /* weights: wstream_open/load/wait_host/done/close */
     H3_CAP_DECODERS = 1u << 6,    /* the dec table is there (its entries are still asked one by one) */
     H3_CAP_SYNCHRONOUS = 1u << 7, /* every op has finished when it returns (the CPU): per-op timings are real */
+    H3_CAP_I8_WEIGHTS = 1u << 8,  /* weights: weight_load_i8 (int8 codes, optionally rotated) */
 };
 
 /* Every compute op, by table and name: H3_OP_<name> for h3_backend_supports, and the table
@@ -522,6 +524,17 @@ struct h3_backend {
     int attn_precision;
     /* Why this backend cannot run fp8 attention ("" when it can): set at creation. */
     char attn_fp8_why[200];
+    /* Optional (H3_CAP_I8_WEIGHTS): a weight stored as int8 codes (a ComfyUI int8 / int8_convrot single
+       file, core/singlefile.h): q [rows * cols] int8, scale [rows] f32, the weight W = ((q * scale).reshape(
+       rows, cols / group, group) @ H^T).reshape(rows, cols) with H the orthonormal Hadamard matrix of order
+       `group` (a power of 4; 0: no rotation, W = q * scale). `linear` over the handle computes X W^T + bias
+       as (X rotated by H in groups of `group` columns) (q * scale)^T: the activations are rotated at run time,
+       the codes never widened. The host data must stay valid while the handle lives (the CPU keeps views of
+       the mapping); weight_free frees the handle. Here, at the end of the struct and behind its capability
+       bit, rather than in the weights table: a backend built before it never sets the bit, so the field is
+       never read from its shorter struct, and the tables' initialisers stay complete. */
+    int (*weight_load_i8)(h3_backend *be, const int8_t *q, const float *scale, int group, int64_t rows, int64_t cols,
+                          h3_bw *out);
 };
 
 /* Host services handed to a backend built as its own shared library (it cannot see libh3's

@@ -23,7 +23,7 @@
 #define SF_PREFIX "model.diffusion_model."
 #define SF_ALIGN 64
 
-enum { JOB_PERMUTE = 1, JOB_FP8, JOB_INT8, JOB_QKV3, JOB_SWAP, JOB_ROPE, JOB_ZERO };
+enum { JOB_PERMUTE = 1, JOB_FP8, JOB_INT8, JOB_QKV3, JOB_SWAP, JOB_ROPE, JOB_ZERO, JOB_CODES, JOB_SCALES };
 
 typedef struct {
     size_t dst;      /* index of the presented tensor */
@@ -34,6 +34,10 @@ typedef struct {
     bool e5m2;
     int group;       /* int8: ConvRot group size, 0 = none */
     size_t src_k, src_v; /* JOB_QKV3 (diffusers' separate to_k / to_v) */
+    bool codes;      /* writes a stored-codes tensor (JOB_CODES, JOB_SCALES) into src->qs: run only when the
+                        codes are used natively (h3_sf_native) */
+    bool skip;       /* an int8 layer computed from its codes: its BF16 form is not written (h3_sf_native) */
+    bool fp8;        /* a codes job of an fp8 layer */
 } sf_job;
 
 struct h3_sf_source {
@@ -43,6 +47,12 @@ struct h3_sf_source {
     int heads;
     int rope_freq;   /* diffusers names: rope.inv_freq is computed (a non-persistent buffer there) */
     double rope_theta;
+    /* The quantised layers' stored codes and per-row scales under "<name>#codes" / "<name>#scale"
+       (views of the file, or jobs when the QKV rows must be reordered or one scale broadcast): a
+       store of its own, so that the presented one lists, counts and estimates what it did before. */
+    h3_store qs;
+    bool native_codes; /* h3_sf_native: the codes jobs run */
+    bool native_i8, native_fp8; /* of which formats */
     int fd;          /* the owned file */
     char *tmp_path;  /* a temporary file to unlink at the end (no memfd) */
     uint64_t owned;
@@ -56,6 +66,7 @@ void h3_sf_source_free(struct h3_sf_source *src)
 {
     if (!src) return;
     h3_store_close(&src->raw);
+    h3_store_close(&src->qs);
     if (src->fd >= 0) close(src->fd);
     if (src->tmp_path) {
         unlink(src->tmp_path);
@@ -66,7 +77,154 @@ void h3_sf_source_free(struct h3_sf_source *src)
     free(src);
 }
 
-uint64_t h3_sf_owned_bytes(const h3_store *s) { return s && s->source ? s->source->owned : 0; }
+/* Whether job j runs in the source's mode. */
+static bool job_runs(const struct h3_sf_source *src, const sf_job *j)
+{
+    if (j->codes) return j->fp8 ? src->native_fp8 : src->native_i8;
+    return !j->skip;
+}
+
+static uint64_t job_bytes(const struct h3_sf_source *src, const h3_store *s, const sf_job *j)
+{
+    const h3_tensor *t = &(j->codes ? &src->qs : s)->tensors[j->dst];
+    return t->end - t->begin;
+}
+
+uint64_t h3_sf_owned_bytes(const h3_store *s)
+{
+    if (!s || !s->source) return 0;
+    uint64_t n = 0;
+    for (size_t j = 0; j < s->source->njobs; j++)
+        if (job_runs(s->source, &s->source->jobs[j])) n += job_bytes(s->source, s, &s->source->jobs[j]);
+    return n;
+}
+
+uint64_t h3_sf_codes_bytes(const h3_store *s)
+{
+    if (!s || !s->source) return 0;
+    const h3_store *q = &s->source->qs;
+    uint64_t n = 0;
+    /* a codes tensor and its scales follow each other */
+    for (size_t i = 0; i + 1 < q->ntensors; i += 2) {
+        const h3_dtype d = q->tensors[i].dtype;
+        if (d == H3_DT_I8 ? s->source->native_i8 : s->source->native_fp8)
+            n += q->tensors[i].end - q->tensors[i].begin + q->tensors[i + 1].end - q->tensors[i + 1].begin;
+    }
+    return n;
+}
+
+void h3_sf_native_bytes(const h3_store *s, bool (*pred)(const char *name), uint64_t *presented, uint64_t *codes)
+{
+    *presented = *codes = 0;
+    const struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src || !src->native_codes) return;
+    const h3_store *q = &src->qs;
+    for (size_t i = 0; i + 1 < q->ntensors; i += 2) { /* a codes tensor, then its scales */
+        const h3_tensor *c = &q->tensors[i];
+        if (!(c->dtype == H3_DT_I8 ? src->native_i8 : src->native_fp8)) continue;
+        char name[640];
+        snprintf(name, sizeof name, "%s", h3_tensor_name(q, c));
+        char *hash = strrchr(name, '#');
+        if (hash) *hash = 0;
+        const h3_tensor *p = h3_store_find(s, name);
+        if (!p || (pred && !pred(name))) continue;
+        *presented += p->end - p->begin;
+        *codes += c->end - c->begin + q->tensors[i + 1].end - q->tensors[i + 1].begin;
+    }
+}
+
+uint64_t h3_sf_codes_of(const h3_store *s, const char *name)
+{
+    const struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src || !src->native_codes) return 0;
+    char n[640];
+    snprintf(n, sizeof n, "%s#codes", name);
+    const h3_tensor *c = h3_store_find(&src->qs, n);
+    snprintf(n, sizeof n, "%s#scale", name);
+    const h3_tensor *sc = h3_store_find(&src->qs, n);
+    if (!c || !sc || !(c->dtype == H3_DT_I8 ? src->native_i8 : src->native_fp8)) return 0;
+    return (c->end - c->begin) + (sc->end - sc->begin);
+}
+
+bool h3_sf_native_on(const h3_store *s) { return s && s->source && s->source->native_codes; }
+
+int h3_sf_native(h3_store *s, bool i8, bool fp8, bool (*skip_i8)(const char *name))
+{
+    struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src) return 0;
+    if (src->njobs && atomic_load(&src->filled))
+        return h3_err(H3_E_INVALID, "%s: the single file's tensors were already written (set its mode first)",
+                      src->raw.files[0].path);
+    src->native_i8 = i8 && src->qs.ntensors > 0;
+    src->native_fp8 = fp8 && src->qs.ntensors > 0;
+    bool any = false;
+    for (size_t i = 0; i < src->qs.ntensors; i++) {
+        const h3_dtype d = src->qs.tensors[i].dtype;
+        any |= (d == H3_DT_I8 && src->native_i8) || ((d == H3_DT_F8_E4M3 || d == H3_DT_F8_E5M2) && src->native_fp8);
+    }
+    src->native_codes = any;
+    for (size_t j = 0; j < src->njobs; j++) {
+        sf_job *job = &src->jobs[j];
+        job->skip = src->native_i8 && skip_i8 && job->kind == JOB_INT8 &&
+                    skip_i8(h3_tensor_name(s, &s->tensors[job->dst]));
+    }
+    return 0;
+}
+
+bool h3_sf_qtensor(const h3_store *s, const char *name, const h3_tensor **codes, const h3_tensor **scale, int *group)
+{
+    *codes = *scale = NULL;
+    *group = 0;
+    const struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src || !src->native_i8) return false;
+    char n[640];
+    snprintf(n, sizeof n, "%s#codes", name);
+    const h3_tensor *c = h3_store_find(&src->qs, n);
+    snprintf(n, sizeof n, "%s#scale", name);
+    const h3_tensor *sc = h3_store_find(&src->qs, n);
+    const h3_tensor *p = h3_store_find(s, name);
+    if (!c || !sc || !p || c->dtype != H3_DT_I8) return false;
+    const size_t pi = (size_t)(p - s->tensors);
+    for (size_t j = 0; j < src->njobs; j++)
+        if (!src->jobs[j].codes && src->jobs[j].dst == pi) {
+            if (!src->jobs[j].skip) return false; /* widened: the consumer reads the BF16 form */
+            *group = src->jobs[j].group;
+        }
+    *codes = c;
+    *scale = sc;
+    return true;
+}
+
+int h3_sf_qweight(h3_store *s, const char *name, int64_t rows, int64_t cols, h3_sf_qw *out)
+{
+    memset(out, 0, sizeof *out);
+    struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src || !src->native_codes) return 0;
+    char n[640];
+    snprintf(n, sizeof n, "%s#codes", name);
+    const h3_tensor *t = h3_store_find(&src->qs, n);
+    if (!t || !(t->dtype == H3_DT_I8 ? src->native_i8 : src->native_fp8)) return 0;
+    const h3_tensor *p = h3_store_find(s, name);
+    const size_t pi = p ? (size_t)(p - s->tensors) : (size_t)-1;
+    out->widened = true;
+    for (size_t j = 0; j < src->njobs; j++)
+        if (!src->jobs[j].codes && src->jobs[j].dst == pi) {
+            out->group = src->jobs[j].group;
+            out->widened = !src->jobs[j].skip;
+        }
+    int rc = h3_store_ready(s);
+    if (rc) return rc;
+    const int64_t shape[2] = {rows, cols};
+    out->dtype = t->dtype;
+    out->q = h3_store_get(&src->qs, n, t->dtype, 2, shape);
+    snprintf(n, sizeof n, "%s#scale", name);
+    out->scale = out->q ? h3_store_get(&src->qs, n, H3_DT_F32, 1, shape) : NULL;
+    if (!out->q || !out->scale) {
+        h3_err_prefix("%s", name);
+        return -H3_E_SCHEMA;
+    }
+    return 1;
+}
 
 static bool ends_with(const char *s, const char *suf)
 {
@@ -324,6 +482,37 @@ static int present_diffusers(h3_store *s, struct h3_sf_source *src, size_t i, bo
     return h3_store_push(s, name, &v, path);
 }
 
+/* The stored codes of quantised layer `name` (raw tensor i, scales raw tensor sc) in src->qs:
+   "<name>#codes" [N, K] (a view; the QKV rows reordered by a job) and "<name>#scale" F32 [N] (a
+   view of [N] / [N, 1] scales; a job for a broadcast single scale or reordered rows). */
+static int present_codes(struct h3_sf_source *src, const h3_tensor *t, size_t i, long sc, const char *name, bool qkv,
+                         const char *path)
+{
+    h3_store *raw = &src->raw, *q = &src->qs;
+    char n[640];
+    snprintf(n, sizeof n, "%s#codes", name);
+    h3_tensor v = *t;
+    v.file = 0;
+    int rc;
+    const bool fp8 = t->dtype != H3_DT_I8;
+    if (qkv) rc = push_job(q, src, (sf_job){.kind = JOB_CODES, .src = i, .scale = -1, .qkv = true, .codes = true, .fp8 = fp8},
+                           v, n, path);
+    else rc = h3_store_push(q, n, &v, path);
+    if (rc) return rc;
+    const h3_tensor *st = &raw->tensors[sc];
+    h3_tensor w = *st;
+    w.file = 0;
+    w.ndim = 1;
+    w.shape[0] = t->shape[0];
+    w.dtype = H3_DT_F32;
+    snprintf(n, sizeof n, "%s#scale", name);
+    if (qkv || numel(st) != (uint64_t)t->shape[0])
+        return push_job(q, src,
+                        (sf_job){.kind = JOB_SCALES, .src = (size_t)sc, .scale = -1, .qkv = qkv, .codes = true, .fp8 = fp8},
+                        w, n, path);
+    return h3_store_push(q, n, &w, path);
+}
+
 static int present(h3_store *s, struct h3_sf_source *src, const h3_json *meta, size_t i, bool prefixed,
                    bool legacy_fp8, const char *path, int counts[4])
 {
@@ -385,6 +574,7 @@ static int present(h3_store *s, struct h3_sf_source *src, const h3_json *meta, s
         }
         job.scale = sc;
         v.dtype = H3_DT_BF16;
+        if ((rc = present_codes(src, t, i, sc, name, qkv, path))) return rc;
     } else if (qkv) {
         job.kind = JOB_PERMUTE;
     }
@@ -498,6 +688,16 @@ int h3_sf_open_rope(h3_store *s, const char *path, h3_component comp, int heads,
             if (!f->path) rc = -H3_E_NOMEM;
         }
     }
+    if (!rc && src->qs.ntensors) { /* the codes' store reads the same two files */
+        if (!(src->qs.files = h3_calloc((size_t)s->nfiles, sizeof *src->qs.files))) rc = -H3_E_NOMEM;
+        for (int f = 0; !rc && f < s->nfiles; f++) {
+            src->qs.files[f] = s->files[f];
+            src->qs.files[f].fd = -1;
+            src->qs.files[f].map = NULL;
+            if (!(src->qs.files[f].path = h3_strdup(s->files[f].path))) rc = -H3_E_NOMEM;
+            src->qs.nfiles = f + 1;
+        }
+    }
     /* The raw store's mapping is only needed while the jobs run. */
     h3_store_release(raw);
     if (rc) {
@@ -531,11 +731,12 @@ int h3_sf_open_rope(h3_store *s, const char *path, h3_component comp, int heads,
 }
 
 /* Run every job into the owned file. */
-static int fill(h3_store *s)
+/* Run the jobs of the source's mode into the owned file, or (skipped) only the int8 layers h3_sf_native left out. */
+static int fill_jobs(h3_store *s, bool skipped)
 {
     struct h3_sf_source *src = s->source;
     h3_store *raw = &src->raw;
-    if (ftruncate(src->fd, (off_t)src->owned) != 0)
+    if (!skipped && ftruncate(src->fd, (off_t)src->owned) != 0)
         return h3_err(H3_E_NOMEM, "%s: cannot size the owned file for its transformed tensors (%llu bytes): %s",
                       raw->files[0].path, (unsigned long long)src->owned, strerror(errno));
     uint8_t *out = mmap(NULL, (size_t)src->owned, PROT_READ | PROT_WRITE, MAP_SHARED, src->fd, 0);
@@ -547,8 +748,9 @@ static int fill(h3_store *s)
     size_t tmp_cap = 0;
     for (size_t j = 0; !rc && j < src->njobs; j++) {
         const sf_job *job = &src->jobs[j];
-        const h3_tensor *rt = &raw->tensors[job->src], *dt = &s->tensors[job->dst];
-        if (job->kind == JOB_ZERO) continue; /* the owned file starts zeroed (ftruncate) */
+        const h3_tensor *rt = &raw->tensors[job->src], *dt = &(job->codes ? &src->qs : s)->tensors[job->dst];
+        if (job->kind == JOB_ZERO || (skipped ? !job->skip : !job_runs(src, job)))
+            continue; /* the owned file starts zeroed (ftruncate) */
         if (job->kind == JOB_ROPE) {
             /* diffusers' buffer: 1 / theta ** (arange(0, 2F, 2) / 2F), each step a float32 operation. */
             float *f = (float *)(out + dt->begin);
@@ -569,7 +771,7 @@ static int fill(h3_store *s)
         const int64_t N = dt->shape[0], K = dt->ndim > 1 ? (int64_t)(numel(dt) / (uint64_t)N) : 1;
         const size_t es = h3_dtype_size(dt->dtype), bytes = (size_t)(dt->end - dt->begin);
         uint8_t *dst = out + dt->begin, *stage = dst;
-        if (job->qkv && job->kind != JOB_PERMUTE) { /* dequantise into a scratch, then reorder */
+        if (job->qkv && job->kind != JOB_PERMUTE && job->kind != JOB_CODES) { /* dequantise into a scratch, then reorder */
             if (bytes > tmp_cap) {
                 free(tmp);
                 tmp_cap = bytes;
@@ -599,7 +801,11 @@ static int fill(h3_store *s)
             h3_deq_fp8(in, job->e5m2, sc[0], N, K, (uint16_t *)stage);
         else if (job->kind == JOB_INT8)
             h3_deq_int8(in, sc, (int64_t)numel(&raw->tensors[job->scale]), job->group, N, K, (uint16_t *)stage);
-        else
+        else if (job->kind == JOB_SCALES) { /* one scale per row: broadcast, or copied to be reordered */
+            const float *f = in;
+            const bool one = numel(rt) == 1;
+            for (int64_t r = 0; r < N; r++) ((float *)stage)[r] = f[one ? 0 : r];
+        } else
             stage = (uint8_t *)in;
         if (job->qkv) {
             /* [q_all; k_all; v_all] -> libh3's per-head order, D contiguous rows at a time. */
@@ -613,6 +819,23 @@ static int fill(h3_store *s)
     free(tmp);
     if (munmap(out, (size_t)src->owned) != 0 && !rc) rc = h3_err(H3_E_IO, "cannot unmap the owned file");
     h3_store_release(raw);
+    return rc;
+}
+
+static int fill(h3_store *s) { return fill_jobs(s, false); }
+
+int h3_sf_widen(h3_store *s)
+{
+    struct h3_sf_source *src = s ? s->source : NULL;
+    if (!src) return 0;
+    int rc = h3_store_ready(s);
+    if (rc) return rc;
+    pthread_mutex_lock(&src->mu);
+    bool any = false;
+    for (size_t j = 0; j < src->njobs; j++) any |= src->jobs[j].skip;
+    if (any && !(rc = fill_jobs(s, true)))
+        for (size_t j = 0; j < src->njobs; j++) src->jobs[j].skip = false;
+    pthread_mutex_unlock(&src->mu);
     return rc;
 }
 

@@ -38,8 +38,45 @@ H3_INTERNAL int h3_sf_open(h3_store *s, const char *path, h3_component comp, int
  */
 H3_INTERNAL int h3_sf_open_rope(h3_store *s, const char *path, h3_component comp, int heads, int rope_freq,
                                 double rope_theta, char *desc, size_t cap);
-/* Bytes of the owned file (transformed tensors) a store from h3_sf_open fills; 0 for other stores. */
+/* Bytes of the owned file (transformed tensors) a store from h3_sf_open fills in its mode (h3_sf_native); 0 for other stores. */
 H3_INTERNAL uint64_t h3_sf_owned_bytes(const h3_store *s);
+
+/*
+ * The stored codes of the quantised layers, for a backend that computes on them (int8 on the CPU,
+ * fp8 on a GPU with fp8 GEMMs): h3_sf_native, before any data of the store is read, says whether
+ * they are used, per format (`i8`, `fp8`: the jobs that lay them out run) and which int8 layers' BF16 forms are
+ * then left unwritten (those `skip_i8` says yes to, by presented name: the ones the consumer loads
+ * from their codes; their owned memory is never touched; NULL: none). Without the call the store
+ * widens every quantised layer, as before. Error once the store's data was read.
+ */
+H3_INTERNAL int h3_sf_native(h3_store *s, bool i8, bool fp8, bool (*skip_i8)(const char *name));
+typedef struct h3_sf_qw {
+    h3_dtype dtype;     /* H3_DT_I8, H3_DT_F8_E4M3 or H3_DT_F8_E5M2 */
+    const void *q;      /* [rows, cols] codes in libh3's row order (QKV rows reordered) */
+    const float *scale; /* [rows]: W[n] = q[n] * scale[n] (then the rotation, for int8 ConvRot) */
+    int group;          /* int8 ConvRot group size, 0 = none (fp8: 0) */
+    bool widened;       /* the BF16 form of `name` is also there (false when h3_sf_native left it out) */
+} h3_sf_qw;
+/* Layer `name` [rows, cols] as stored codes: 1 and *out set, 0 when the store has no codes for it
+   (not a single file, not quantised, or h3_sf_native not asked), or an error. */
+H3_INTERNAL int h3_sf_qweight(h3_store *s, const char *name, int64_t rows, int64_t cols, h3_sf_qw *out);
+/* The same without reading data: the int8 codes and scales tensors of `name` (in the files of `s`, for a
+   reader such as core/streamer) and its ConvRot group. true only for int8 codes turned on by h3_sf_native. */
+H3_INTERNAL bool h3_sf_qtensor(const h3_store *s, const char *name, const h3_tensor **codes, const h3_tensor **scale,
+                               int *group);
+/* Of the layers whose codes are on and that `pred` accepts (by presented name; NULL: all): their presented
+   (BF16) bytes and the bytes of their codes and scales: what the memory estimate swaps. */
+H3_INTERNAL void h3_sf_native_bytes(const h3_store *s, bool (*pred)(const char *name), uint64_t *presented,
+                                    uint64_t *codes);
+/* Bytes of layer `name`'s codes and scales when its codes are on (h3_sf_native), else 0. */
+H3_INTERNAL uint64_t h3_sf_codes_of(const h3_store *s, const char *name);
+/* Write the BF16 forms h3_sf_native left out (a consumer that needs them after all: a LoRA merges into widened
+   weights); the codes stay available. Once; then every layer is presented widened as without the call. */
+H3_INTERNAL int h3_sf_widen(h3_store *s);
+/* Whether h3_sf_native turned the codes on. */
+H3_INTERNAL bool h3_sf_native_on(const h3_store *s);
+/* Bytes of the stored codes and scales presented by h3_sf_qweight (views of the file and their reordered copies). */
+H3_INTERNAL uint64_t h3_sf_codes_bytes(const h3_store *s);
 
 /* ---- quantised formats (quant_formats.c) ------------------------------------------------------ */
 

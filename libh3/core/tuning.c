@@ -88,6 +88,8 @@ void h3_tuning_read(h3_tuning *t)
     }
     const char *p = getenv("H3_STREAM_PACK");
     t->stream_pack = !(p && !strcmp(p, "0"));
+    const char *w = env("H3_QUANT_WIDEN");
+    t->quant_widen = w && strcmp(w, "0") != 0;
     copy(t->cuda_attention, sizeof t->cuda_attention, env("H3_CUDA_ATTENTION"));
     copy(t->cuda_rows, sizeof t->cuda_rows, env("H3_CUDA_ROWS"));
     copy(t->cudnn_lib, sizeof t->cudnn_lib, env("H3_CUDNN_LIB"));
@@ -127,6 +129,7 @@ void h3_tuning_json(h3_buf *b, const h3_tuning *t)
         h3_buf_printf(b, ", \"H3_TEXT_READERS\": null");
     kv_tri(b, "H3_TEXT_KEEP", t->text_keep);
     h3_buf_printf(b, ", \"H3_STREAM_PACK\": %s", t->stream_pack ? "null" : "false");
+    h3_buf_printf(b, ", \"H3_QUANT_WIDEN\": %s", t->quant_widen ? "true" : "null");
     kv_str(b, "H3_CUDA_ATTENTION", t->cuda_attention);
     kv_str(b, "H3_CUDA_ROWS", t->cuda_rows);
     kv_str(b, "H3_CUDNN_LIB", t->cudnn_lib);

@@ -29,6 +29,9 @@ typedef struct h3_tuning {
     char cuda_attention[H3_TUNING_STR]; /* H3_CUDA_ATTENTION: auto, own or cudnn */
     char cuda_rows[H3_TUNING_STR];      /* H3_CUDA_ROWS: auto or scalar */
     char cudnn_lib[4096];               /* H3_CUDNN_LIB: path of libcudnn.so.9 */
+    /* H3_QUANT_WIDEN: a single file's quantised layers are widened to BF16 at load (1), not computed
+       from their stored codes where the backend can (the default). */
+    bool quant_widen;
     /* Once per process (copies, for h3_tuning_json). */
     bool no_simd;       /* H3_NO_SIMD */
     char cuda_lib[4096]; /* H3_CUDA_LIB, "" unset */

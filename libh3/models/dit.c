@@ -20,6 +20,7 @@
  */
 #include "models/dit_internal.h"
 #include "models/dit_fp8file.h"
+#include "core/singlefile.h"
 
 #include <stdatomic.h>
 
@@ -125,8 +126,30 @@ static int get_w(h3_dit *d, h3_bw *w, int64_t rows, int64_t cols, const char *fm
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    /* A single file's quantised layer, computed from its stored codes where the backend can. */
+    h3_sf_qw q;
+    int rc = h3_sf_qweight(d->st, name, rows, cols, &q);
+    if (rc < 0) return rc;
+    /* A LoRA merges into widened weights: the layers left unwritten are widened now (once, all of them). */
+    if (rc > 0 && d->w.lora && !q.widened && (rc = h3_sf_widen(d->st))) return rc;
+    if (rc > 0 && !d->w.lora) {
+        if (q.dtype == H3_DT_I8 && h3_backend_has(d->be, H3_CAP_I8_WEIGHTS))
+            rc = d->be->weight_load_i8(d->be, q.q, q.scale, q.group, rows, cols, w);
+        else if (q.dtype == H3_DT_F8_E4M3 && h3_backend_has(d->be, H3_CAP_FP8_WEIGHTS) &&
+                 d->be->compute_capability >= 89 && h3_fp8_weight_shape_ok(rows, cols))
+            rc = d->be->weights->weight_load_fp8(d->be, q.q, q.scale, rows, cols, w);
+        else if (!q.widened)
+            rc = h3_err(H3_E_UNSUPPORTED, "the %s backend cannot compute on the stored %s codes", d->be->name,
+                        h3_dtype_name(q.dtype));
+        else
+            rc = 1; /* the widened form below */
+        if (rc <= 0) {
+            if (rc) h3_err_prefix("%s", name);
+            return rc;
+        }
+    }
     h3_mat m;
-    int rc = host_mat(d, &m, rows, cols, name);
+    rc = host_mat(d, &m, rows, cols, name);
     if (!rc) rc = d->be->weights->weight_load(d->be, m.data, m.dtype, rows, cols, w);
     if (rc) h3_err_prefix("%s", name);
     /* A backend that made its own copy (a GPU's, int8 on the CPU) no longer reads the mapped
@@ -181,6 +204,29 @@ const char *h3_dit_gemm_part(int k)
 {
     static const char *const parts[H3_DIT_GEMMS] = {"attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2"};
     return k >= 0 && k < H3_DIT_GEMMS ? parts[k] : "?";
+}
+
+bool h3_dit_gemm_weight(const char *name)
+{
+    static const char *const whole[] = {"condition_proj.weight", "final_layer.video_out.weight",
+                                        "final_layer.audio_out.weight", "video_patch_proj.weight",
+                                        "audio_patch_proj.weight"};
+    for (size_t i = 0; i < sizeof whole / sizeof *whole; i++)
+        if (strcmp(name, whole[i]) == 0) return true;
+    static const char *const pfx[] = {"blocks.", "token_refiner.blocks."};
+    for (size_t p = 0; p < sizeof pfx / sizeof *pfx; p++) {
+        const size_t l = strlen(pfx[p]);
+        if (strncmp(name, pfx[p], l) != 0) continue;
+        char *end;
+        strtol(name + l, &end, 10);
+        if (end == name + l || *end != '.') return false;
+        char part[64];
+        for (int k = 0; k < H3_DIT_GEMMS; k++) {
+            snprintf(part, sizeof part, "%s.weight", h3_dit_gemm_part(k));
+            if (strcmp(end + 1, part) == 0) return true;
+        }
+    }
+    return false;
 }
 
 void h3_dit_gemm_shape(const h3_dit_cfg *c, int k, int64_t *rows, int64_t *cols)

@@ -132,6 +132,16 @@ H3_INTERNAL void h3_dit_unpack_audio(int C, int Ta, const float *rows, float *la
    alike). The reduced precisions apply to these of the main blocks. */
 #define H3_DIT_GEMMS 4
 H3_INTERNAL const char *h3_dit_gemm_part(int k);
+/* Whether tensor `name` is one the transformer loads as a backend GEMM weight (get_w: the blocks' and the
+   refiner's qkv / out / fc1 / fc2, the input and output projections), as opposed to the matrices it
+   reads on the host (the AdaLN projections, the time embedder): what a single file's stored codes may
+   replace (core/singlefile.h's h3_sf_native). */
+H3_INTERNAL bool h3_dit_gemm_weight(const char *name);
+/* The streaming rule of a vram budget (dit_stream.c), for the memory estimate too: blocks kept resident when
+   `avail` bytes remain after the fixed weights, one block's GEMM weights take block_bytes and the ring
+   ring_bytes (h3_dit_stream_slots() plain slots of a block); -1 when the budget cannot hold the ring. */
+H3_INTERNAL int64_t h3_dit_stream_keep(int64_t avail, uint64_t block_bytes, uint64_t ring_bytes);
+H3_INTERNAL int h3_dit_stream_slots(void);
 H3_INTERNAL void h3_dit_gemm_shape(const h3_dit_cfg *c, int k, int64_t *rows, int64_t *cols);
 
 /*

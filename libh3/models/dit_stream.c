@@ -49,6 +49,14 @@
    widths and 37,838 tokens), the tables and the other stages' work. */
 #define DIT_AUTO_MARGIN ((int64_t)8 << 30)
 #define DIT_SLOTS 2
+
+int64_t h3_dit_stream_keep(int64_t avail, uint64_t block_bytes, uint64_t ring_bytes)
+{
+    const int64_t B = (int64_t)block_bytes;
+    return B > 0 && avail >= B * DIT_SLOTS ? (avail - (int64_t)ring_bytes) / B : -1;
+}
+
+int h3_dit_stream_slots(void) { return DIT_SLOTS; }
 #define CPU_ALIGN 64u
 
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
@@ -285,7 +293,7 @@ int dit_stream_plan(h3_dit *d, int64_t vram, bool pack)
             ring_bytes = B + DIT_SLOTS * stage;
         }
     }
-    int64_t keep = avail >= (int64_t)B * DIT_SLOTS ? (avail - (int64_t)ring_bytes) / (int64_t)B : -1;
+    int64_t keep = h3_dit_stream_keep(avail, B, ring_bytes);
     if (keep < 0) {
         if (vram > 0)
             return h3_err(H3_E_INVALID,

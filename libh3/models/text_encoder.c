@@ -29,6 +29,7 @@
 #include "models/text_encoder.h"
 #include "core/host.h" /* h3_to_f32: weights are widened on the host before upload */
 #include "core/streamer.h"
+#include "core/singlefile.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -54,7 +55,13 @@ static const char *const k_wname[W_COUNT] = {
 typedef struct {
     const h3_tensor *t[W_COUNT];
     size_t off[W_COUNT];   /* offset of each tensor inside the layer buffer (64-byte aligned) */
-    int order[W_COUNT];    /* tensors sorted by (file, offset): the order they are read in */
+    /* A single file's int8 GEMM weight computed from its stored codes (core/singlefile.h): t is the
+       codes tensor, sc its per-row scales (at sc_off), group its ConvRot group; sc NULL otherwise. */
+    const h3_tensor *sc[W_COUNT];
+    size_t sc_off[W_COUNT];
+    int group[W_COUNT];
+    h3_stream_read reads[2 * W_COUNT]; /* sorted by (file, offset): the order they are read in */
+    int nreads;
     uint64_t bytes;        /* stored bytes of the layer (what is read) */
     size_t buf_bytes;      /* bytes of buffer it needs (with alignment padding) */
 } te_layer;
@@ -65,6 +72,7 @@ typedef struct {
     const h3_tensor *embed;
     te_layer *layers;      /* cfg.cond_layer entries */
     size_t slot_bytes;     /* largest buf_bytes */
+    bool native;           /* some GEMM weights are stored int8 codes (te_layer.sc) */
 } te_plan;
 
 static const h3_tensor *layer_tensor(h3_store *s, int layer, int w)
@@ -83,13 +91,33 @@ static bool before(const h3_tensor *x, const h3_tensor *y)
 
 static void sort_reads(te_layer *L)
 {
-    for (int i = 0; i < W_COUNT; i++) L->order[i] = i;
-    for (int i = 1; i < W_COUNT; i++)
-        for (int j = i; j > 0 && before(L->t[L->order[j]], L->t[L->order[j - 1]]); j--) {
-            int t = L->order[j];
-            L->order[j] = L->order[j - 1];
-            L->order[j - 1] = t;
+    L->nreads = 0;
+    for (int i = 0; i < W_COUNT; i++) {
+        L->reads[L->nreads++] = (h3_stream_read){L->t[i], L->off[i]};
+        if (L->sc[i]) L->reads[L->nreads++] = (h3_stream_read){L->sc[i], L->sc_off[i]};
+    }
+    for (int i = 1; i < L->nreads; i++)
+        for (int j = i; j > 0 && before(L->reads[j].t, L->reads[j - 1].t); j--) {
+            const h3_stream_read t = L->reads[j];
+            L->reads[j] = L->reads[j - 1];
+            L->reads[j - 1] = t;
         }
+}
+
+bool h3_text_gemm_weight(const char *name)
+{
+    static const char *const parts[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                        "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                        "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+                                        "mlp.down_proj.weight"};
+    const char *pfx = "model.language_model.layers.";
+    if (strncmp(name, pfx, strlen(pfx)) != 0) return false;
+    char *end;
+    strtol(name + strlen(pfx), &end, 10);
+    if (end == name + strlen(pfx) || *end != '.') return false;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (strcmp(end + 1, parts[i]) == 0) return true;
+    return false;
 }
 
 static void plan_free(te_plan *p)
@@ -123,10 +151,24 @@ static int plan_build(h3_model *m, te_plan *p)
                 plan_free(p);
                 return h3_err(H3_E_SCHEMA, "text encoder: layer %d has no %s", l, k_wname[w]);
             }
+            const h3_tensor *codes, *scale;
+            char name[160];
+            snprintf(name, sizeof name, "model.language_model.layers.%d.%s", l, k_wname[w]);
+            if (h3_sf_qtensor(p->store, name, &codes, &scale, &L->group[w])) {
+                L->t[w] = codes;
+                L->sc[w] = scale;
+                p->native = true;
+            }
             uint64_t len = L->t[w]->end - L->t[w]->begin;
             L->off[w] = off;
             L->bytes += len;
             off += (size_t)((len + TE_ALIGN - 1) / TE_ALIGN * TE_ALIGN);
+            if (L->sc[w]) {
+                len = L->sc[w]->end - L->sc[w]->begin;
+                L->sc_off[w] = off;
+                L->bytes += len;
+                off += (size_t)((len + TE_ALIGN - 1) / TE_ALIGN * TE_ALIGN);
+            }
         }
         L->buf_bytes = off;
         sort_reads(L);
@@ -159,17 +201,16 @@ static int reader_slots(const te_plan *p, bool prefetch) { return prefetch && p-
 static int layers_open(const te_plan *p, int slots, void *const *host, int readers, h3_streamer **out)
 {
     const int L = p->cfg.cond_layer;
-    h3_stream_read *all = h3_malloc(sizeof *all * (size_t)(L > 0 ? L : 1) * W_COUNT);
+    h3_stream_read *all = h3_malloc(sizeof *all * (size_t)(L > 0 ? L : 1) * 2 * W_COUNT);
     const h3_stream_read **reads = h3_malloc(sizeof *reads * (size_t)(L > 0 ? L : 1));
     int *n = h3_malloc(sizeof *n * (size_t)(L > 0 ? L : 1));
     int rc = -H3_E_NOMEM;
     if (all && reads && n) {
         for (int l = 0; l < L; l++) {
             const te_layer *Y = &p->layers[l];
-            for (int i = 0; i < W_COUNT; i++)
-                all[(size_t)l * W_COUNT + i] = (h3_stream_read){Y->t[Y->order[i]], Y->off[Y->order[i]]};
-            reads[l] = all + (size_t)l * W_COUNT;
-            n[l] = W_COUNT;
+            for (int i = 0; i < Y->nreads; i++) all[(size_t)l * 2 * W_COUNT + i] = Y->reads[i];
+            reads[l] = all + (size_t)l * 2 * W_COUNT;
+            n[l] = Y->nreads;
         }
         rc = h3_streamer_open(p->store, L, reads, n, p->slot_bytes ? p->slot_bytes : TE_ALIGN, slots, host, readers,
                               "text encoder", out);
@@ -391,9 +432,16 @@ static int layer_run(h3_backend *be, te_act *a, const h3_text_cfg *c, const te_l
     int rc, loaded = 0;
     if ((rc = layer_norms(be, a, L, buf))) return rc;
     for (; loaded < TE_GEMMS && !rc; loaded++) {
-        const h3_tensor *t = L->t[gemms[loaded]];
-        rc = be->weights->weight_load(be, buf + L->off[gemms[loaded]], t->dtype, t->shape[0], t->shape[1],
-                                  &W[gemms[loaded]]);
+        const int g = gemms[loaded];
+        const h3_tensor *t = L->t[g];
+        if (L->sc[g])
+            rc = h3_backend_has(be, H3_CAP_I8_WEIGHTS)
+                     ? be->weight_load_i8(be, (const int8_t *)(buf + L->off[g]),
+                                                   (const float *)(buf + L->sc_off[g]), L->group[g], t->shape[0],
+                                                   t->shape[1], &W[g])
+                     : h3_err(H3_E_UNSUPPORTED, "text encoder: the %s backend cannot compute on int8 codes", be->name);
+        else
+            rc = be->weights->weight_load(be, buf + L->off[g], t->dtype, t->shape[0], t->shape[1], &W[g]);
     }
     if (!rc) rc = layer_forward(be, a, c, W);
     for (int i = 0; i < loaded; i++)
@@ -689,14 +737,15 @@ int h3_text_forward_vl(h3_model *m, h3_backend *be, const int32_t *ids, int n, c
     const int nslots = reader_slots(&p, prefetch);
     /* Kept layers (h3_text_run.keep) of this plan on this backend: nothing to read but the prompt's
        embedding rows. Kept layers of anything else are let go. */
-    h3_text_keep *kept = run && run->keep ? *run->keep : NULL;
+    /* (Not with stored int8 codes: the streamed and kept paths move bf16 layers.) */
+    h3_text_keep *kept = run && run->keep && !p.native ? *run->keep : NULL;
     if (kept && (kept->be != be || kept->layers != L || kept->ident != plan_ident(&p))) {
         h3_text_keep_free(kept);
         *run->keep = kept = NULL;
     }
     if (kept) {
         if ((rc = layers_open(&p, 1, NULL, 1, &st))) goto done;
-    } else if (use_stream(be, run ? run->tuning : NULL)) {
+    } else if (!p.native && use_stream(be, run ? run->tuning : NULL)) {
         void *host[2] = {NULL, NULL};
         if ((rc = be->weights->wstream_open(be, p.slot_bytes ? p.slot_bytes : TE_ALIGN, nslots, host, &ws)) ||
             (rc = layers_open(&p, nslots, host, reader_threads(true, run ? run->tuning : NULL), &st)))

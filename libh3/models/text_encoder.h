@@ -127,4 +127,9 @@ H3_INTERNAL int h3_rt_text_encode_refs(struct h3_runtime *rt, const char *prompt
 H3_INTERNAL int h3_rt_text_refs_rows(struct h3_runtime *rt, const char *prompt, int n_images, const int *widths,
                                      const int *heights, const int *frames, const int *audio_before);
 
+/* Whether tensor `name` is one of the language model's GEMM weights (q / k / v / o, gate / up / down of a
+   layer), which the encoder hands to the backend: what a single file's stored int8 codes may replace
+   (core/singlefile.h's h3_sf_native). */
+H3_INTERNAL bool h3_text_gemm_weight(const char *name);
+
 #endif /* H3_TEXT_ENCODER_H */

@@ -8,6 +8,7 @@
 #include "models/text_encoder.h"
 #include "models/video_vae.h"
 #include "core/geometry.h"
+#include "core/singlefile.h"
 #include "runtime/runtime.h"
 #include "backend/cpu/cpu_int8.h"
 #include "backend/cpu/cpu_vae.h" /* the CPU backend's per-thread decoder scratch */
@@ -56,11 +57,34 @@ static void block_gemm_bytes(const h3_store *s, uint64_t *stored, uint64_t *int8
 char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags, int width, int height, int frames,
                             int prompt_tokens)
 {
-    return h3_rt_memory_estimate_ex(m, threads, flags, H3_PRECISION_DEFAULT, width, height, frames, prompt_tokens);
+    return h3_rt_memory_estimate_ex(m, threads, flags, H3_PRECISION_DEFAULT, 0, width, height, frames, prompt_tokens);
 }
 
-char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int precision, int width, int height,
-                               int frames, int prompt_tokens)
+/* A GEMM weight's bytes as the transformer holds it: its stored span, or its codes and scales where a single
+   file's codes replace it (h3_sf_native). */
+static uint64_t gemm_bytes(const h3_store *s, const h3_tensor *t)
+{
+    const uint64_t codes = h3_sf_codes_of(s, h3_tensor_name(s, t));
+    return codes ? codes : t->end - t->begin;
+}
+
+/* The transformer's GEMM weights (h3_dit_gemm_weight): all, and one main block's. */
+static void dit_gemm_split(const h3_store *s, uint64_t *all, uint64_t *block0, uint64_t *blocks)
+{
+    *all = *block0 = *blocks = 0;
+    for (size_t i = 0; i < s->ntensors; i++) {
+        const h3_tensor *t = &s->tensors[i];
+        const char *name = h3_tensor_name(s, t);
+        if (!h3_dit_gemm_weight(name)) continue;
+        const uint64_t b = gemm_bytes(s, t);
+        *all += b;
+        if (strncmp(name, "blocks.", 7) == 0) *blocks += b;
+        if (strncmp(name, "blocks.0.", 9) == 0) *block0 += (b + 63) / 64 * 64;
+    }
+}
+
+char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int precision, int64_t vram_bytes,
+                               int width, int height, int frames, int prompt_tokens)
 {
     const int prefetch = (flags & H3_OPT_NO_TEXT_PREFETCH) ? 0 : 1;
     if (width <= 0 || height <= 0 || frames <= 0 || prompt_tokens <= 0 || width > 16384 ||
@@ -105,6 +129,10 @@ char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int pre
     if (!rc && have_dit && (rc = h3_model_headers(m, H3_COMP_TRANSFORMER)) == 0) {
         const h3_store *s = &m->comp[H3_COMP_TRANSFORMER].store;
         uint64_t all = s->bytes, adaln = bytes_where(s, NULL, "adaln_proj", false);
+        /* A single file's layers computed from their stored codes (h3_sf_native) hold the codes, not BF16. */
+        uint64_t sf_presented = 0, sf_codes = 0;
+        h3_sf_native_bytes(s, h3_dit_gemm_weight, &sf_presented, &sf_codes);
+        all = all - sf_presented + sf_codes;
         /* int8 (CPU): the blocks' GEMM weights stay resident as int8 copies; their mapped pages are
            released as each is quantised (dit.c get_w). */
         uint64_t gemm_stored = 0, gemm_int8 = 0;
@@ -140,6 +168,30 @@ char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int pre
         if (precision == H3_PRECISION_INT8)
             h3_buf_printf(&b, ", \"block_gemm_weights\": {\"precision\": \"int8\", \"stored\": %llu, "
                           "\"resident\": %llu}", (unsigned long long)gemm_stored, (unsigned long long)gemm_int8);
+        if (sf_presented)
+            h3_buf_printf(&b, ", \"single_file_codes\": {\"presented\": %llu, \"held\": %llu}",
+                          (unsigned long long)sf_presented, (unsigned long long)sf_codes);
+        if (vram_bytes > 0) {
+            /* Under a budget the main blocks that do not fit stream through a ring (dit_stream.c's rule,
+               h3_dit_stream_keep, with the plain ring's slots): the GEMM weights held are the fixed ones,
+               the kept blocks and the ring. */
+            uint64_t gemm_all, B, blocks;
+            dit_gemm_split(s, &gemm_all, &B, &blocks);
+            const uint64_t fixed = gemm_all - blocks, L = (uint64_t)dc.layers;
+            const int64_t avail = vram_bytes - (int64_t)fixed;
+            const uint64_t ring = B * (uint64_t)h3_dit_stream_slots();
+            int64_t keep = avail >= (int64_t)(B * L) ? (int64_t)L : h3_dit_stream_keep(avail, B, ring);
+            const bool fits = keep >= 0;
+            if (keep < 0) keep = 0;
+            const uint64_t held = fixed + B * (uint64_t)keep + ((uint64_t)keep < L ? ring : 0);
+            const uint64_t w = all - adaln - gemm_all + held;
+            h3_buf_printf(&b, ", \"under_vram_budget\": {\"vram_bytes\": %lld, \"fits\": %s, \"block_bytes\": %llu, "
+                          "\"fixed_gemm_bytes\": %llu, \"blocks_resident\": %lld, \"blocks_streamed\": %lld, "
+                          "\"gemm_weights_held\": %llu, \"weights\": %llu, \"total\": %llu}",
+                          (long long)vram_bytes, fits ? "true" : "false", (unsigned long long)B,
+                          (unsigned long long)fixed, (long long)keep, (long long)(L - (uint64_t)keep),
+                          (unsigned long long)held, (unsigned long long)w, (unsigned long long)(w + tables + act));
+        }
         first = false;
     }
     if (!rc && have_vv && (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE)) == 0) {

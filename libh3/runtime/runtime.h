@@ -103,7 +103,7 @@ H3_INTERNAL char *h3_rt_memory_estimate(h3_model *m, int threads, unsigned flags
                                         int frames, int prompt_tokens);
 /* The same for weights held at an H3_PRECISION_* (INT8: the main blocks' GEMM weights as int8 copies;
    the denoise phases then also report "block_gemm_weights": stored and resident bytes). */
-H3_INTERNAL char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int precision, int width,
-                                           int height, int frames, int prompt_tokens);
+H3_INTERNAL char *h3_rt_memory_estimate_ex(h3_model *m, int threads, unsigned flags, int precision, int64_t vram_bytes,
+                                           int width, int height, int frames, int prompt_tokens);
 
 #endif /* H3_RUNTIME_H */

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_component_arguments(pi)  # single files: their format, variant and what was inferred
     add_device_arguments(pi)
     add_precision_argument(pi)  # the memory estimate counts the weights as that precision holds them
+    from .render import add_vram_argument
+
+    add_vram_argument(pi)  # the estimate also says what a budget keeps resident and streams
 
     pp = sub.add_parser("parity", help="run one libh3 stage on tensors from a safetensors file")
     pp.add_argument("stage", nargs="?", help="stage name (see --list)")
@@ -169,6 +172,11 @@ def _cmd_check(args) -> int:
 
             what = describe_file(path) if path.endswith(".safetensors") else None
             print(f"{path}: ok{': ' + what if what else ''}")
+            if what and "transformer (give it with --transformer)" in what:
+                from .info import check_lines
+
+                for line in check_lines(path):
+                    print(line)
     return 0
 
 

@@ -237,4 +237,4 @@ def describe_file(path) -> str | None:
         variant = "pruned " + variant
     counts = ", ".join(f"{d} {c}" for d, c in sorted(dtypes.items()))
     return (f"MiniMax-H3 {part}; {'model.diffusion_model.' if prefixed else 'bare'} names; variant {variant}"
-            f"{f', {quant} quantised layers (dequantised to BF16 at load)' if quant else ''}; dtypes: {counts}")
+            f"{f', {quant} quantised layers' if quant else ''}; dtypes: {counts}")

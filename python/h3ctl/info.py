@@ -21,8 +21,64 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
+# The shapes a single file's description is estimated at (issue #25): the release's 864x480 and 1344x768 renders.
+SINGLE_FILE_SHAPES = ((864, 480, 56), (1344, 768, 124))
+
+
+def peak_and_resident(est: dict) -> dict:
+    """One estimate (libh3's h3_memory_estimate_json, runtime/memory.c) as the two numbers a card is chosen by:
+    the transformer's weights held while denoising (resident) and the largest phase (peak); under a budget, the
+    weights and total libh3's streaming rule gives."""
+    ph = est["phases"]
+    den = ph.get("under_vram_budget") or ph.get("denoise_precomputed_adaln") or {}
+    totals = [v["total"] for k, v in ph.items() if isinstance(v, dict) and "total" in v
+              and k not in ("denoise_without_precompute", "denoise_precomputed_adaln", "under_vram_budget")]
+    totals.append(den.get("total", 0))
+    return {"resident": den.get("weights", 0), "peak": max(totals), "streamed_blocks": den.get("blocks_streamed", 0)}
+
+
+def single_file_estimates(ctx, vram_ctx, prompt_tokens: int) -> list[dict]:
+    """The resident and peak estimate at SINGLE_FILE_SHAPES, without a budget and (vram_ctx) with --vram's."""
+    rows = []
+    for w, h, f in SINGLE_FILE_SHAPES:
+        row = {"width": w, "height": h, "frames": f, "no_vram": peak_and_resident(ctx.memory_estimate(w, h, f,
+                                                                                                      prompt_tokens))}
+        if vram_ctx is not None:
+            row["vram"] = peak_and_resident(vram_ctx.memory_estimate(w, h, f, prompt_tokens))
+        rows.append(row)
+    return rows
+
+
+def check_lines(path, prompt_tokens: int = 64) -> list[str]:
+    """`h3ctl check FILE` of a transformer single file of the release's shapes: libh3's estimate (CPU context,
+    h3ctl's copy of the release's transformer config; headers only) at SINGLE_FILE_SHAPES, without a budget and
+    with the smallest --vram (no block resident: the fixed GEMM weights and the two ring slots, dit_stream.c's
+    rule). [] when the file is not of the release's shapes (h3ctl info -d the model's folder estimates it then)."""
+    from .components import RELEASE_CONFIGS
+
+    files = {"transformer": str(path)}
+    lines = []
+    try:
+        with Context(RELEASE_CONFIGS, device="cpu", files=files) as ctx, \
+                Context(RELEASE_CONFIGS, device="cpu", files=files, vram=1 << 19) as big:
+            for w, h, f in SINGLE_FILE_SHAPES:
+                a = peak_and_resident(ctx.memory_estimate(w, h, f, prompt_tokens))
+                ub = big.memory_estimate(w, h, f, prompt_tokens)["phases"]["under_vram_budget"]
+                gib = (ub["fixed_gemm_bytes"] + 2 * ub["block_bytes"]) / 2**30
+                with Context(RELEASE_CONFIGS, device="cpu", files=files, vram=gib) as low:
+                    b = peak_and_resident(low.memory_estimate(w, h, f, prompt_tokens))
+                lines.append(f"  estimate {w}x{h}x{f}: transformer weights {human_bytes(a['resident'])}, denoise peak "
+                             f"{human_bytes(a['peak'])}; with --vram {gib:.1f} (no block resident): "
+                             f"{human_bytes(b['resident'])} on the device, peak {human_bytes(b['peak'])}")
+    except H3Error:
+        return []
+    return ["  memory (libh3's estimate on the CPU, where int8 layers run from their codes; a GPU widens them, and "
+            "runs fp8 from its codes at compute capability 8.9+):"] + lines
+
+
 def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens: int, ref2va: bool = False,
-            device: str = "auto", device_index: int = 0, precision: str = "default", parts: dict | None = None) -> dict:
+            device: str = "auto", device_index: int = 0, precision: str = "default", parts: dict | None = None,
+            vram=None) -> dict:
     from .components import resolve
     from .engine import default_model_dir
 
@@ -32,6 +88,14 @@ def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens:
     with Context(model_dir, ref2va=ref2va, device=device, device_index=device_index, precision=precision,
                  files=files) as ctx:
         info = ctx.info()
+        if any(c.get("single_file") for c in info["components"].values()):
+            if vram:
+                with Context(model_dir, ref2va=ref2va, device=device, device_index=device_index,
+                             precision=precision, files=files, vram=vram) as vctx:
+                    info["single_file_estimates"] = single_file_estimates(ctx, vctx, prompt_tokens)
+            else:
+                info["single_file_estimates"] = single_file_estimates(ctx, None, prompt_tokens)
+            info["single_file_estimates_vram_gib"] = float(vram) if vram else None
         info["device"] = {"name": ctx.device, "description": ctx.device_description, "stages": ctx.stages_device}
         info["memory_estimate"] = ctx.memory_estimate(width, height, frames, prompt_tokens)
         info["memory_estimate"]["render"] = {
@@ -112,9 +176,30 @@ def render_text(info: dict) -> str:
     for name in COMPONENT_ORDER:
         c = info["components"].get(name, {})
         if c.get("single_file"):
-            console.print(f"[bold]{name}[/] from {escape(c['single_file'])}: {escape(c['single_file_format'])}; "
+            native = c.get("single_file_native_codes", 0)
+            how = (f"; its quantised layers computed from their stored codes ({human_bytes(native)}), "
+                   "not dequantised" if native else "")
+            console.print(f"[bold]{name}[/] from {escape(c['single_file'])}: {escape(c['single_file_format'])}{how}; "
                           f"{human_bytes(c.get('single_file_owned_bytes', 0))} of it written into memory at load "
                           "(the configs come from the model folder)", highlight=False, soft_wrap=True)
+    est = info.get("single_file_estimates")
+    if est:
+        vg = info.get("single_file_estimates_vram_gib")
+        st = Table(show_header=True, header_style="bold", title="single files: memory estimate")
+        st.add_column("render")
+        st.add_column("resident (no --vram)", justify="right")
+        st.add_column("peak (no --vram)", justify="right")
+        if vg:
+            st.add_column(f"resident (--vram {vg:g})", justify="right")
+            st.add_column(f"peak (--vram {vg:g})", justify="right")
+        for r in est:
+            cells = [f"{r['width']}x{r['height']}x{r['frames']}", human_bytes(r["no_vram"]["resident"]),
+                     human_bytes(r["no_vram"]["peak"])]
+            if vg:
+                cells += [human_bytes(r["vram"]["resident"]) + f" ({r['vram']['streamed_blocks']} blocks streamed)",
+                          human_bytes(r["vram"]["peak"])]
+            st.add_row(*cells)
+        console.print(st)
     for name in COMPONENT_ORDER:
         cfg = info["components"].get(name, {}).get("config")
         if cfg:
@@ -179,7 +264,7 @@ def main(args) -> int:
             raise H3Error(f"{model_dir}: the embedded model is missing from this installation")
     info = collect(model_dir, args.width, args.height, args.frames, args.prompt_tokens, args.ref2va,
                    device=getattr(args, "device", "auto"), device_index=getattr(args, "device_index", 0),
-                   precision=getattr(args, "precision", "default"), parts=parts)
+                   precision=getattr(args, "precision", "default"), parts=parts, vram=getattr(args, "vram", None))
     if args.json:
         print(json.dumps(info, indent=2))
     else:

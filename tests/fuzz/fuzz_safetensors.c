@@ -16,6 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool every_name(const char *name)
+{
+    (void)name;
+    return true;
+}
+
 /* A header that validates is also read as a single-file transformer (core/singlefile.c): the name mapping,
    the comfy_quant / _quantization_metadata JSON, the refusals, and (when it opens) the dequantisation jobs. */
 static void single_file(const uint8_t *data, size_t size)
@@ -33,6 +39,27 @@ static void single_file(const uint8_t *data, size_t size)
         if (rc != 0 && h3_last_error()[0] == 0) __builtin_trap();
         if (rc == 0) {
             h3_store_ready(&st);
+            h3_store_close(&st);
+        }
+        /* Again with the stored codes on (h3_sf_native: int8 and fp8, every int8 layer's BF16 form left out), and
+           every presented 2-D tensor asked for its codes, as the transformer and the memory estimate ask. */
+        if (rc == 0 && h3_sf_open(&st, path, H3_COMP_TRANSFORMER, 2, NULL, 0) == 0) {
+            if (h3_sf_native(&st, true, true, every_name) == 0) {
+                uint64_t a, b;
+                h3_sf_native_bytes(&st, NULL, &a, &b);
+                for (size_t i = 0; i < st.ntensors; i++) {
+                    const h3_tensor *t = &st.tensors[i];
+                    const h3_tensor *c, *sc;
+                    int group;
+                    h3_sf_qw q;
+                    if (t->ndim != 2) continue;
+                    h3_sf_codes_of(&st, h3_tensor_name(&st, t));
+                    h3_sf_qtensor(&st, h3_tensor_name(&st, t), &c, &sc, &group);
+                    if (h3_sf_qweight(&st, h3_tensor_name(&st, t), t->shape[0], t->shape[1], &q) < 0 &&
+                        h3_last_error()[0] == 0)
+                        __builtin_trap();
+                }
+            }
             h3_store_close(&st);
         }
     }

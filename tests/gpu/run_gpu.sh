@@ -23,6 +23,11 @@
 #           released widths (4 blocks, 4 text layers, full decoders) at 864x480x56 and 1344x768x124, per phase next
 #           to diffusers, extrapolated to 50 blocks / 20 steps, bf16 and (--fp8) fp8 weights + fp8 attention (table +
 #           bench-render.json; BENCH_RENDER_ARGS replaces the default "--no-compile --repeats 1 --fp8")
+#   bench-memory  (optional, not in the default list) tests/bench_memory_single_file.py: the single-file variants
+#           (bf16, fp8_scaled, int8_convrot) at the released widths with 4 blocks, libh3's memory estimate next to the
+#           measured device peak of a 2-step denoise at 864x480x56 and 1344x768x124, with and without a --vram budget,
+#           extrapolated to 50 blocks (bench-memory.json; BENCH_MEMORY_ARGS replaces "--blocks 4"), then the docs'
+#           estimate table from a CUDA context (bench-memory-table.log: the fp8_scaled rows from its codes)
 #
 # Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
 # wheels in ./.whl when that folder exists (tests/gpu/make_carry.sh packs diffusers and the cudnn-frontend headers for
@@ -145,8 +150,16 @@ for stage in "${STAGES[@]}"; do
         # the extrapolated totals, where a reader of the summary looks first
         grep -E '^\| \*\*total|extrapolated to' "$LOG/bench-render.log" >>"$LOG/summary.txt"
         ;;
+    bench-memory)
+        run bench-memory "$PY" tests/bench_memory_single_file.py ${BENCH_MEMORY_ARGS:---blocks 4} \
+            --out "$LOG/bench-memory.json"
+        grep -E '^(bf16|fp8_scaled|int8_convrot) ' "$LOG/bench-memory.log" >>"$LOG/summary.txt"
+        # the docs' estimate table as a CUDA context gives it (fp8_scaled from its codes on compute capability 8.9+)
+        run bench-memory-table "$PY" tests/bench_memory_single_file.py --estimate-table --device cuda \
+            --variants bf16,fp8_scaled,int8_convrot,pruned_int8_convrot
+        ;;
     *)
-        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-fp8, bench-stages, bench-stream, bench-render, hashes, facts)"
+        note "unknown stage '$stage' (build, ctest, pytest, bench, bench-fp8, bench-stages, bench-stream, bench-render, bench-memory, hashes, facts)"
         FAILED=1
         ;;
     esac

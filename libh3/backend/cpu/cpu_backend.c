@@ -88,7 +88,7 @@ static int cpu_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_by
 
 /* Weights are views of the mapping (h3_linear widens them to f32 as it packs), or, while
    be->weight_precision is H3_PRECISION_INT8, an owned int8 copy with per-channel scales
-   (cpu_int8.h): dtype H3_DT_I8, data the int8 values, priv the block that holds scales and values. */
+   (cpu_int8.h): dtype H3_DT_I8, data the int8 values, priv a h3_i8_handle. */
 static int cpu_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t rows, int64_t cols, h3_bw *out)
 {
     memset(out, 0, sizeof *out);
@@ -104,22 +104,51 @@ static int cpu_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_
         return h3_err(H3_E_UNSUPPORTED, "cpu backend: weight precision %d is not one the CPU runs (int8 is)",
                       be->weight_precision);
     }
-    void *block;
-    int rc = h3_i8_quantize(pool_of(be), host, dt, rows, cols, &block);
+    h3_i8_handle *h = h3_calloc(1, sizeof *h);
+    if (!h) {
+        memset(out, 0, sizeof *out);
+        return -H3_E_NOMEM;
+    }
+    int rc = h3_i8_quantize(pool_of(be), host, dt, rows, cols, &h->block);
     if (rc) {
+        free(h);
         memset(out, 0, sizeof *out);
         return rc;
     }
-    out->data = h3_i8_view(block, rows, cols).q;
+    h->w = h3_i8_view(h->block, rows, cols);
+    out->data = h->w.q;
     out->dtype = H3_DT_I8;
-    out->priv = block;
+    out->priv = h;
+    return 0;
+}
+
+/* A single file's int8 codes and scales, used in place (backend.h's weight_load_i8). */
+static int cpu_weight_load_i8(h3_backend *be, const int8_t *q, const float *scale, int group, int64_t rows,
+                              int64_t cols, h3_bw *out)
+{
+    (void)be;
+    memset(out, 0, sizeof *out);
+    if (!q || !scale || rows < 0 || cols < 0 || group < 0 || (group && (group < 4 || cols % group)))
+        return h3_err(H3_E_INVALID, "cpu backend: int8 weight %lld x %lld with rotation group %d", (long long)rows,
+                      (long long)cols, group);
+    for (int g = group; g > 1; g /= 4)
+        if (g % 4) return h3_err(H3_E_INVALID, "cpu backend: rotation group %d is not a power of 4", group);
+    h3_i8_handle *h = h3_calloc(1, sizeof *h);
+    if (!h) return -H3_E_NOMEM;
+    h->w = (h3_i8w){q, scale, rows, cols};
+    h->group = group;
+    *out = (h3_bw){q, H3_DT_I8, rows, cols, h};
     return 0;
 }
 
 static void cpu_weight_free(h3_backend *be, h3_bw *w)
 {
     (void)be;
-    h3_free_aligned(w->priv); /* an int8 block; NULL for views */
+    h3_i8_handle *h = w->priv; /* NULL for views */
+    if (h) {
+        h3_free_aligned(h->block);
+        free(h);
+    }
     memset(w, 0, sizeof *w);
 }
 
@@ -201,8 +230,8 @@ static int cpu_linear(h3_backend *be, const h3_bt *X, const h3_bw *W, const floa
     if ((rc = h3_cpu_need_f32("linear", X)) || (rc = h3_cpu_need_f32("linear", Y))) return rc;
     if (W->dtype == H3_DT_I8) {
         if (!W->priv) return h3_err(H3_E_INVALID, "cpu backend: an int8 weight without its scales");
-        const h3_i8w q = h3_i8_view(W->priv, W->rows, W->cols);
-        return h3_linear_i8(pool_of(be), X->data, X->rows, X->ld, &q, bias, Y->data, Y->ld);
+        const h3_i8_handle *h = W->priv;
+        return h3_linear_i8_rot(pool_of(be), X->data, X->rows, X->ld, &h->w, h->group, bias, Y->data, Y->ld);
     }
     h3_mat m = {W->data, W->dtype, W->rows, W->cols};
     return h3_linear(pool_of(be), X->data, X->rows, X->ld, &m, bias, Y->data, Y->ld);
@@ -483,7 +512,8 @@ int h3_backend_cpu_create(h3_pool *pool, h3_backend **out)
     if (!b) return -H3_E_NOMEM;
     b->base.name = "cpu";
     b->base.abi_version = H3_BACKEND_ABI;
-    b->base.caps = H3_CAP_WSTREAM | H3_CAP_DECODERS | H3_CAP_SYNCHRONOUS;
+    b->base.caps = H3_CAP_WSTREAM | H3_CAP_DECODERS | H3_CAP_SYNCHRONOUS | H3_CAP_I8_WEIGHTS;
+    b->base.weight_load_i8 = cpu_weight_load_i8;
     b->base.is_host = true;
     b->base.mem = &cpu_mem;
     b->base.weights = &cpu_weights;

@@ -5,6 +5,7 @@
  */
 #include "backend/cpu/cpu_int8.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Constants of ops.c / kernels.inc this file must agree with for h3_linear's bits:
@@ -289,4 +290,70 @@ int h3_linear_i8(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_i8
     }
     h3_parallel_for(p, row_tasks * j.nt, 1, i8_tile_task, &j);
     return 0;
+}
+
+/* ---- ConvRot: activations rotated at run time ------------------------------------------------ */
+
+typedef struct {
+    const float *X;
+    int64_t ldx, K, ldo;
+    int group;
+    float *out;
+} rot_job;
+
+static void rot_task(void *a, int64_t b, int64_t e, int thread)
+{
+    rot_job *j = a;
+    (void)thread;
+    const int g = j->group;
+    int shift = 0;
+    for (int t = g; t > 1; t /= 4) shift++;
+    const float inv = ldexpf(1.0f, -shift); /* 1 / sqrt(g), exact */
+    for (int64_t m = b; m < e; m++) {
+        const float *x = j->X + m * j->ldx;
+        float *o = j->out + m * j->ldo;
+        for (int64_t g0 = 0; g0 < j->K; g0 += g) {
+            float *v = o + g0;
+            memcpy(v, x + g0, sizeof(float) * (size_t)g);
+            /* One H4 butterfly per base-4 digit, in place (each quadruple is read before it is written). */
+            for (int stride = 1; stride < g; stride *= 4)
+                for (int base = 0; base < g; base += 4 * stride)
+                    for (int i = base; i < base + stride; i++) {
+                        const float x0 = v[i], x1 = v[i + stride], x2 = v[i + 2 * stride], x3 = v[i + 3 * stride];
+                        v[i] = ((x0 + x1) + x2) - x3;
+                        v[i + stride] = ((x0 + x1) - x2) + x3;
+                        v[i + 2 * stride] = ((x0 - x1) + x2) + x3;
+                        v[i + 3 * stride] = ((x1 - x0) + x2) + x3;
+                    }
+            for (int i = 0; i < g; i++) v[i] *= inv;
+        }
+    }
+}
+
+void h3_i8_rotate(h3_pool *p, const float *X, int64_t M, int64_t ldx, int64_t K, int group, float *out, int64_t ldo)
+{
+    rot_job j = {X, ldx, K, ldo, group, out};
+    h3_parallel_for(p, M, 8, rot_task, &j);
+}
+
+int h3_linear_i8_rot(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_i8w *W, int group, const float *bias,
+                     float *Y, int64_t ldy)
+{
+    if (!group) return h3_linear_i8(p, X, M, ldx, W, bias, Y, ldy);
+    const int64_t K = W->cols, rows = h3_i8_rot_rows(K);
+    if (group < 4 || K % group)
+        return h3_err(H3_E_INVALID, "int8 linear: rotation group %d does not divide %lld columns", group, (long long)K);
+    if (M <= 0 || W->rows <= 0) return 0;
+    const int64_t chunk = M < rows ? M : rows;
+    float *R = h3_alloc_aligned(sizeof(float) * (size_t)chunk * (size_t)K);
+    if (!R) return h3_err(H3_E_NOMEM, "int8 linear: out of memory for %lld rotated rows of %lld values", (long long)chunk,
+                          (long long)K);
+    int rc = 0;
+    for (int64_t m0 = 0; m0 < M && !rc; m0 += chunk) {
+        const int64_t mc = M - m0 < chunk ? M - m0 : chunk;
+        h3_i8_rotate(p, X + m0 * ldx, mc, ldx, K, group, R, K);
+        rc = h3_linear_i8(p, R, mc, K, W, bias, Y + m0 * ldy, ldy);
+    }
+    h3_free_aligned(R);
+    return rc;
 }

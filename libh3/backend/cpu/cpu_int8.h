@@ -31,6 +31,15 @@ typedef struct h3_i8w {
     int64_t rows, cols;
 } h3_i8w;
 
+/* The CPU backend's int8 weight handle (h3_bw.priv of an H3_DT_I8 weight): the codes and scales,
+   the ConvRot group of the activations (0: none), and the block that owns them when they were
+   quantised at load (NULL when they are views of a single file's mapping). */
+typedef struct h3_i8_handle {
+    h3_i8w w;
+    int group;
+    void *block;
+} h3_i8_handle;
+
 /*
  * Quantise src (F32, BF16 or F16, [rows, cols] row-major) into one new 64-byte aligned block that
  * holds the scales [rows] (f32) and then q [rows * cols], rows in parallel on the pool. *block is
@@ -47,6 +56,28 @@ H3_INTERNAL size_t h3_i8_block_bytes(int64_t rows, int64_t cols);
    h3_linear's tiling, thresholds and sums. Y must not alias X. Returns 0 or -H3_E_NOMEM. */
 H3_INTERNAL int h3_linear_i8(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_i8w *W, const float *bias,
                              float *Y, int64_t ldy);
+
+/*
+ * ConvRot (ComfyUI's int8_convrot files): out[m] = X[m] with each group of `group` consecutive
+ * columns multiplied by H, the orthonormal Hadamard matrix of order group (a power of 4, >= 4):
+ * H = kron(H4, ..., H4) / sqrt(group), H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]] / 2.
+ * H is symmetric, so a weight stored as W' = W_g H (per group, what the file's codes hold after
+ * W = W' H^T) gives X W^T = (X H) W'^T. Computed as one H4 butterfly per base-4 digit (f32 sums
+ * in a fixed order, then the exact power-of-two 1/sqrt(group)): the bits do not depend on threads.
+ * Rows in parallel. K must be a multiple of group; out must not alias X.
+ */
+H3_INTERNAL void h3_i8_rotate(h3_pool *p, const float *X, int64_t M, int64_t ldx, int64_t K, int group, float *out,
+                              int64_t ldo);
+/* Y = (X rotated by h3_i8_rotate, group `group`; 0: not rotated) . deq(W)^T + bias. The rotated
+   rows are staged h3_i8_rot_rows(K) at a time (a count that depends on K only, so the bits do not
+   depend on the thread count). Returns 0 or -H3_E_NOMEM. */
+H3_INTERNAL int h3_linear_i8_rot(h3_pool *p, const float *X, int64_t M, int64_t ldx, const h3_i8w *W, int group,
+                                 const float *bias, float *Y, int64_t ldy);
+static inline int64_t h3_i8_rot_rows(int64_t K)
+{
+    const int64_t r = ((int64_t)4 << 20) / (K > 0 ? K : 1) / 96 * 96; /* 16 MiB of f32 rows, whole 96-row tiles */
+    return r > 96 ? r : 96;
+}
 
 /* Largest W (as packed f32) that h3_linear_i8 dequantises once for all its tasks; bigger ones are
    dequantised one K block of a column tile at a time. 0 restores the default (32 MiB, h3_linear's).

@@ -29,6 +29,12 @@ typedef struct h3_tuning {
     char cuda_attention[H3_TUNING_STR]; /* H3_CUDA_ATTENTION: auto, own or cudnn */
     char cuda_rows[H3_TUNING_STR];      /* H3_CUDA_ROWS: auto or scalar */
     char cudnn_lib[4096];               /* H3_CUDNN_LIB: path of libcudnn.so.9 */
+    char libcuda[4096];                 /* H3_LIBCUDA: path of libcuda.so.1 (tests: a fake driver) */
+    char nvrtc_lib[4096];               /* H3_NVRTC_LIB: path of libnvrtc.so.13 */
+    char cublaslt_lib[4096];            /* H3_CUBLASLT_LIB: path of libcublasLt.so.13 */
+    /* The CUDA kernel cache folder: H3_KERNEL_CACHE ("off": none), else $XDG_CACHE_HOME/h3ctl/kernels,
+       else $HOME/.cache/h3ctl/kernels; "" when there is none. */
+    char kernel_cache[4096];
     /* Once per process (copies, for h3_tuning_json). */
     bool no_simd;       /* H3_NO_SIMD */
     char cuda_lib[4096]; /* H3_CUDA_LIB, "" unset */

@@ -167,85 +167,55 @@ clean:
 # libh3_cuda: the CUDA backend as its own shared library next to libh3, loaded at run time by
 # libh3/backend/backend.c, so one install serves machines with and without a GPU.
 #
-# nvcc comes from PATH, else $(CUDA_HOME)/bin. The CUDA runtime is linked statically; cuBLASLt
-# is linked dynamically by soname (libcublasLt.so.13) with no rpath, so at run time the loader
-# finds it on its normal search path (LD_LIBRARY_PATH or ld.so.conf; e.g. CUDA's lib64 or the
-# nvidia-cublas wheel's lib). Where cuBLAS is not installed with the toolkit, point the build at
-# it: `make cuda CUBLAS_INC=.../include CUBLAS_LIBDIR=.../lib`.
+# Built by the ordinary C++ compiler with no CUDA header and no CUDA library at build time: the
+# host code (libh3/backend/cuda/*.cpp) reaches the GPU through the driver API, and libcuda.so.1,
+# libnvrtc.so.13 and libcublasLt.so.13 are opened at run time (cuda_loader.cpp). The kernels
+# (libh3/backend/cuda/kernels/*.cu, device code only) are embedded as byte arrays and compiled by
+# NVRTC for the GPU found, cached on disk (cuda_kernels.cpp). `make cuda` works on any Linux
+# machine with g++ or clang++; CUDA_CXX picks the compiler.
 CUDA_LIB      := python/h3ctl/libh3_cuda.$(LIBEXT)
-CUDA_HOME     ?= /usr/local/cuda
-NVCC          ?= $(or $(shell command -v nvcc 2>/dev/null),$(CUDA_HOME)/bin/nvcc)
-CUDA_INC      ?= $(CUDA_HOME)/include
-CUDA_LIBDIR   ?= $(CUDA_HOME)/lib64
-# cuBLAS with the toolkit, else the nvidia-cublas wheel of python3's environment (evaluated only
-# when the CUDA rules run).
-CUBLAS_WHEEL   = $(shell python3 -c "import os, nvidia; print(next((os.path.join(p, 'cu13') for p in nvidia.__path__ if os.path.isfile(os.path.join(p, 'cu13', 'include', 'cublasLt.h'))), ''))" 2>/dev/null)
-CUBLAS_INC    ?= $(if $(wildcard $(CUDA_INC)/cublasLt.h),$(CUDA_INC),$(CUBLAS_WHEEL)/include)
-CUBLAS_LIBDIR ?= $(if $(wildcard $(CUDA_INC)/cublasLt.h),$(CUDA_LIBDIR),$(CUBLAS_WHEEL)/lib)
-# Ampere and Hopper machine code, plus compute_90 PTX that newer GPUs compile at load.
-CUDA_ARCH     ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-                 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS     ?= -O3
-NVCC_BASE      = -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
-                 -Ilibh3 -I$(CUDA_INC) -I$(CUBLAS_INC)
-CUDA_SRC      := $(sort $(wildcard libh3/backend/cuda/*.cu))
-CUDA_HDR      := $(wildcard libh3/backend/cuda/*.cuh) libh3/backend/backend.h libh3/core/internal.h libh3/core/wpack.h libh3/h3.h libh3/h3_stages.h
-CUDA_OBJ      := $(patsubst libh3/%.cu,build/cuda/%.o,$(CUDA_SRC))
+CUDA_CXX      ?= $(or $(shell command -v g++ 2>/dev/null),$(shell command -v clang++ 2>/dev/null),c++)
+CUDA_CXXFLAGS ?= -O2 -g
+CUDA_WERROR   ?=
+CUDA_BASE      = -std=c++17 -fPIC -fvisibility=hidden -Wall -Wextra $(CUDA_WERROR) -Ilibh3
+# Every .cpp of the folder (the cuDNN path, NCCL, ...); the cuDNN stand-in only while the real
+# cuDNN path (cuda_sdpa_cudnn.cpp) is absent.
+CUDA_SRC      := $(sort $(wildcard libh3/backend/cuda/*.cpp)) \
+                 $(if $(wildcard libh3/backend/cuda/cuda_sdpa_cudnn.cpp),,libh3/backend/cuda/cudnn_absent/cudnn_absent.cpp)
+CUDA_HDR      := $(wildcard libh3/backend/cuda/*.h) libh3/backend/cuda/kernels/h3k.h libh3/backend/backend.h \
+                 libh3/core/internal.h libh3/core/wpack.h libh3/h3.h libh3/h3_stages.h
+CUDA_KERNELS  := $(sort $(wildcard libh3/backend/cuda/kernels/*.cu libh3/backend/cuda/kernels/*.h))
+CUDA_OBJ      := $(patsubst libh3/%.cpp,build/cuda/%.o,$(CUDA_SRC)) build/cuda/kernels_src.o
 
 cuda: $(CUDA_LIB)
 
-build/cuda/%.o: libh3/%.cu $(CUDA_HDR) Makefile
+build/cuda/%.o: libh3/%.cpp $(CUDA_HDR) Makefile
 	@mkdir -p $(dir $@)
-	@test -f "$(CUBLAS_INC)/cublasLt.h" || { echo "cuda: cublasLt.h found neither with the toolkit ($(CUDA_INC)) nor in python3's nvidia-cublas wheel: set CUBLAS_INC and CUBLAS_LIBDIR (or CUDA_HOME)"; exit 1; }
-	$(NVCC) $(NVCC_BASE) $(NVCCFLAGS) -c -o $@ $<
+	$(CUDA_CXX) $(CUDA_BASE) $(CUDA_CXXFLAGS) -c -o $@ $<
 
-# The one exported symbol is h3_backend_cuda_create: a version script hides everything else,
-# including the std:: template instantiations that libstdc++'s headers give default visibility,
-# and --exclude-libs keeps the static CUDA runtime's symbols out of the dynamic table.
+build/cuda/embed_kernels: libh3/backend/cuda/embed_kernels.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -o $@ $<
+
+build/cuda/kernels_src.cpp: build/cuda/embed_kernels $(CUDA_KERNELS)
+	build/cuda/embed_kernels $@ $(CUDA_KERNELS)
+
+build/cuda/kernels_src.o: build/cuda/kernels_src.cpp
+	$(CUDA_CXX) $(CUDA_BASE) -O0 -c -o $@ $<
+
+# The exported symbols: the backend entry points and the compile check (tests). A version script
+# hides everything else, including the std:: template instantiations libstdc++'s headers give
+# default visibility; -static-libstdc++ so the library loads next to any libstdc++ in the process.
 $(CUDA_LIB): $(CUDA_OBJ)
 	@mkdir -p $(dir $@) build/cuda
-	@printf '{ global: h3_backend_cuda_create; h3_backend_cuda_abi; local: *; };\n' > build/cuda/exports.map
-	$(NVCC) -shared $(CUDA_ARCH) -cudart static -o $@ $(CUDA_OBJ) -L$(CUDA_LIBDIR) -L$(CUBLAS_LIBDIR) \
-	  -l:libcublasLt.so.13 -Xlinker --exclude-libs,ALL -Xlinker --version-script=build/cuda/exports.map \
-	  -Xlinker --no-undefined -lrt -lpthread -ldl
+	@printf '{ global: h3_backend_cuda_create; h3_backend_cuda_abi; h3_cuda_compile_check; local: *; };\n' > build/cuda/exports.map
+	$(CUDA_CXX) -shared -o $@ $(CUDA_OBJ) -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL \
+	  -Wl,--version-script=build/cuda/exports.map -Wl,--no-undefined -lpthread -ldl
 
 .PHONY: cuda-clean
 clean: cuda-clean
 cuda-clean:
 	rm -f $(CUDA_LIB)
-
-# cuDNN's fused attention (cuda_sdpa_cudnn.cu; cuDNN itself is loaded at run time, never linked) is
-# compiled in when its headers are found: cudnn.h (CUDNN_INC: with the toolkit, in /usr/include or in
-# python3's nvidia-cudnn-cu13 wheel), the header-only cudnn-frontend (CUDNN_FE_INC: the folder of
-# cudnn_frontend.h) and nvrtc.h, which the frontend includes (NVRTC_INC: with the toolkit or in the
-# nvidia-cuda-nvrtc wheel). Otherwise the file builds as a stub answering "built without cuDNN".
-# E.g. `make cuda CUDNN_INC=.../nvidia/cudnn/include CUDNN_FE_INC=.../cudnn-frontend/include`.
-CUDNN_DIRS    = $(CUDA_INC) /usr/include /usr/local/include
-CUDNN_WHEEL   = $(if $(CUBLAS_WHEEL),$(dir $(CUBLAS_WHEEL))cudnn/include)
-CUDNN_INC    ?= $(firstword $(foreach d,$(CUDNN_DIRS) $(CUDNN_WHEEL),$(if $(wildcard $(d)/cudnn.h),$(d))))
-CUDNN_FE_INC ?= $(firstword $(foreach d,$(CUDNN_DIRS) $(CUDNN_INC),$(if $(wildcard $(d)/cudnn_frontend.h),$(d))))
-NVRTC_INC    ?= $(firstword $(foreach d,$(CUDNN_DIRS) $(CUBLAS_WHEEL:%=%/include),$(if $(wildcard $(d)/nvrtc.h),$(d))))
-CUDNN_FLAGS   = $(if $(and $(wildcard $(CUDNN_INC)/cudnn.h),$(wildcard $(CUDNN_FE_INC)/cudnn_frontend.h),\
-                  $(wildcard $(NVRTC_INC)/nvrtc.h)),-DH3_WITH_CUDNN -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
-                  -isystem $(CUDNN_FE_INC) -isystem $(CUDNN_INC) -isystem $(NVRTC_INC))
-CUDNN_NOTE    = $(if $(CUDNN_FLAGS),compiled in (cudnn.h from $(CUDNN_INC), cudnn_frontend.h from $(CUDNN_FE_INC)),not \
-                  compiled in: set CUDNN_INC and CUDNN_FE_INC (and NVRTC_INC, the folder of nvrtc.h))
-build/cuda/backend/cuda/cuda_sdpa_cudnn.o: NVCC_BASE += $(CUDNN_FLAGS)
-build/cuda/backend/cuda/cuda_sdpa_cudnn.o: libh3/backend/cuda/cuda_sdpa.h build/cuda/cudnn.flags
-# Holds the flags, so the object is rebuilt when they change (headers found or set since); FORCE
-# is phony because .SECONDARY above would let a missing plain one count as up to date.
-build/cuda/cudnn.flags: FORCE
-	@mkdir -p $(dir $@)
-	@echo '$(CUDNN_FLAGS)' | cmp -s - $@ || { echo '$(CUDNN_FLAGS)' > $@; echo 'cuda: cuDNN attention $(CUDNN_NOTE)'; }
-.PHONY: FORCE
-FORCE:
-
-# cuDNN's attention against a reference and the own kernel, with timings (needs a GPU):
-# `make build/sdpa_check && build/sdpa_check [--quick]`.
-build/sdpa_check: tests/cuda/sdpa_check.cu $(CUDA_OBJ) $(CUDA_HDR) libh3/backend/cuda/cuda_sdpa.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_BASE) $(NVCCFLAGS) -cudart static -o $@ $< $(CUDA_OBJ) -L$(CUDA_LIBDIR) -L$(CUBLAS_LIBDIR) \
-	  -l:libcublasLt.so.13 -lrt -lpthread -ldl
 # ---- CUDA backend (end) ---------------------------------------------------------------------
 
 # ---- Metal kernels in emulation (shaders/metal, tests/metal_emu) ------------------------------

@@ -1,12 +1,15 @@
 """Build libh3 with make before the wheel (or the editable install) is assembled.
 
-The CUDA backend (python/h3ctl/libh3_cuda.so, which libh3 loads at run time when it is present) is built too when a
-CUDA compiler is found: `nvcc` on PATH, under $CUDA_HOME/bin (or $CUDA_PATH/bin), else in the toolkit's usual
-install folder (/usr/local/cuda/bin: the toolkit's installer does not put it on PATH). H3_CUDA=1 requires it (a
-failure fails the install); H3_CUDA=0 leaves it out. Without nvcc, or when that optional build fails, the install is
-the plain CPU one, with a warning when the build failed or when the machine has an NVIDIA driver but no compiler was
-found (so a GPU machine never gets a CPU-only h3ctl without a word): a machine without a working CUDA toolchain must
-still get a working h3ctl.
+The CUDA backend (python/h3ctl/libh3_cuda.so, which libh3 loads at run time when it is present) is built too on Linux
+whenever a C++ compiler is found ($CUDA_CXX, else $CXX, else g++, clang++ or c++ on PATH). It needs nothing from
+NVIDIA at build time: no nvcc, no CUDA header, no CUDA library. Its host code talks to the GPU through the driver API
+(libcuda.so.1, opened at run time), its kernels are compiled at run time by NVRTC, and cuBLASLt / cuDNN are opened at
+run time too (the `cuda` extra's wheels, or the system's). So the same build serves machines with and without a GPU,
+and the plain install fetches nothing.
+
+H3_CUDA=1 requires the backend (no compiler, or a failing build, fails the install); H3_CUDA=0 leaves it out. When
+the optional build fails, the install is the plain CPU one with a warning (a machine without a working C++ toolchain
+must still get a working h3ctl). macOS and Windows: not built (no NVIDIA driver there); H3_CUDA=1 is an error.
 """
 
 from __future__ import annotations
@@ -23,15 +26,11 @@ except ImportError:  # the decision logic below is importable (and tested) witho
     BuildHookInterface = object
 
 CUDA_LIB = "python/h3ctl/libh3_cuda.dylib" if sys.platform == "darwin" else "python/h3ctl/libh3_cuda.so"
-# Where the CUDA toolkit's installer puts nvcc when it is not on PATH (its default prefix).
-DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
+# The compilers tried, in order, when neither CUDA_CXX nor CXX names one.
+CXX_NAMES = ("g++", "clang++", "c++")
 # Signs of an NVIDIA driver: its kernel module's folder, or its user-space library in the usual places.
 DRIVER_SIGNS = ("/proc/driver/nvidia/version", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1",
                 "/usr/lib/aarch64-linux-gnu/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1")
-
-
-def _executable(path: str | None) -> str | None:
-    return path if path and os.path.isfile(path) and os.access(path, os.X_OK) else None
 
 
 def nvidia_driver_present(signs=DRIVER_SIGNS) -> bool:
@@ -39,38 +38,51 @@ def nvidia_driver_present(signs=DRIVER_SIGNS) -> bool:
     return any(os.path.exists(p) for p in signs)
 
 
-def cuda_plan(env=None, which=shutil.which, default_homes=None) -> tuple[str, str | None, str]:
-    """Whether to build the CUDA backend: (mode, nvcc, why), mode "off", "optional" or "required"."""
+def _compiler(env, which) -> tuple[str | None, str]:
+    """The C++ compiler make should use, and where it came from."""
+    for var in ("CUDA_CXX", "CXX"):
+        val = (env.get(var) or "").strip()
+        if val:
+            # A bare name goes through PATH; a path must be an executable file.
+            found = which(val, path=env.get("PATH")) if os.sep not in val else (
+                val if os.path.isfile(val) and os.access(val, os.X_OK) else None)
+            return found, f"${var}={val}" + ("" if found else " is not an executable")
+    for name in CXX_NAMES:
+        found = which(name, path=env.get("PATH"))
+        if found:
+            return found, f"{name} on PATH"
+    return None, "no C++ compiler found (" + ", ".join(CXX_NAMES) + " on PATH, $CXX, $CUDA_CXX)"
+
+
+def cuda_plan(env=None, which=shutil.which, platform=None) -> tuple[str, str | None, str]:
+    """Whether to build the CUDA backend: (mode, c++ compiler, why), mode "off", "optional" or "required"."""
     env = os.environ if env is None else env
-    default_homes = DEFAULT_CUDA_HOMES if default_homes is None else default_homes
+    platform = sys.platform if platform is None else platform
     flag = env.get("H3_CUDA", "").strip()
     if flag not in ("", "0", "1"):
         raise ValueError(f"H3_CUDA must be 0 (no CUDA backend) or 1 (require it), got {flag!r}")
     if flag == "0":
         return "off", None, "H3_CUDA=0"
-    nvcc = which("nvcc", path=env.get("PATH"))
-    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
-    if not nvcc and home:
-        nvcc = _executable(os.path.join(home, "bin", "nvcc"))
-    if not nvcc and not home:  # a $CUDA_HOME that was set but holds no nvcc is not overridden by a guess
-        nvcc = next((c for c in (_executable(os.path.join(h, "bin", "nvcc")) for h in default_homes) if c), None)
-    where = ", ".join(["PATH", "$CUDA_HOME/bin"] + [os.path.join(h, "bin") for h in default_homes])
+    if not platform.startswith("linux"):
+        why = f"the CUDA backend is built on Linux only (this is {platform})"
+        return ("required", None, "H3_CUDA=1 but " + why) if flag == "1" else ("off", None, why)
+    cxx, where = _compiler(env, which)
     if flag == "1":
-        return "required", nvcc, "H3_CUDA=1" if nvcc else f"H3_CUDA=1 but no nvcc was found ({where})"
-    if nvcc:
-        return "optional", nvcc, f"nvcc found at {nvcc}"
-    return "off", None, f"no nvcc found ({where})"
+        return "required", cxx, "H3_CUDA=1" if cxx else f"H3_CUDA=1 but {where}"
+    if cxx:
+        return "optional", cxx, f"C++ compiler: {where}"
+    return "off", None, where
 
 
 def build_cuda(root: str, env=None, run=subprocess.run, warn=None, remove_stale: bool = True,
-               driver_present=nvidia_driver_present) -> bool:
+               driver_present=nvidia_driver_present, platform=None) -> bool:
     """Run `make cuda` as cuda_plan decides. True when the backend was built. Raises (failing the install) only
     when H3_CUDA=1; an optional build that fails is a warning. With `remove_stale` (a wheel, which copies the
     file), a backend left by an earlier build is removed when this build did not make it, so a wheel never
     carries one that does not match this libh3; an editable install uses the tree in place and keeps it."""
     env = dict(os.environ if env is None else env)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    mode, nvcc, why = cuda_plan(env)
+    mode, cxx, why = cuda_plan(env, platform=platform)
     out = Path(root) / CUDA_LIB
 
     def drop_stale(reason: str) -> None:
@@ -87,22 +99,20 @@ def build_cuda(root: str, env=None, run=subprocess.run, warn=None, remove_stale:
             drop_stale("H3_CUDA=0 asks for no CUDA backend")
         elif driver_present():
             warn(f"this machine has an NVIDIA driver, but h3ctl is being installed without its CUDA backend ({why}): "
-                 "it will run on the CPU only. Install the CUDA 13 toolkit or point CUDA_HOME at it and reinstall "
-                 "(see docs/gpu.md); H3_CUDA=0 silences this warning")
+                 "it will run on the CPU only. Install a C++ compiler (g++ or clang++) and reinstall (see "
+                 "docs/gpu.md); H3_CUDA=0 silences this warning")
         return False
-    if mode == "required" and not nvcc:
+    if mode == "required" and not cxx:
         raise RuntimeError(why)
-    # make finds nvcc through PATH and NVCC, also when it was only found under $CUDA_HOME/bin
-    env["PATH"] = os.path.dirname(nvcc) + os.pathsep + env.get("PATH", "")
-    proc = run(["make", "-C", str(root), "cuda", f"NVCC={nvcc}"], env=env, capture_output=True, text=True)
+    proc = run(["make", "-C", str(root), "cuda", f"CUDA_CXX={cxx}"], env=env, capture_output=True, text=True)
     if proc.returncode == 0 and out.exists():
         return True
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
     if mode == "required":
         raise RuntimeError(f"building the CUDA backend failed (H3_CUDA=1):\n{tail}")
     drop_stale("this build of it failed")
-    warn(f"the optional CUDA backend was not built ({why}, but `make cuda` failed). Set H3_CUDA=0 to skip it or "
-         f"H3_CUDA=1 to make this an error. Last lines:\n{tail}")
+    warn(f"the optional CUDA backend was not built ({why}, but `make cuda` failed); h3ctl runs on the CPU only. "
+         f"Set H3_CUDA=0 to skip it or H3_CUDA=1 to make this an error. Last lines:\n{tail}")
     return False
 
 

@@ -202,6 +202,16 @@ H3_API void h3_options_default(h3_options *o);
  */
 H3_API const char *h3_backends_json(void);
 
+/* Where the CUDA backend sends one-line progress and warnings (the first compile of its kernels
+   for this GPU, an unwritable kernel cache): fn(user, line), from the calling thread of the call
+   that triggers it. Process-wide; NULL: nothing is said. */
+H3_API void h3_set_note(void (*fn)(void *user, const char *line), void *user);
+
+/* Compile (or load from the kernel cache) every CUDA kernel for GPU `device`, with one note per
+   kernel module: what `h3ctl warmup` runs so the first render starts at once. 0, or a negative
+   H3_E_* code with the reason in h3_last_error (no driver, no GPU, NVRTC missing, a compile error). */
+H3_API int h3_cuda_warmup(int device);
+
 /* The backend a context computes the transformer on: its name ("cpu", "cuda") and a one-line
    description (device, memory, kernels). Owned by the context. */
 H3_API const char *h3_device_name(h3_ctx *ctx);

@@ -296,93 +296,113 @@ def _hatch_build():
     return mod
 
 
-def _fake_nvcc(folder: Path) -> Path:
+def _fake_cxx(folder: Path, name: str = "g++") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    nvcc = folder / "nvcc"
-    nvcc.write_text("#!/bin/sh\nexit 0\n")
-    nvcc.chmod(0o755)
-    return nvcc
+    cxx = folder / name
+    cxx.write_text("#!/bin/sh\nexit 0\n")
+    cxx.chmod(0o755)
+    return cxx
 
 
-def test_cuda_build_plan(tmp_path, monkeypatch):
+def test_cuda_build_plan(tmp_path):
+    """Linux with any C++ compiler builds the CUDA backend (no nvcc, no CUDA header); H3_CUDA=0 skips it, H3_CUDA=1
+    requires it; macOS and Windows never build it."""
     hb = _hatch_build()
-    # this machine's own toolkit folder must not answer for the cases below
-    monkeypatch.setattr(hb, "DEFAULT_CUDA_HOMES", (str(tmp_path / "no-toolkit"),))
-    none = lambda cmd, path=None: None  # noqa: E731  (no nvcc on PATH)
-    on_path = lambda cmd, path=None: "/opt/cuda/bin/nvcc" if cmd == "nvcc" else None  # noqa: E731
-    assert hb.cuda_plan({}, none)[0] == "off"
-    assert hb.cuda_plan({}, on_path)[:2] == ("optional", "/opt/cuda/bin/nvcc")
-    assert hb.cuda_plan({"H3_CUDA": "0"}, on_path)[0] == "off"
-    assert hb.cuda_plan({"H3_CUDA": "1"}, on_path)[:2] == ("required", "/opt/cuda/bin/nvcc")
-    assert hb.cuda_plan({"H3_CUDA": "1"}, none)[:2] == ("required", None)
-    nvcc = _fake_nvcc(tmp_path / "cuda" / "bin")
-    assert hb.cuda_plan({"CUDA_HOME": str(tmp_path / "cuda")}, none)[:2] == ("optional", str(nvcc))
-    (tmp_path / "empty" / "bin").mkdir(parents=True)
-    assert hb.cuda_plan({"CUDA_HOME": str(tmp_path / "empty")}, none)[0] == "off"
+    bin_ = tmp_path / "bin"
+    gxx = _fake_cxx(bin_, "g++")
+    clang = _fake_cxx(tmp_path / "clang-only", "clang++")
+    path = str(bin_)
+    linux = "linux"
+    assert hb.cuda_plan({"PATH": path}, platform=linux)[:2] == ("optional", str(gxx))
+    assert hb.cuda_plan({"PATH": str(clang.parent)}, platform=linux)[:2] == ("optional", str(clang))
+    assert hb.cuda_plan({"PATH": path, "H3_CUDA": "1"}, platform=linux)[:2] == ("required", str(gxx))
+    assert hb.cuda_plan({"PATH": path, "H3_CUDA": "0"}, platform=linux)[0] == "off"
+    # $CUDA_CXX, then $CXX, name the compiler (a name through PATH, or a path)
+    assert hb.cuda_plan({"PATH": path, "CXX": str(clang)}, platform=linux)[:2] == ("optional", str(clang))
+    assert hb.cuda_plan({"PATH": str(clang.parent), "CUDA_CXX": "clang++", "CXX": str(gxx)},
+                        platform=linux)[:2] == ("optional", str(clang))
+    mode, cxx, why = hb.cuda_plan({"PATH": path, "CXX": str(tmp_path / "missing-c++")}, platform=linux)
+    assert (mode, cxx) == ("off", None) and "missing-c++ is not an executable" in why
+    # no compiler at all: off (optional) or the reason (required)
+    empty = str(tmp_path / "empty")
+    mode, cxx, why = hb.cuda_plan({"PATH": empty}, platform=linux)
+    assert (mode, cxx) == ("off", None) and why.startswith("no C++ compiler found") and "g++" in why
+    mode, cxx, why = hb.cuda_plan({"PATH": empty, "H3_CUDA": "1"}, platform=linux)
+    assert (mode, cxx) == ("required", None) and why.startswith("H3_CUDA=1 but no C++ compiler found")
+    # nvcc and CUDA_HOME play no part
+    _fake_cxx(tmp_path / "cuda" / "bin", "nvcc")
+    assert hb.cuda_plan({"PATH": str(tmp_path / "cuda" / "bin"), "CUDA_HOME": str(tmp_path / "cuda")},
+                        platform=linux)[0] == "off"
+    for plat in ("darwin", "win32"):
+        mode, cxx, why = hb.cuda_plan({"PATH": path}, platform=plat)
+        assert (mode, cxx) == ("off", None) and "Linux only" in why
+        mode, cxx, why = hb.cuda_plan({"PATH": path, "H3_CUDA": "1"}, platform=plat)
+        assert (mode, cxx) == ("required", None) and "H3_CUDA=1 but" in why
     with pytest.raises(ValueError, match="H3_CUDA must be 0"):
-        hb.cuda_plan({"H3_CUDA": "yes"}, none)
-    # The toolkit's installer leaves nvcc off PATH (/usr/local/cuda/bin): found there when CUDA_HOME is unset...
-    toolkit = _fake_nvcc(tmp_path / "usr-local-cuda" / "bin")
-    homes = (str(tmp_path / "usr-local-cuda"),)
-    assert hb.cuda_plan({}, none, homes)[:2] == ("optional", str(toolkit))
-    # ... but a CUDA_HOME that was set and holds no nvcc is not second-guessed
-    assert hb.cuda_plan({"CUDA_HOME": str(tmp_path / "empty")}, none, homes)[0] == "off"
-    mode, _, why = hb.cuda_plan({}, none, (str(tmp_path / "no-toolkit"),))
-    assert mode == "off" and "no-toolkit" in why and "PATH" in why
+        hb.cuda_plan({"H3_CUDA": "yes"})
 
 
-def test_cpu_only_install_on_a_gpu_machine_says_so(tmp_path, monkeypatch):
+def test_cpu_only_install_on_a_gpu_machine_says_so(tmp_path):
     hb = _hatch_build()
-    monkeypatch.setattr(hb, "DEFAULT_CUDA_HOMES", (str(tmp_path / "none"),))
     warnings = []
-    never = lambda *a, **k: pytest.fail("make must not run without nvcc")  # noqa: E731
-    assert hb.build_cuda(str(tmp_path), {"PATH": "/nowhere"}, run=never, warn=warnings.append,
-                         driver_present=lambda: True) is False
+    never = lambda *a, **k: pytest.fail("make must not run without a C++ compiler")  # noqa: E731
+    env = {"PATH": str(tmp_path / "nowhere")}
+    assert hb.build_cuda(str(tmp_path), env, run=never, warn=warnings.append, driver_present=lambda: True,
+                         platform="linux") is False
     assert len(warnings) == 1 and "NVIDIA driver" in warnings[0] and "CPU only" in warnings[0]
+    assert "no C++ compiler found" in warnings[0]
     warnings.clear()
-    assert hb.build_cuda(str(tmp_path), {"PATH": "/nowhere"}, run=never, warn=warnings.append,
-                         driver_present=lambda: False) is False
+    assert hb.build_cuda(str(tmp_path), env, run=never, warn=warnings.append, driver_present=lambda: False,
+                         platform="linux") is False
     assert warnings == []  # a machine without a driver installs quietly, as before
-    assert hb.build_cuda(str(tmp_path), {"PATH": "/nowhere", "H3_CUDA": "0"}, run=never, warn=warnings.append,
-                         driver_present=lambda: True) is False
+    assert hb.build_cuda(str(tmp_path), dict(env, H3_CUDA="0"), run=never, warn=warnings.append,
+                         driver_present=lambda: True, platform="linux") is False
     assert warnings == []  # H3_CUDA=0 asked for exactly this
+    # macOS: never built, never a make call
+    assert hb.build_cuda(str(tmp_path), {"PATH": str(_fake_cxx(tmp_path / "bin").parent)}, run=never,
+                         warn=warnings.append, driver_present=lambda: False, platform="darwin") is False
+    assert warnings == []
+    with pytest.raises(RuntimeError, match="Linux only"):
+        hb.build_cuda(str(tmp_path), {"H3_CUDA": "1"}, run=never, platform="darwin")
 
 
-def test_optional_cuda_build_failure_is_a_warning(tmp_path, monkeypatch):
+def test_optional_cuda_build_failure_is_a_warning(tmp_path):
     hb = _hatch_build()
-    monkeypatch.setattr(hb, "DEFAULT_CUDA_HOMES", (str(tmp_path / "no-toolkit"),))  # not this machine's toolkit
     root = tmp_path / "src"  # a stand-in tree: build_cuda removes stale output there, never in the checkout
     stale = root / hb.CUDA_LIB
     stale.parent.mkdir(parents=True)
-    nvcc = _fake_nvcc(tmp_path / "cuda" / "bin")
+    gxx = _fake_cxx(tmp_path / "bin")
     calls, warnings = [], []
 
     def failing_make(cmd, env=None, **kw):
-        calls.append((cmd, env["PATH"]))
-        return subprocess.CompletedProcess(cmd, 2, "", "nvcc fatal: unsupported gpu architecture\n")
+        calls.append((cmd, env))
+        return subprocess.CompletedProcess(cmd, 2, "", "cuda_backend.cpp:12: error: expected ';'\n")
 
     stale.write_bytes(b"old backend")
-    env = {"CUDA_HOME": str(tmp_path / "cuda"), "PATH": "/usr/bin"}
-    assert hb.build_cuda(str(root), env, run=failing_make, warn=warnings.append) is False
-    assert calls and calls[0][0][:4] == ["make", "-C", str(root), "cuda"] and f"NVCC={nvcc}" in calls[0][0]
-    assert calls[0][1].split(os.pathsep)[0] == str(nvcc.parent)  # make finds nvcc on PATH too
-    assert len(warnings) == 1 and "unsupported gpu architecture" in warnings[0] and "H3_CUDA" in warnings[0]
+    env = {"PATH": str(gxx.parent)}
+    assert hb.build_cuda(str(root), env, run=failing_make, warn=warnings.append, platform="linux") is False
+    assert calls and calls[0][0] == ["make", "-C", str(root), "cuda", f"CUDA_CXX={gxx}"]
+    assert not any(k in calls[0][1] for k in ("NVCC", "CUDA_HOME"))  # nothing of a CUDA toolkit is asked for
+    assert len(warnings) == 1 and "expected ';'" in warnings[0] and "H3_CUDA" in warnings[0]
+    assert "CPU only" in warnings[0]
     assert not stale.exists()  # a failed build ships no (stale) backend
 
     stale.write_bytes(b"old backend")
     with pytest.raises(RuntimeError, match="H3_CUDA=1"):
-        hb.build_cuda(str(root), dict(env, H3_CUDA="1"), run=failing_make, warn=warnings.append)
-    with pytest.raises(RuntimeError, match="no nvcc"):
-        hb.build_cuda(str(root), {"H3_CUDA": "1", "PATH": str(tmp_path / "nowhere")}, run=failing_make)
+        hb.build_cuda(str(root), dict(env, H3_CUDA="1"), run=failing_make, warn=warnings.append, platform="linux")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        hb.build_cuda(str(root), {"H3_CUDA": "1", "PATH": str(tmp_path / "nowhere")}, run=failing_make,
+                      platform="linux")
     # H3_CUDA=0: no make call, and no backend left over from an earlier build
     calls.clear()
-    assert hb.build_cuda(str(root), dict(env, H3_CUDA="0"), run=failing_make) is False
+    assert hb.build_cuda(str(root), dict(env, H3_CUDA="0"), run=failing_make, platform="linux") is False
     assert not calls and not stale.exists()
 
     # an editable install runs from the tree: it keeps a backend left there, and says so
     stale.write_bytes(b"old backend")
     warnings.clear()
-    assert hb.build_cuda(str(root), env, run=failing_make, warn=warnings.append, remove_stale=False) is False
+    assert hb.build_cuda(str(root), env, run=failing_make, warn=warnings.append, remove_stale=False,
+                         platform="linux") is False
     assert stale.read_bytes() == b"old backend"
     assert len(warnings) == 2 and "left from an earlier build" in warnings[0], warnings
     warnings.clear()
@@ -391,8 +411,29 @@ def test_optional_cuda_build_failure_is_a_warning(tmp_path, monkeypatch):
         stale.write_bytes(b"new backend")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    assert hb.build_cuda(str(root), env, run=good_make, warn=warnings.append) is True
+    assert hb.build_cuda(str(root), env, run=good_make, warn=warnings.append, platform="linux") is True
     assert stale.read_bytes() == b"new backend" and not warnings
+
+
+def test_cuda_backend_builds_with_the_plain_compiler():
+    """The real `make cuda` through the install hook's decision on this machine: the C++ compiler only, PATH without
+    any nvcc, no CUDA_HOME. In the checkout (incremental, as the editable install runs it; a failure keeps what is
+    there)."""
+    hb = _hatch_build()
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "NVCC", "H3_CUDA")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and not os.path.exists(os.path.join(p, "nvcc")))
+    if not sys.platform.startswith("linux") or hb.cuda_plan(env)[0] == "off":
+        pytest.skip("not Linux, or no C++ compiler on this machine")
+    warnings = []
+    assert hb.build_cuda(str(ROOT), env, warn=warnings.append, remove_stale=False) is True, warnings
+    lib = ROOT / hb.CUDA_LIB
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert {"h3_backend_cuda_create", "h3_backend_cuda_abi"} <= {ln.split()[-1] for ln in syms.splitlines()}
+    # nothing of NVIDIA is linked: the driver, NVRTC and cuBLASLt are opened at run time
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+    assert "NEEDED" in needed
+    assert not any(x in needed for x in ("libcuda", "libcudart", "libnvrtc", "libcublas", "libcudnn")), needed
 
 
 def test_cpu_install_stays_light():
@@ -402,6 +443,14 @@ def test_cpu_install_stays_light():
         pytest.skip("tomllib needs Python 3.11")
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert proj["project"]["dependencies"] == ["numpy", "safetensors", "rich", "imageio-ffmpeg"]
+    # nothing from NVIDIA unless asked for (the `cuda` extra), and the build needs hatchling only: nothing fetched
+    assert proj["build-system"]["requires"] == ["hatchling>=1.24"]
+    linux = "; sys_platform == 'linux'"  # NVIDIA's wheels exist for Linux only: elsewhere the extras still install
+    assert sorted(proj["project"]["optional-dependencies"]["cuda"]) == [
+        "nvidia-cublas==13.*" + linux, "nvidia-cuda-nvrtc==13.0.*" + linux, "nvidia-cudnn-cu13==9.*" + linux]
+    assert "nvidia-cuda-nvrtc==13.0.*" + linux in proj["project"]["optional-dependencies"]["test"]
+    hook = (ROOT / "hatch_build.py").read_text()
+    assert not any(w in hook for w in ("pip", "urllib", "http", "download")), "the build hook must fetch nothing"
     assert "python/h3ctl/libh3_cuda.so" in proj["tool"]["hatch"]["build"]["targets"]["wheel"]["artifacts"]
     # Choosing a device and asking for the backends imports nothing heavy.
     code = ("import sys; from h3ctl import Engine, _lib; _lib.backends(); Engine(device='cpu').close(); "

@@ -174,6 +174,23 @@ static int host_err(int code, const char *fmt, ...)
     return h3_err(code, "%s", msg);
 }
 
+/* Where the CUDA backend's progress and warnings go (h3_set_note): process-wide, as the backend
+   library is. */
+static void (*g_note_fn)(void *user, const char *line);
+static void *g_note_user;
+static int g_cuda_warmup; /* set around h3_cuda_warmup's create call */
+
+void h3_set_note(void (*fn)(void *user, const char *line), void *user)
+{
+    g_note_fn = fn;
+    g_note_user = user;
+}
+
+static void h3_note_line(const char *line)
+{
+    if (g_note_fn) g_note_fn(g_note_user, line);
+}
+
 #ifndef H3_NO_DLOPEN
 /* Path of the CUDA backend library: H3_CUDA_LIB if set (tests, unusual installs), else the
    folder libh3 itself was loaded from. */
@@ -257,7 +274,8 @@ int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **ou
         t = &now;
     }
     const h3_backend_host host = {sizeof(h3_backend_host), host_err, h3_noise, t->cuda_attention, t->cuda_rows,
-                                  t->cudnn_lib};
+                                  t->cudnn_lib, t->libcuda, t->nvrtc_lib, t->cublaslt_lib, t->kernel_cache,
+                                  h3_note_line, g_cuda_warmup};
     if (device_ordinal < 0) return h3_err(H3_E_INVALID, "cuda: device index %d is negative", device_ordinal);
     int rc = create(&host, device_ordinal, out);
     if (rc == 0 && !*out) rc = h3_err(H3_E_UNSUPPORTED, "cuda: the backend returned no device");
@@ -268,4 +286,15 @@ int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **ou
     }
     return rc;
 #endif
+}
+
+int h3_cuda_warmup(int device)
+{
+    h3_err_clear();
+    h3_backend *be = NULL;
+    g_cuda_warmup = 1;
+    int rc = h3_backend_cuda_open(device, NULL, &be);
+    g_cuda_warmup = 0;
+    if (be) h3_backend_destroy(be);
+    return rc;
 }

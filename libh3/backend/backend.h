@@ -168,7 +168,7 @@ typedef struct h3_bwspec {
 } h3_bwspec;
 
 /* The layout of the tables and structs below, as libh3_cuda must have been built with (see the top). */
-#define H3_BACKEND_ABI 2u
+#define H3_BACKEND_ABI 3u
 
 /* Memory and the stream. */
 typedef struct h3_backend_mem {
@@ -549,6 +549,18 @@ typedef struct h3_backend_host {
     const char *cuda_attention; /* H3_CUDA_ATTENTION: auto, own or cudnn */
     const char *cuda_rows;      /* H3_CUDA_ROWS: auto or scalar */
     const char *cudnn_lib;      /* H3_CUDNN_LIB: path of libcudnn.so.9 */
+    /* ABI 3: the CUDA backend loads the driver and its vendor libraries at run time and compiles
+       its kernels with NVRTC (backend/cuda/cuda_loader.cpp, cuda_kernels.cpp). Paths: NULL or "":
+       the loader's search. Valid during the create call only, as the knobs above. */
+    const char *libcuda;      /* H3_LIBCUDA: libcuda.so.1 (tests point it at a fake driver) */
+    const char *nvrtc_lib;    /* H3_NVRTC_LIB: libnvrtc.so.13 (the nvidia-cuda-nvrtc wheel's) */
+    const char *cublaslt_lib; /* H3_CUBLASLT_LIB: libcublasLt.so.13 (the nvidia-cublas wheel's) */
+    const char *kernel_cache; /* folder of compiled kernels (H3_KERNEL_CACHE, else the user's cache
+                                 folder); "" or NULL: compile in memory only */
+    /* One line of progress or a warning (the first compile of a kernel module, an unwritable
+       cache); NULL: say nothing. Called during create and later ops. */
+    void (*note)(const char *line);
+    int warmup; /* nonzero: compile (or load) every kernel module during create */
 } h3_backend_host;
 
 /* Entry point every loadable backend library exports (symbol name H3_BACKEND_ENTRY). */

@@ -93,6 +93,18 @@ void h3_tuning_read(h3_tuning *t)
     copy(t->cuda_attention, sizeof t->cuda_attention, env("H3_CUDA_ATTENTION"));
     copy(t->cuda_rows, sizeof t->cuda_rows, env("H3_CUDA_ROWS"));
     copy(t->cudnn_lib, sizeof t->cudnn_lib, env("H3_CUDNN_LIB"));
+    copy(t->libcuda, sizeof t->libcuda, env("H3_LIBCUDA"));
+    copy(t->nvrtc_lib, sizeof t->nvrtc_lib, env("H3_NVRTC_LIB"));
+    copy(t->cublaslt_lib, sizeof t->cublaslt_lib, env("H3_CUBLASLT_LIB"));
+    const char *kc = env("H3_KERNEL_CACHE"), *xdg = env("XDG_CACHE_HOME"), *home = env("HOME");
+    if (kc)
+        copy(t->kernel_cache, sizeof t->kernel_cache, strcmp(kc, "off") ? kc : NULL);
+    else if (xdg)
+        snprintf(t->kernel_cache, sizeof t->kernel_cache, "%s/h3ctl/kernels", xdg);
+    else if (home)
+        snprintf(t->kernel_cache, sizeof t->kernel_cache, "%s/.cache/h3ctl/kernels", home);
+    else
+        t->kernel_cache[0] = '\0';
     t->no_simd = h3_env_no_simd();
     copy(t->cuda_lib, sizeof t->cuda_lib, h3_env_cuda_lib());
 }

@@ -32,6 +32,12 @@ typedef struct h3_tuning {
     /* H3_QUANT_WIDEN: a single file's quantised layers are widened to BF16 at load (1), not computed
        from their stored codes where the backend can (the default). */
     bool quant_widen;
+    char libcuda[4096];                 /* H3_LIBCUDA: path of libcuda.so.1 (tests: a fake driver) */
+    char nvrtc_lib[4096];               /* H3_NVRTC_LIB: path of libnvrtc.so.13 */
+    char cublaslt_lib[4096];            /* H3_CUBLASLT_LIB: path of libcublasLt.so.13 */
+    /* The CUDA kernel cache folder: H3_KERNEL_CACHE ("off": none), else $XDG_CACHE_HOME/h3ctl/kernels,
+       else $HOME/.cache/h3ctl/kernels; "" when there is none. */
+    char kernel_cache[4096];
     /* Once per process (copies, for h3_tuning_json). */
     bool no_simd;       /* H3_NO_SIMD */
     char cuda_lib[4096]; /* H3_CUDA_LIB, "" unset */

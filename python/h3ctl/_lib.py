@@ -138,6 +138,8 @@ BINDINGS: dict[str, tuple[object, list[object]]] = {
     "h3_cpu_features": (c_char_p, []),
     "h3_options_default": (None, [ctypes.POINTER(H3Options)]),
     "h3_backends_json": (c_char_p, []),
+    "h3_set_note": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "h3_cuda_warmup": (c_int, [c_int]),
     "h3_device_name": (c_char_p, [c_void_p]),
     "h3_device_description": (c_char_p, [c_void_p]),
     "h3_stages_device": (c_char_p, [c_void_p]),
@@ -264,6 +266,15 @@ _lock = threading.Lock()
 _lib = None
 
 
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+def _NOTE(_user, line):
+    """The CUDA backend's one-line progress and warnings (the first kernel compile for a GPU, an unwritable cache)."""
+    try:
+        print(f"h3ctl: {line.decode(errors='replace')}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001  (never raise into C)
+        pass
+
+
 def _nvidia_wheel_file(*parts: str) -> str | None:
     """A file of NVIDIA's pip wheels (nvidia-cublas, nvidia-cudnn-cu13, as torch installs them), found without
     importing anything heavy: the `nvidia` namespace package's folders on sys.path."""
@@ -281,27 +292,21 @@ def _nvidia_wheel_file(*parts: str) -> str | None:
 
 
 def _prepare_cuda_backend() -> None:
-    """Let the CUDA backend find its vendor libraries when they come from pip wheels rather than a system CUDA.
+    """Point the CUDA backend at its vendor libraries when they come from pip wheels rather than a system CUDA.
 
-    libh3_cuda links cuBLASLt by soname: when the loader cannot find it, load the wheel's copy first (global
-    symbols, so the backend's dlopen resolves against it). cuDNN (attention) is opened by the backend itself from
-    H3_CUDNN_LIB or the loader path: point H3_CUDNN_LIB at the wheel's copy when neither names one. Nothing here runs
-    without a built CUDA backend, and a CPU-only install imports no wheel."""
+    libh3_cuda opens libnvrtc.so.13, libcublasLt.so.13 and libcudnn.so.9 itself at run time (H3_NVRTC_LIB,
+    H3_CUBLASLT_LIB, H3_CUDNN_LIB, else the loader's search): where a variable is unset and the nvidia-cuda-nvrtc /
+    nvidia-cublas / nvidia-cudnn-cu13 wheel (`pip install "h3ctl[cuda]"`) has the file, name the wheel's copy.
+    Nothing here runs without a built CUDA backend, and nothing is imported or loaded."""
     if sys.platform == "darwin" or not (_HERE / _CUDA_LIBNAME).exists():
         return
-    try:
-        ctypes.CDLL("libcublasLt.so.13", mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        lt = _nvidia_wheel_file("cu13", "lib", "libcublasLt.so.13")
-        if lt:
-            try:
-                ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
-            except OSError:
-                pass  # the backend then reports the missing library in one line
-    if not os.environ.get("H3_CUDNN_LIB"):
-        dnn = _nvidia_wheel_file("cudnn", "lib", "libcudnn.so.9")
-        if dnn:
-            os.environ["H3_CUDNN_LIB"] = dnn
+    for var, parts in (("H3_NVRTC_LIB", ("cu13", "lib", "libnvrtc.so.13")),
+                       ("H3_CUBLASLT_LIB", ("cu13", "lib", "libcublasLt.so.13")),
+                       ("H3_CUDNN_LIB", ("cudnn", "lib", "libcudnn.so.9"))):
+        if not os.environ.get(var):
+            found = _nvidia_wheel_file(*parts)
+            if found:
+                os.environ[var] = found
 
 
 def lib():
@@ -326,6 +331,7 @@ def lib():
                                   "(rebuild with `make lib` or reinstall h3ctl)") from None
                 fn.restype = restype
                 fn.argtypes = argtypes
+            handle.h3_set_note(_NOTE, None)
             _lib = handle
     return _lib
 

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("presets", help="the speed presets: settings, measured speed-up and quality")
 
+    pw = sub.add_parser("warmup", help="compile the CUDA kernels for this GPU ahead of time (kept in the kernel cache)")
+    pw.add_argument("--gpu", type=int, default=0, help="CUDA device index (default 0)")
+
     ps = sub.add_parser("session", help="an interactive prompt line with a warm model (also reads a pipe)")
     from .session import add_arguments as add_session_arguments
 
@@ -210,6 +213,14 @@ def main(argv=None) -> int:
             from . import presets
 
             print(presets.table())
+            return 0
+        if args.command == "warmup":
+            from . import _lib
+
+            if _lib.lib().h3_cuda_warmup(args.gpu) != 0:
+                print(f"h3ctl: error: {_lib.last_error() or 'the CUDA kernels could not be prepared'}", file=sys.stderr)
+                return 1
+            print("h3ctl: the CUDA kernels are compiled and cached for this GPU")
             return 0
         if args.command == "session":
             from . import session

@@ -74,6 +74,15 @@ if [ -z "${H3_CUDNN_LIB:-}" ]; then
     H3_CUDNN_LIB="$("$PY" -c 'import glob, site; print(next(iter(sorted(p for r in site.getsitepackages() for p in glob.glob(r + "/nvidia/cudnn/lib/libcudnn.so.9"))), ""))' 2>/dev/null)"
     [ -n "$H3_CUDNN_LIB" ] && export H3_CUDNN_LIB
 fi
+# The CUDA backend opens NVRTC and cuBLASLt at run time (no nvcc, no CUDA header at build time): the wheels' copies
+# for the C tests, which do not go through h3ctl's Python (that sets the same variables itself).
+for pair in "H3_NVRTC_LIB:cu13/lib/libnvrtc.so.13" "H3_CUBLASLT_LIB:cu13/lib/libcublasLt.so.13"; do
+    var="${pair%%:*}"; rel="${pair#*:}"
+    if [ -z "${!var:-}" ]; then
+        val="$("$PY" -c 'import glob, site, sys; print(next(iter(sorted(p for r in site.getsitepackages() for p in glob.glob(r + "/nvidia/" + sys.argv[1]))), ""))' "$rel" 2>/dev/null)"
+        [ -n "$val" ] && export "$var=$val"
+    fi
+done
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -15,16 +15,16 @@
  * kernel adds the bias and rounds once; when it has no algorithm at all (odd strides, K = 0), a
  * plain tiled kernel computes the same sum.
  */
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernels/gemm.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 namespace h3cuda {
 
-/* Bias classes of a call: none, fused in the epilogue, added by bias_store. */
-enum { BIAS_NONE = 0, BIAS_EPILOGUE = 1, BIAS_KERNEL = 2 };
-
+/* The kernels of kernels/gemm.cu this file launches (cuda_kernels.h). */
+H3K(k_gemm_fallback_kernel, MOD_GEMM, "gemm_fallback_kernel", const bf16_t *, int64_t, const bf16_t *, const float *, void *, int, int64_t, int64_t, int64_t, int64_t);
 /* The plan key of Y[M, N] = X[M, K] W^T with bf16 operands (X rows ldx apart, alignment class ax)
    into D of type dt, ldd elements apart, alignment class ad; epi_bias fuses an f32 bias. Weights
    come from cudaMalloc (256-byte aligned) with row stride K elements. */
@@ -64,20 +64,20 @@ int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const 
     const int64_t ldy = M == 1 && Y->ld < N ? N : Y->ld;
 
     /* GEMM inputs are bf16: an f32 X is rounded once into scratch (ld = K). */
-    const __nv_bfloat16 *Xb;
+    const bf16_t *Xb;
     int64_t ldx;
     if (X->dtype == H3_DT_F32) {
-        __nv_bfloat16 *s = (__nv_bfloat16 *)scratch(b, SCR_XBF16, (size_t)(M * (K > 0 ? K : 1)) * 2);
+        bf16_t *s = (bf16_t *)scratch(b, SCR_XBF16, (size_t)(M * (K > 0 ? K : 1)) * 2);
         if (!s) return -H3_E_NOMEM;
         if (K > 0 && (rc = convert_f32_bf16_2d(b, (const float *)X->data, X->ld, s, K, M, K))) return rc;
         Xb = s;
         ldx = K;
     } else {
-        Xb = (const __nv_bfloat16 *)X->data;
+        Xb = (const bf16_t *)X->data;
         ldx = M == 1 && X->ld < K ? K : X->ld;
     }
     if (K == 0)
-        return gemm_fallback(b, Xb, ldx, (const __nv_bfloat16 *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
+        return gemm_fallback(b, Xb, ldx, (const bf16_t *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
 
     /* The plan: straight into Y (the bias fused when it is 16-byte aligned), else into an f32
        scratch that bias_store rounds into Y, else the fallback kernel. A direct plan a matmul once
@@ -102,7 +102,7 @@ int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const 
             /* The heuristic's algorithm refused these operands after all: this shape takes the
                fallback from now on (nothing was launched, so nothing is half done). */
             lt_plan_refuse(b, p);
-            return gemm_fallback(b, Xb, ldx, (const __nv_bfloat16 *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
+            return gemm_fallback(b, Xb, ldx, (const bf16_t *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
         }
         return st == CUBLAS_STATUS_SUCCESS ? 0 : fail_cublas(b, st, "linear");
     }
@@ -115,46 +115,15 @@ int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const 
         if (st != CUBLAS_STATUS_SUCCESS) return fail_cublas(b, st, "linear");
         return bias_store(b, t, bias, Y->data, y_bf16, ldy, M, N);
     }
-    return gemm_fallback(b, Xb, ldx, (const __nv_bfloat16 *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
+    return gemm_fallback(b, Xb, ldx, (const bf16_t *)W->data, bias, Y->data, y_bf16, ldy, M, N, K);
 }
 
-/* ---- the fallback: a plain tiled GEMM ------------------------------------------------------ */
-
-#define FB_T 16
-
-/* One output per thread, K in tiles of 16 staged through shared memory; the sum runs over k in
-   order, so the result is deterministic. Only used where cuBLASLt declines a shape. */
-__global__ void gemm_fallback_kernel(const __nv_bfloat16 *__restrict__ X, int64_t ldx,
-                                     const __nv_bfloat16 *__restrict__ W, const float *__restrict__ bias, void *Y,
-                                     int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K)
-{
-    __shared__ float xs[FB_T][FB_T + 1], ws[FB_T][FB_T + 1];
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int64_t m = (int64_t)blockIdx.y * FB_T + ty, n = (int64_t)blockIdx.x * FB_T + tx;
-    const int64_t wn = (int64_t)blockIdx.x * FB_T + ty; /* the W row this thread stages */
-    float acc = 0.0f;
-    for (int64_t k0 = 0; k0 < K; k0 += FB_T) {
-        const int64_t k = k0 + tx;
-        xs[ty][tx] = m < M && k < K ? __bfloat162float(X[m * ldx + k]) : 0.0f;
-        ws[ty][tx] = wn < N && k < K ? __bfloat162float(W[wn * K + k]) : 0.0f;
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < FB_T; j++) acc = fmaf(xs[ty][j], ws[tx][j], acc);
-        __syncthreads();
-    }
-    if (m < M && n < N) {
-        if (bias) acc += bias[n];
-        st_elem(Y, y_bf16, m * ldy + n, acc);
-    }
-}
-
-int gemm_fallback(Backend *b, const __nv_bfloat16 *X, int64_t ldx, const __nv_bfloat16 *W, const float *bias, void *Y,
+int gemm_fallback(Backend *b, const bf16_t *X, int64_t ldx, const bf16_t *W, const float *bias, void *Y,
                   int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K)
 {
     dim3 block(FB_T, FB_T), grid((unsigned)((N + FB_T - 1) / FB_T), (unsigned)((M + FB_T - 1) / FB_T));
     if (grid.y > 65535) return fail(b, H3_E_UNSUPPORTED, "cuda: linear: %lld rows is too many for the fallback GEMM", (long long)M);
-    gemm_fallback_kernel<<<grid, block, 0, b->stream>>>(X, ldx, W, bias, Y, y_bf16, ldy, M, N, K);
-    return check_launch(b, "gemm_fallback_kernel");
+    return check_launch(b, k_gemm_fallback_kernel(b, grid, block, 0, b->stream, X, ldx, W, bias, Y, y_bf16, ldy, M, N, K));
 }
 
 } /* namespace h3cuda */

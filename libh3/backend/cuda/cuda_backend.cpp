@@ -11,8 +11,8 @@
  * found through the loader's normal search path: LD_LIBRARY_PATH or ld.so.conf), so the only
  * thing a machine needs besides the driver is cuBLAS of the CUDA major version it was built for.
  */
-#include "backend/cuda/cuda_sdpa.h"
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_cudnn_host.h"
+#include "backend/cuda/cuda_kernels.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,42 +33,37 @@ int fail(const Backend *b, int code, const char *fmt, ...)
     return b->host.err(code, "%s", msg);
 }
 
-static int code_of(cudaError_t e)
+static int code_of(CUresult e)
 {
     switch (e) {
-    case cudaErrorMemoryAllocation: return H3_E_NOMEM;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidConfiguration:
-    case cudaErrorInvalidPitchValue: return H3_E_INVALID;
+    case CUDA_ERROR_OUT_OF_MEMORY: return H3_E_NOMEM;
+    case CUDA_ERROR_INVALID_VALUE: return H3_E_INVALID;
     default: return H3_E_UNSUPPORTED;
     }
 }
 
 /* A sticky error (a kernel fault) leaves the CUDA context unusable: say so, since every later
    call will fail the same way. */
-static bool sticky(cudaError_t e)
+static bool sticky(CUresult e)
 {
     switch (e) {
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-    case cudaErrorHardwareStackError:
-    case cudaErrorIllegalInstruction:
-    case cudaErrorMisalignedAddress:
-    case cudaErrorInvalidAddressSpace:
-    case cudaErrorInvalidPc:
-    case cudaErrorAssert:
-    case cudaErrorLaunchTimeout:
-    case cudaErrorECCUncorrectable: return true;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ECC_UNCORRECTABLE: return true;
     default: return false;
     }
 }
 
-int fail_cuda(const Backend *b, cudaError_t e, const char *what)
+int fail_cuda(const Backend *b, CUresult e, const char *what)
 {
-    /* Clear a non-sticky error so the next call starts clean ("the backend stays usable"). */
-    (void)cudaGetLastError();
-    return fail(b, code_of(e), "cuda: %s: %s%s", what, cudaGetErrorString(e),
+    return fail(b, code_of(e), "cuda: %s: %s%s", what, cu_errstr(e),
                 sticky(e) ? " (the GPU context is lost; restart the process)" : "");
 }
 
@@ -78,22 +73,14 @@ int fail_cublas(const Backend *b, cublasStatus_t s, const char *what)
                 cublasLtGetStatusName(s), cublasLtGetStatusString(s));
 }
 
-int check_launch(const Backend *b, const char *kernel)
-{
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) return 0;
-    char what[128];
-    snprintf(what, sizeof what, "launching %s", kernel);
-    return fail_cuda(b, e, what);
-}
-
+/* The backend's primary context current on this thread (cheap when it already is): the driver
+   API, cuBLASLt and cuDNN then all work in the one context. */
 int use_device(const Backend *b)
 {
-    int cur = -1;
-    cudaError_t e = cudaGetDevice(&cur);
-    if (e == cudaSuccess && cur == b->dev) return 0;
-    e = cudaSetDevice(b->dev);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "selecting the GPU");
+    CUcontext cur = NULL;
+    if (cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == b->ctx) return 0;
+    CUresult e = cuCtxSetCurrent(b->ctx);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "selecting the GPU");
 }
 
 int check_view(const Backend *b, const char *op, const char *name, const h3_bt *t)
@@ -123,32 +110,28 @@ void *dev_alloc(const Backend *b, size_t bytes, const char *what)
 {
     if (use_device(b)) return NULL;
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
-    if (e == cudaSuccess) {
+    CUresult e = cu_malloc(&p, bytes ? bytes : 1);
+    if (e == CUDA_SUCCESS) {
         /* Memory in use only grows at an allocation, so sampling here catches the peak of
            everything this backend allocates (a few microseconds next to cudaMalloc itself). */
         size_t fr = 0, tot = 0;
-        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        if (cuMemGetInfo(&fr, &tot) == CUDA_SUCCESS) {
             Backend *mb = const_cast<Backend *>(b);
             if ((uint64_t)(tot - fr) > mb->mem_peak) mb->mem_peak = (uint64_t)(tot - fr);
-        } else {
-            (void)cudaGetLastError();
         }
         return p;
     }
-    (void)cudaGetLastError();
-    if (e == cudaErrorMemoryAllocation) {
+    if (e == CUDA_ERROR_OUT_OF_MEMORY) {
         size_t fr = 0, tot = 0;
         char ask[32], frs[32];
         fmt_bytes(ask, sizeof ask, bytes);
-        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        if (cuMemGetInfo(&fr, &tot) == CUDA_SUCCESS) {
             fmt_bytes(frs, sizeof frs, fr);
             fail(b, H3_E_NOMEM, "cuda: out of device memory allocating %s for %s (%s free of %.1f GiB)", ask, what,
                  frs, (double)tot / (1024.0 * 1024.0 * 1024.0));
         } else {
             fail(b, H3_E_NOMEM, "cuda: out of device memory allocating %s for %s", ask, what);
         }
-        (void)cudaGetLastError();
         return NULL;
     }
     char w[96];
@@ -165,12 +148,12 @@ void *scratch(Backend *b, int slot, size_t bytes)
     if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
     if (b->scratch[slot]) {
         /* Queued work may still read the old buffer. */
-        cudaError_t e = cudaStreamSynchronize(b->stream);
-        if (e != cudaSuccess) {
+        CUresult e = cuStreamSynchronize(b->stream);
+        if (e != CUDA_SUCCESS) {
             fail_cuda(b, e, "waiting for queued work");
             return NULL;
         }
-        cudaFree(b->scratch[slot]);
+        cu_free(b->scratch[slot]);
         b->scratch[slot] = NULL;
         b->scratch_bytes[slot] = 0;
     }
@@ -189,7 +172,7 @@ static void be_release(h3_backend *be, void *p)
     Backend *b = B(be);
     if (use_device(b)) return;
     /* cudaFree waits for work queued on the device, so a buffer a kernel still reads is safe. */
-    if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+    (void)cu_free(p);
 }
 
 static int be_upload(h3_backend *be, void *dst, const void *src, size_t bytes)
@@ -198,19 +181,16 @@ static int be_upload(h3_backend *be, void *dst, const void *src, size_t bytes)
     if (!bytes) return 0;
     int rc = use_device(b);
     if (rc) return rc;
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, b->stream);
-    if (e != cudaSuccess) return fail_cuda(b, e, "upload");
+    CUresult e = cu_copy(dst, src, bytes, b->stream);
+    if (e != CUDA_SUCCESS) return fail_cuda(b, e, "upload");
     /* From pageable memory the call returns once the bytes are staged, so the caller may reuse
        its buffer at once. Pinned memory (registered by someone else) is read later by the copy
        engine: wait, so the contract holds for any host pointer. */
-    cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, src) == cudaSuccess) {
-        if (at.type == cudaMemoryTypeHost) {
-            e = cudaStreamSynchronize(b->stream);
-            if (e != cudaSuccess) return fail_cuda(b, e, "upload");
-        }
-    } else {
-        (void)cudaGetLastError();
+    CUmemorytype mt = 0;
+    if (cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr(src)) == CUDA_SUCCESS &&
+        mt == CU_MEMORYTYPE_HOST) {
+        e = cuStreamSynchronize(b->stream);
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "upload");
     }
     return 0;
 }
@@ -221,11 +201,11 @@ static int be_download(h3_backend *be, void *dst, const void *src, size_t bytes)
     int rc = use_device(b);
     if (rc) return rc;
     if (bytes) {
-        cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, b->stream);
-        if (e != cudaSuccess) return fail_cuda(b, e, "download");
+        CUresult e = cu_copy(dst, src, bytes, b->stream);
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "download");
     }
-    cudaError_t e = cudaStreamSynchronize(b->stream);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "download (a queued GPU operation failed)");
+    CUresult e = cuStreamSynchronize(b->stream);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "download (a queued GPU operation failed)");
 }
 
 static int be_zero(h3_backend *be, void *dst, size_t bytes)
@@ -234,8 +214,8 @@ static int be_zero(h3_backend *be, void *dst, size_t bytes)
     if (!bytes) return 0;
     int rc = use_device(b);
     if (rc) return rc;
-    cudaError_t e = cudaMemsetAsync(dst, 0, bytes, b->stream);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "zero");
+    CUresult e = cu_memset(dst, 0, bytes, b->stream);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "zero");
 }
 
 static int be_sync(h3_backend *be)
@@ -243,8 +223,8 @@ static int be_sync(h3_backend *be)
     Backend *b = B(be);
     int rc = use_device(b);
     if (rc) return rc;
-    cudaError_t e = cudaStreamSynchronize(b->stream);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "a queued GPU operation failed");
+    CUresult e = cuStreamSynchronize(b->stream);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "a queued GPU operation failed");
 }
 
 /* The device's free and total memory now (cudaMemGetInfo on the backend's device). */
@@ -253,8 +233,8 @@ static int mem_now(Backend *b, size_t *fr, size_t *tot)
     int rc = use_device(b);
     if (rc) return rc;
     *fr = *tot = 0;
-    cudaError_t e = cudaMemGetInfo(fr, tot);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "reading free memory");
+    CUresult e = cuMemGetInfo(fr, tot);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "reading free memory");
 }
 
 static int be_mem_info(h3_backend *be, uint64_t *free_bytes, uint64_t *total_bytes)
@@ -287,8 +267,8 @@ static int stage_ensure(Backend *b, bool need_dev)
 {
     if (!b->stage_host[0]) {
         for (int s = 0; s < STAGE_SLOTS; s++) {
-            cudaError_t e = cudaHostAlloc(&b->stage_host[s], STAGE_CHUNK, cudaHostAllocDefault);
-            if (e != cudaSuccess) {
+            CUresult e = cu_host_alloc((void **)&b->stage_host[s], STAGE_CHUNK);
+            if (e != CUDA_SUCCESS) {
                 b->stage_host[s] = NULL;
                 return fail_cuda(b, e, "allocating pinned staging memory (2 x 64 MiB)");
             }
@@ -315,21 +295,21 @@ int stage_upload(Backend *b, void *dst, size_t bytes, size_t align, stage_fill_f
         b->stage_next = (s + 1) % STAGE_SLOTS;
         if (b->stage_used[s]) {
             /* The copy (and conversion) that last used this slot must be done before refilling. */
-            cudaError_t e = cudaEventSynchronize(b->stage_done[s]);
-            if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+            CUresult e = cuEventSynchronize(b->stage_done[s]);
+            if (e != CUDA_SUCCESS) return fail_cuda(b, e, "staged upload");
         }
         fill(ctx, b->stage_host[s], off, n);
-        cudaError_t e;
+        CUresult e;
         if (convert) {
-            e = cudaMemcpyAsync(b->stage_dev[s], b->stage_host[s], n, cudaMemcpyHostToDevice, b->stream);
-            if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+            e = cu_copy(b->stage_dev[s], b->stage_host[s], n, b->stream);
+            if (e != CUDA_SUCCESS) return fail_cuda(b, e, "staged upload");
             if ((rc = convert(b, dst, b->stage_dev[s], n, off))) return rc;
         } else {
-            e = cudaMemcpyAsync((char *)dst + off, b->stage_host[s], n, cudaMemcpyHostToDevice, b->stream);
-            if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+            e = cu_copy((char *)dst + off, b->stage_host[s], n, b->stream);
+            if (e != CUDA_SUCCESS) return fail_cuda(b, e, "staged upload");
         }
-        e = cudaEventRecord(b->stage_done[s], b->stream);
-        if (e != cudaSuccess) return fail_cuda(b, e, "staged upload");
+        e = cuEventRecord(b->stage_done[s], b->stream);
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "staged upload");
         b->stage_used[s] = true;
     }
     return 0;
@@ -344,12 +324,12 @@ static void fill_copy(void *ctx, void *pinned, size_t offset, size_t bytes)
 
 static int conv_f32(Backend *b, void *dst, const void *staged, size_t bytes, size_t offset)
 {
-    return convert_to_bf16(b, staged, H3_DT_F32, (__nv_bfloat16 *)dst + offset / 4, (int64_t)(bytes / 4));
+    return convert_to_bf16(b, staged, H3_DT_F32, (bf16_t *)dst + offset / 4, (int64_t)(bytes / 4));
 }
 
 static int conv_f16(Backend *b, void *dst, const void *staged, size_t bytes, size_t offset)
 {
-    return convert_to_bf16(b, staged, H3_DT_F16, (__nv_bfloat16 *)dst + offset / 2, (int64_t)(bytes / 2));
+    return convert_to_bf16(b, staged, H3_DT_F16, (bf16_t *)dst + offset / 2, (int64_t)(bytes / 2));
 }
 
 /* The device copy is bf16 whatever the checkpoint stores: f32 and f16 are rounded to nearest
@@ -373,7 +353,7 @@ static int be_weight_load(h3_backend *be, const void *host, h3_dtype dt, int64_t
         rc = stage_upload(b, d, (size_t)n * esz, esz, fill_copy, (void *)host,
                           dt == H3_DT_BF16 ? NULL : dt == H3_DT_F32 ? conv_f32 : conv_f16);
         if (rc) {
-            cudaFree(d);
+            cu_free(d);
             return rc;
         }
     }
@@ -398,8 +378,8 @@ static int be_dcopy(h3_backend *be, void *dst, const void *src, size_t bytes)
     if (bytes && (!dst || !src)) return fail(b, H3_E_INVALID, "cuda: copy of %zu bytes from or to NULL", bytes);
     int rc = use_device(b);
     if (rc || !bytes) return rc;
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b->stream);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "copying device memory");
+    CUresult e = cu_copy(dst, src, bytes, b->stream);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "copying device memory");
 }
 
 /* A pre-quantised fp8 weight: the stored e4m3 bytes and scales uploaded as they are, into the form
@@ -655,21 +635,27 @@ static void be_wstream_close(h3_backend *be, void *ws) { wstream_close(B(be), ws
 
 static void release_all(Backend *b)
 {
-    if (b->stream) cudaStreamSynchronize(b->stream);
+    if (!b->ctx) { /* nothing was made on a GPU */
+        free(b);
+        return;
+    }
+    cuCtxSetCurrent(b->ctx);
+    if (b->stream) cuStreamSynchronize(b->stream);
+    kernels_destroy(b);
     decoders_destroy(b);
     wstream_destroy(b);
     lt_plans_destroy(b);
     if (b->lt) cublasLtDestroy(b->lt);
-    if (b->lt_ws) cudaFree(b->lt_ws);
+    if (b->lt_ws) cu_free(b->lt_ws);
     for (int i = 0; i < SCR_COUNT; i++)
-        if (b->scratch[i]) cudaFree(b->scratch[i]);
+        if (b->scratch[i]) cu_free(b->scratch[i]);
     for (int s = 0; s < STAGE_SLOTS; s++) {
-        if (b->stage_host[s]) cudaFreeHost(b->stage_host[s]);
-        if (b->stage_dev[s]) cudaFree(b->stage_dev[s]);
-        if (b->stage_done[s]) cudaEventDestroy(b->stage_done[s]);
+        if (b->stage_host[s]) cuMemFreeHost(b->stage_host[s]);
+        if (b->stage_dev[s]) cu_free(b->stage_dev[s]);
+        if (b->stage_done[s]) cuEventDestroy(b->stage_done[s]);
     }
-    if (b->stream) cudaStreamDestroy(b->stream);
-    (void)cudaGetLastError();
+    if (b->stream) cuStreamDestroy(b->stream);
+    cuDevicePrimaryCtxRelease(b->cudev);
     free(b);
 }
 
@@ -707,10 +693,7 @@ static int be_ring_fill_packed(h3_backend *be, h3_bring *r, int s, const void *p
 static void be_destroy(h3_backend *be)
 {
     if (!be) return;
-    Backend *b = B(be);
-    int cur = -1;
-    if (cudaGetDevice(&cur) != cudaSuccess || cur != b->dev) cudaSetDevice(b->dev);
-    release_all(b);
+    release_all(B(be));
 }
 
 /* Positional, in backend.h's order (C++17 has no designated initializers): an entry added to
@@ -746,53 +729,94 @@ static const h3_backend_decoders cuda_dec = {
     NULL,             NULL,          NULL,          NULL,
 };
 
-/* Why the runtime found no usable device, as one line. */
-static int no_device(const Backend *b, cudaError_t e)
+/* The oldest driver the cubins of this NVRTC load on: CUDA 13.0's (cuDriverGetVersion 13000). */
+#define DRIVER_MIN 13000
+
+/* The cuDNN path's view of the backend (struct h3_cudnn_host): device memory and stream waits in
+   the backend's context. */
+static int cudnn_alloc(void *ctx, size_t bytes, void **out)
 {
-    (void)cudaGetLastError();
-    int drv = 0, rt = 0;
-    cudaDriverGetVersion(&drv);
-    cudaRuntimeGetVersion(&rt);
-    (void)cudaGetLastError();
-    if (drv == 0)
-        return fail(b, H3_E_UNSUPPORTED, "cuda: no NVIDIA driver found (libcuda.so.1 cannot be loaded)");
-    if (e == cudaErrorInsufficientDriver || drv < rt)
-        return fail(b, H3_E_UNSUPPORTED,
-                    "cuda: driver too old for this build (the driver supports CUDA %d.%d, libh3_cuda was built "
-                    "for CUDA %d.%d)",
-                    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
-    if (e == cudaErrorNoDevice || e == cudaSuccess) return fail(b, H3_E_UNSUPPORTED, "cuda: no CUDA-capable GPU found");
-    return fail(b, H3_E_UNSUPPORTED, "cuda: cannot initialise CUDA: %s", cudaGetErrorString(e));
+    Backend *b = (Backend *)ctx;
+    *out = dev_alloc(b, bytes, "cuDNN's workspace");
+    return *out ? 0 : -H3_E_NOMEM;
+}
+
+static void cudnn_free(void *ctx, void *p)
+{
+    Backend *b = (Backend *)ctx;
+    if (p && !use_device(b)) cu_free(p);
+}
+
+static int cudnn_sync(void *ctx, void *stream)
+{
+    Backend *b = (Backend *)ctx;
+    int rc = use_device(b);
+    if (rc) return rc;
+    CUresult e = cuStreamSynchronize((CUstream)stream);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "waiting for the GPU");
 }
 
 static int create(Backend *b, int ord)
 {
+    char why[400];
+    /* The driver, NVRTC and cuBLASLt, each loaded once per process; a missing one is the whole reason. */
+    if (load_driver(b->host.libcuda, why, sizeof why)) return fail(b, H3_E_UNSUPPORTED, "cuda: %s", why);
+    int drv = 0;
+    cuDriverGetVersion(&drv);
+    b->driver_version = drv;
+    if (drv < DRIVER_MIN)
+        return fail(b, H3_E_UNSUPPORTED,
+                    "cuda: the NVIDIA driver is too old (it supports CUDA %d.%d; the kernels need CUDA %d.%d or newer: "
+                    "update the driver)",
+                    drv / 1000, drv % 1000 / 10, DRIVER_MIN / 1000, DRIVER_MIN % 1000 / 10);
     int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) return no_device(b, e);
+    CUresult e = cuDeviceGetCount(&count);
+    if (e != CUDA_SUCCESS || count == 0) return fail(b, H3_E_UNSUPPORTED, "cuda: no CUDA-capable GPU found");
     if (ord < 0 || ord >= count)
         return fail(b, H3_E_INVALID, "cuda: GPU %d requested but %d %s found", ord, count, count == 1 ? "is" : "are");
-    cudaDeviceProp prop;
-    if ((e = cudaGetDeviceProperties(&prop, ord)) != cudaSuccess) return fail_cuda(b, e, "reading device properties");
-    snprintf(b->name, sizeof b->name, "%s", prop.name);
-    if (prop.major < 8)
+    CUdevice dev = 0;
+    if ((e = cuDeviceGet(&dev, ord)) != CUDA_SUCCESS) return fail_cuda(b, e, "opening the GPU");
+    int major = 0, minor = 0, sms = 0, optin = 0;
+    size_t total = 0;
+    if ((e = cuDeviceGetName(b->name, (int)sizeof b->name, dev)) != CUDA_SUCCESS ||
+        (e = cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) != CUDA_SUCCESS ||
+        (e = cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) != CUDA_SUCCESS ||
+        (e = cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) != CUDA_SUCCESS ||
+        (e = cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev)) != CUDA_SUCCESS ||
+        (e = cuDeviceTotalMem(&total, dev)) != CUDA_SUCCESS)
+        return fail_cuda(b, e, "reading device properties");
+    if (major < 8)
         return fail(b, H3_E_UNSUPPORTED, "cuda: GPU %d (%s) has compute capability %d.%d; libh3 needs 8.0 or newer", ord,
-                    prop.name, prop.major, prop.minor);
+                    b->name, major, minor);
+    if (load_nvrtc(b->host.nvrtc_lib, why, sizeof why)) return fail(b, H3_E_UNSUPPORTED, "cuda: %s", why);
+    if (load_cublaslt(b->host.cublaslt_lib, why, sizeof why)) return fail(b, H3_E_UNSUPPORTED, "cuda: %s", why);
     b->dev = ord;
-    b->cc_major = prop.major;
-    b->cc_minor = prop.minor;
-    b->sm_count = prop.multiProcessorCount;
-    b->smem_optin = prop.sharedMemPerBlockOptin;
-    b->total_mem = prop.totalGlobalMem;
-    if ((e = cudaSetDevice(ord)) != cudaSuccess) return fail_cuda(b, e, "selecting the GPU");
-    /* Creates the context now, so a busy or unavailable GPU is reported here, not at first use. */
-    if ((e = cudaFree(0)) != cudaSuccess) return fail_cuda(b, e, "creating a context on the GPU");
-    if ((e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    b->cudev = dev;
+    b->cc_major = major;
+    b->cc_minor = minor;
+    b->sm_count = sms;
+    b->smem_optin = (size_t)optin;
+    b->total_mem = total;
+    /* The primary context, the one the CUDA runtime inside cuBLASLt and cuDNN uses: retained now,
+       so a busy or unavailable GPU is reported here, not at first use. */
+    CUcontext ctx = NULL;
+    if ((e = cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS) return fail_cuda(b, e, "creating a context on the GPU");
+    b->ctx = ctx;
+    if ((e = cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) return fail_cuda(b, e, "selecting the GPU");
+    b->cudnn.device = ord;
+    b->cudnn.cc_major = major;
+    b->cudnn.cc_minor = minor;
+    b->cudnn.ctx = b;
+    b->cudnn.dev_alloc = cudnn_alloc;
+    b->cudnn.dev_free = cudnn_free;
+    b->cudnn.stream_sync = cudnn_sync;
+    if (b->host.kernel_cache) snprintf(b->cache_dir, sizeof b->cache_dir, "%s", b->host.kernel_cache);
+    if ((e = cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
         b->stream = NULL;
         return fail_cuda(b, e, "creating a stream");
     }
     for (int s = 0; s < STAGE_SLOTS; s++)
-        if ((e = cudaEventCreateWithFlags(&b->stage_done[s], cudaEventDisableTiming)) != cudaSuccess) {
+        if ((e = cuEventCreate(&b->stage_done[s], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
             b->stage_done[s] = NULL;
             return fail_cuda(b, e, "creating an event");
         }
@@ -823,21 +847,21 @@ static int create(Backend *b, int ord)
     if (rows && *rows && strcmp(rows, "scalar") && strcmp(rows, "auto"))
         return fail(b, H3_E_INVALID, "cuda: H3_CUDA_ROWS=%s (expected auto or scalar)", rows);
     b->rows_scalar = rows && !strcmp(rows, "scalar");
-    char why[300] = "";
-    const bool cudnn = b->attn_impl != ATTN_OWN && h3_cudnn_sdpa_available(why, sizeof why);
+    why[0] = '\0';
+    const bool cudnn = b->attn_impl != ATTN_OWN && h3_cudnn_sdpa_available(&b->cudnn, why, sizeof why);
     if (b->attn_impl == ATTN_CUDNN && !cudnn)
         return fail(b, H3_E_UNSUPPORTED, "cuda: H3_CUDA_ATTENTION=cudnn, but %s", why);
     /* fp8 attention is cuDNN's fp8 SDPA (Hopper and newer), whatever H3_CUDA_ATTENTION picks for bf16. */
     char why8[300] = "";
-    if (prop.major < 9)
+    if (major < 9)
         snprintf(b->base.attn_fp8_why, sizeof b->base.attn_fp8_why,
-                 "cuDNN's fp8 attention needs compute capability 9.0 or newer; this GPU is %d.%d", prop.major,
-                 prop.minor);
-    else if (!(cudnn || h3_cudnn_sdpa_available(why8, sizeof why8)))
+                 "cuDNN's fp8 attention needs compute capability 9.0 or newer; this GPU is %d.%d", major,
+                 minor);
+    else if (!(cudnn || h3_cudnn_sdpa_available(&b->cudnn, why8, sizeof why8)))
         snprintf(b->base.attn_fp8_why, sizeof b->base.attn_fp8_why, "it runs on cuDNN, and %.170s",
                  why[0] ? why : why8);
-    snprintf(b->base.desc, sizeof b->base.desc, "cuda (%.60s, sm_%d%d, %.1f GiB, %s attention)", prop.name, prop.major,
-             prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), cudnn ? "cuDNN" : "own");
+    snprintf(b->base.desc, sizeof b->base.desc, "cuda (%.60s, sm_%d%d, %.1f GiB, %s attention)", b->name, major,
+             minor, (double)total / (1024.0 * 1024.0 * 1024.0), cudnn ? "cuDNN" : "own");
     b->base.name = "cuda";
     b->base.abi_version = H3_BACKEND_ABI;
     /* weight_load_fp8 is there on every GPU and refuses, naming the need, below compute capability 8.9. */
@@ -850,7 +874,9 @@ static int create(Backend *b, int ord)
     b->base.dec = &cuda_dec;
     b->base.destroy = be_destroy;
     b->base.act_dtype = H3_DT_BF16;
-    b->base.compute_capability = prop.major * 10 + prop.minor;
+    b->base.compute_capability = major * 10 + minor;
+    /* h3ctl warmup: every module now, with progress; otherwise each compiles at its first use. */
+    if (b->host.warmup && (rc = kernels_warmup(b))) return rc;
     return 0;
 }
 
@@ -865,17 +891,17 @@ extern "C" __attribute__((visibility("default"))) int h3_backend_cuda_create(con
     using namespace h3cuda;
     if (out) *out = NULL;
     /* Without the host's error callback there is no way to say what went wrong. */
-    if (!host || !out || host->struct_size < offsetof(h3_backend_host, noise) + sizeof host->noise || !host->err)
+    if (!host || !out || host->struct_size < sizeof(h3_backend_host) || !host->err)
         return -H3_E_INVALID;
     Backend *b = (Backend *)calloc(1, sizeof(Backend));
     if (!b) return host->err(H3_E_NOMEM, "cuda: out of host memory creating the backend");
     memcpy(&b->host, host, sizeof(h3_backend_host));
     b->host.struct_size = sizeof(h3_backend_host);
-    if (host->struct_size < offsetof(h3_backend_host, cudnn_lib) + sizeof host->cudnn_lib)
-        b->host.cuda_attention = b->host.cuda_rows = b->host.cudnn_lib = NULL; /* a host without knobs */
+    /* The ABI check has made sure the host's struct is this one. */
     int rc = create(b, device_ordinal);
     /* The knob strings are the host's, valid during this call only. */
     b->host.cuda_attention = b->host.cuda_rows = b->host.cudnn_lib = NULL;
+    b->host.libcuda = b->host.nvrtc_lib = b->host.cublaslt_lib = b->host.kernel_cache = NULL;
     if (rc) {
         release_all(b);
         return rc;

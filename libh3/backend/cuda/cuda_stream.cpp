@@ -17,7 +17,7 @@
  * in them are 256-byte aligned, as cudaMalloc's buffers are, and the GEMM plans are chosen from
  * shapes, strides and the activations' alignment only (cuda_gemm.cu), never the weight pointer.
  */
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
 #include "core/wpack.h"
 
 #include <stdio.h>
@@ -35,8 +35,8 @@ struct h3_bring {
     int n;
     size_t slot_bytes;
     void *dev[h3cuda::RING_MAX];
-    cudaStream_t copy;
-    cudaEvent_t ready[h3cuda::RING_MAX], freed[h3cuda::RING_MAX];
+    h3cuda::CUstream copy;
+    h3cuda::CUevent ready[h3cuda::RING_MAX], freed[h3cuda::RING_MAX];
     bool was_read[h3cuda::RING_MAX]; /* freed[s] has been recorded at least once */
     /* A packed ring (ring_open_packed): dev[s] is slot s's staging for a whole packed image
        (slot_bytes each), `out` the one buffer of out_bytes that ring_wait decodes a slot into, on
@@ -55,20 +55,19 @@ void *host_alloc(Backend *b, size_t bytes)
 {
     if (use_device(b)) return NULL;
     void *p = NULL;
-    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
-    if (e == cudaSuccess) return p;
-    (void)cudaGetLastError();
+    CUresult e = cu_host_alloc((void **)&p, bytes ? bytes : 1);
+    if (e == CUDA_SUCCESS) return p;
     const long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     fail(b, H3_E_NOMEM, "cuda: cannot pin %.2f GiB of host memory for streamed weights (%.1f GiB of RAM free): %s",
-         (double)bytes / gib, pages > 0 && psz > 0 ? (double)pages * (double)psz / gib : 0.0, cudaGetErrorString(e));
+         (double)bytes / gib, pages > 0 && psz > 0 ? (double)pages * (double)psz / gib : 0.0, cu_errstr(e));
     return NULL;
 }
 
 void host_free(Backend *b, void *p)
 {
     if (!p || use_device(b)) return;
-    if (cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+    (void)cuMemFreeHost(p);
 }
 
 /* Values, then (fp8) one f32 scale per row: the two parts of a weight's device form. */
@@ -92,12 +91,11 @@ int weight_save(Backend *b, const h3_bw *w, void *dst)
     if (rc) return rc;
     const size_t esz = w->dtype == H3_DT_F8_E4M3 ? 1 : 2, vb = (size_t)(w->rows * w->cols) * esz;
     /* On the compute stream: the weight's upload and conversion were queued there. */
-    cudaError_t e = cudaMemcpyAsync(dst, w->data, vb, cudaMemcpyDeviceToHost, b->stream);
-    if (e == cudaSuccess && w->priv)
-        e = cudaMemcpyAsync((char *)dst + values_bytes(w), w->priv, sizeof(float) * (size_t)w->rows,
-                            cudaMemcpyDeviceToHost, b->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(b->stream);
-    if (e != cudaSuccess) return fail_cuda(b, e, "copying a weight to host memory for streaming");
+    CUresult e = cu_copy(dst, w->data, vb, b->stream);
+    if (e == CUDA_SUCCESS && w->priv)
+        e = cu_copy((char *)dst + values_bytes(w), w->priv, sizeof(float) * (size_t)w->rows, b->stream);
+    if (e == CUDA_SUCCESS) e = cuStreamSynchronize(b->stream);
+    if (e != CUDA_SUCCESS) return fail_cuda(b, e, "copying a weight to host memory for streaming");
     /* The padding up to each part's 256-byte boundary is zeros, so the saved form is fully defined
        (two saves of the same weight are the same bytes, and nothing of the heap leaks into it). */
     memset((char *)dst + vb, 0, values_bytes(w) - vb);
@@ -122,16 +120,16 @@ void ring_close(Backend *b, h3_bring *r)
     if (!r) return;
     (void)use_device(b);
     if (r->copy) {
-        if (cudaStreamSynchronize(r->copy) != cudaSuccess) (void)cudaGetLastError();
-        cudaStreamDestroy(r->copy);
+        (void)cuStreamSynchronize(r->copy);
+        cuStreamDestroy(r->copy);
     }
     for (int s = 0; s < r->n; s++) {
-        if (r->ready[s]) cudaEventDestroy(r->ready[s]);
-        if (r->freed[s]) cudaEventDestroy(r->freed[s]);
+        if (r->ready[s]) cuEventDestroy(r->ready[s]);
+        if (r->freed[s]) cuEventDestroy(r->freed[s]);
         /* cudaFree waits for the compute stream's queued reads of the slot. */
-        if (r->dev[s] && cudaFree(r->dev[s]) != cudaSuccess) (void)cudaGetLastError();
+        if (r->dev[s]) (void)cu_free(r->dev[s]);
     }
-    if (r->out && cudaFree(r->out) != cudaSuccess) (void)cudaGetLastError();
+    if (r->out) (void)cu_free(r->out);
     free(r);
 }
 
@@ -161,15 +159,15 @@ static int ring_make(Backend *b, int slots, size_t slot_bytes, bool packed, size
         ring_close(b, r);
         return -H3_E_NOMEM;
     }
-    cudaError_t e = cudaStreamCreateWithFlags(&r->copy, cudaStreamNonBlocking);
-    if (e != cudaSuccess) r->copy = NULL;
-    for (int s = 0; s < slots && e == cudaSuccess; s++) {
-        if ((e = cudaEventCreateWithFlags(&r->ready[s], cudaEventDisableTiming)) != cudaSuccess)
+    CUresult e = cuStreamCreate(&r->copy, CU_STREAM_NON_BLOCKING);
+    if (e != CUDA_SUCCESS) r->copy = NULL;
+    for (int s = 0; s < slots && e == CUDA_SUCCESS; s++) {
+        if ((e = cuEventCreate(&r->ready[s], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
             r->ready[s] = NULL;
-        else if ((e = cudaEventCreateWithFlags(&r->freed[s], cudaEventDisableTiming)) != cudaSuccess)
+        else if ((e = cuEventCreate(&r->freed[s], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
             r->freed[s] = NULL;
     }
-    if (e != cudaSuccess) {
+    if (e != CUDA_SUCCESS) {
         rc = fail_cuda(b, e, "creating the weight ring's stream and events");
         ring_close(b, r);
         return rc;
@@ -199,11 +197,11 @@ int ring_fill(Backend *b, h3_bring *r, int s, const void *host, size_t bytes)
                     r->slot_bytes);
     int rc = use_device(b);
     if (rc) return rc;
-    cudaError_t e = cudaSuccess;
-    if (r->was_read[s]) e = cudaStreamWaitEvent(r->copy, r->freed[s], 0);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(r->dev[s], host, bytes, cudaMemcpyHostToDevice, r->copy);
-    if (e == cudaSuccess) e = cudaEventRecord(r->ready[s], r->copy);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "queueing a streamed weight copy");
+    CUresult e = CUDA_SUCCESS;
+    if (r->was_read[s]) e = cuStreamWaitEvent(r->copy, r->freed[s], 0);
+    if (e == CUDA_SUCCESS) e = cu_copy(r->dev[s], host, bytes, r->copy);
+    if (e == CUDA_SUCCESS) e = cuEventRecord(r->ready[s], r->copy);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "queueing a streamed weight copy");
 }
 
 int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes)
@@ -228,13 +226,13 @@ int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t 
                     "chunks of %u", packed_bytes, out_bytes, H3_WPACK_CHUNK);
     int rc = use_device(b);
     if (rc) return rc;
-    cudaError_t e = cudaSuccess;
-    if (r->was_read[s]) e = cudaStreamWaitEvent(r->copy, r->freed[s], 0);
+    CUresult e = CUDA_SUCCESS;
+    if (r->was_read[s]) e = cuStreamWaitEvent(r->copy, r->freed[s], 0);
     /* One copy of the whole image: the copy engine never waits for a decode (that runs on the
        compute stream when the block is used, ring_wait). */
-    if (e == cudaSuccess) e = cudaMemcpyAsync(r->dev[s], p, (size_t)l.total, cudaMemcpyHostToDevice, r->copy);
-    if (e == cudaSuccess) e = cudaEventRecord(r->ready[s], r->copy);
-    if (e != cudaSuccess) return fail_cuda(b, e, "queueing a packed streamed weight copy");
+    if (e == CUDA_SUCCESS) e = cu_copy(r->dev[s], p, (size_t)l.total, r->copy);
+    if (e == CUDA_SUCCESS) e = cuEventRecord(r->ready[s], r->copy);
+    if (e != CUDA_SUCCESS) return fail_cuda(b, e, "queueing a packed streamed weight copy");
     r->pk_n[s] = n;
     r->pk_escapes[s] = escapes;
     return 0;
@@ -245,8 +243,8 @@ int ring_wait(Backend *b, h3_bring *r, int s, void **dev)
     if (s < 0 || s >= r->n) return fail(b, H3_E_INVALID, "cuda: weight slot %d of %d", s, r->n);
     int rc = use_device(b);
     if (rc) return rc;
-    cudaError_t e = cudaStreamWaitEvent(b->stream, r->ready[s], 0);
-    if (e != cudaSuccess) return fail_cuda(b, e, "waiting for a streamed weight copy");
+    CUresult e = cuStreamWaitEvent(b->stream, r->ready[s], 0);
+    if (e != CUDA_SUCCESS) return fail_cuda(b, e, "waiting for a streamed weight copy");
     if (!r->packed) {
         *dev = r->dev[s];
         return 0;
@@ -265,8 +263,8 @@ int ring_done(Backend *b, h3_bring *r, int s)
     if (s < 0 || s >= r->n) return fail(b, H3_E_INVALID, "cuda: weight slot %d of %d", s, r->n);
     int rc = use_device(b);
     if (rc) return rc;
-    cudaError_t e = cudaEventRecord(r->freed[s], b->stream);
-    if (e != cudaSuccess) return fail_cuda(b, e, "marking a weight slot free");
+    CUresult e = cuEventRecord(r->freed[s], b->stream);
+    if (e != CUDA_SUCCESS) return fail_cuda(b, e, "marking a weight slot free");
     r->was_read[s] = true;
     return 0;
 }
@@ -275,8 +273,8 @@ int ring_host_wait(Backend *b, h3_bring *r, int s)
 {
     if (s < 0 || s >= r->n) return fail(b, H3_E_INVALID, "cuda: weight slot %d of %d", s, r->n);
     /* An event never recorded counts as done: a slot never filled has no copy to wait for. */
-    cudaError_t e = cudaEventSynchronize(r->ready[s]);
-    return e == cudaSuccess ? 0 : fail_cuda(b, e, "waiting for a streamed weight copy");
+    CUresult e = cuEventSynchronize(r->ready[s]);
+    return e == CUDA_SUCCESS ? 0 : fail_cuda(b, e, "waiting for a streamed weight copy");
 }
 
 } /* namespace h3cuda */

@@ -11,7 +11,7 @@
  * workspace, so a key gets the same kernel, hence the same bits, on every run; a key's plan does
  * not depend on which other keys were cached or evicted before it.
  */
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,21 +1,21 @@
 /*
  * Shared internals of the CUDA backend (libh3_cuda): the backend object, error reporting through
- * the host callbacks, and the launchers each .cu file provides to the ops table in
- * cuda_backend.cu.
+ * the host callbacks, and the launchers each .cpp file provides to the ops table in
+ * cuda_backend.cpp. Host code only, built by the ordinary C++ compiler: the GPU is reached through
+ * the driver API (cuda_driver.h), the kernels (kernels/) are compiled at run time by NVRTC
+ * (cuda_kernels.h).
  *
  * The library is built apart from libh3 and loaded with dlopen, so it cannot call libh3's hidden
  * helpers (h3_err, h3_noise): errors and host noise go through the h3_backend_host callbacks the
  * loader hands to h3_backend_cuda_create.
  */
-#ifndef H3_CUDA_COMMON_CUH
-#define H3_CUDA_COMMON_CUH
+#ifndef H3_CUDA_COMMON_H
+#define H3_CUDA_COMMON_H
 
 #include "backend/backend.h"
 
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "backend/cuda/cuda_cudnn_host.h"
+#include "backend/cuda/cuda_driver.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -24,9 +24,19 @@ struct h3_wpack_layout; /* core/wpack.h */
 
 namespace h3cuda {
 
-struct LtCache;   /* cuda_lt_plans.cu */
-struct DecState;  /* cuda_decoders.cu */
-struct WsPark;    /* cuda_wstream.cu */
+struct LtCache;   /* cuda_lt_plans.cpp */
+struct DecState;  /* cuda_decoders.cpp */
+struct WsPark;    /* cuda_wstream.cpp */
+struct ModState;  /* cuda_kernels.cpp: a compiled kernel module and its functions */
+
+/* A bf16 value as the host sees it (raw bits; the kernels' bf16_t, kernels/h3k.h). */
+struct bf16_t {
+    uint16_t x;
+};
+typedef uint8_t e4m3; /* fp8 e4m3 bits, as the kernels' */
+/* The modules (kernels/<name>.cpp), one per launcher file. */
+enum { MOD_ATTENTION, MOD_ATTN_FP8, MOD_DECODERS, MOD_FP8, MOD_GEMM, MOD_KNOBS, MOD_LAYERNORM, MOD_ROWS, MOD_WPACK,
+       MOD_COUNT };
 
 /* Scratch buffers the ops reuse across calls (stream order makes reuse safe). */
 enum { SCR_XBF16 = 0, SCR_YF32 = 1, SCR_PARTIAL = 2, SCR_XF8 = 3, SCR_XSCALE = 4, SCR_ATTN8 = 5, SCR_COUNT = 6 };
@@ -41,6 +51,9 @@ struct Backend {
     h3_backend base; /* first: the h3_backend * handed to libh3 points here */
     h3_backend_host host;
     int dev;
+    CUdevice cudev;
+    CUcontext ctx; /* the device's primary context (shared with cuBLASLt and cuDNN) */
+    int driver_version;
     int cc_major, cc_minor, sm_count;
     size_t smem_optin; /* largest dynamic shared memory a block may opt into */
     uint64_t total_mem;
@@ -52,11 +65,11 @@ struct Backend {
        depend on timing noise. */
     int attn_impl;
     bool rows_scalar; /* H3_CUDA_ROWS=scalar: the element-at-a-time row kernels only */
-    cudaStream_t stream;
+    CUstream stream;
     cublasLtHandle_t lt;
     void *lt_ws;
     size_t lt_ws_bytes;
-    LtCache *lt_plans; /* every cuBLASLt plan of the backend (cuda_lt_plans.cu) */
+    LtCache *lt_plans; /* every cuBLASLt plan of the backend (cuda_lt_plans.cpp) */
 
     void *scratch[SCR_COUNT];
     size_t scratch_bytes[SCR_COUNT];
@@ -64,30 +77,39 @@ struct Backend {
     size_t stage_bytes;
     void *stage_host[STAGE_SLOTS]; /* pinned */
     void *stage_dev[STAGE_SLOTS];  /* raw f32/f16 weight bytes before conversion */
-    cudaEvent_t stage_done[STAGE_SLOTS];
+    CUevent stage_done[STAGE_SLOTS];
     bool stage_used[STAGE_SLOTS];
     int stage_next;
 
-    DecState *dec; /* the decoders' host staging (cuda_decoders.cu), created on first use */
+    DecState *dec; /* the decoders' host staging (cuda_decoders.cpp), created on first use */
 
     /* Peak device memory in use (cudaMemGetInfo's total - free, sampled after each dev_alloc)
        since the last mem_peak reset: the profile's per-phase high-water mark. */
     uint64_t mem_peak;
 
-    WsPark *ws_park; /* pinned layer buffers of a closed weight stream, reused by the next (cuda_wstream.cu) */
+    WsPark *ws_park; /* pinned layer buffers of a closed weight stream, reused by the next (cuda_wstream.cpp) */
+
+    ModState *mods[MOD_COUNT]; /* compiled on first use (cuda_kernels.cpp) */
+    char cache_dir[1024];      /* the kernel cache ("" : compile in memory) */
+    bool cache_warned;
+    int launch_rc;       /* the last failed launch's code since check_launch (cuda_kernels.cpp) */
+    h3_cudnn_host cudnn; /* what the cuDNN path gets: device, context callbacks (cuda_backend.cpp) */
 };
 
 static inline Backend *B(h3_backend *be) { return reinterpret_cast<Backend *>(be); }
 
-/* ---- errors (cuda_backend.cu) -------------------------------------------------------------- */
+/* ---- errors (cuda_backend.cpp) -------------------------------------------------------------- */
 
 /* Record a one-line message through the host and return -code. */
 int fail(const Backend *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "cuda: <what>: <CUDA's description>"; H3_E_NOMEM for allocation failures. */
-int fail_cuda(const Backend *b, cudaError_t e, const char *what);
+int fail_cuda(const Backend *b, CUresult e, const char *what);
 int fail_cublas(const Backend *b, cublasStatus_t s, const char *what);
-/* After a launch: the launch error, if any, as a recorded failure. */
-int check_launch(const Backend *b, const char *kernel);
+/* After launches: the first failed one's code since the last check (its message is recorded),
+   or 0; clears it, as cudaGetLastError did. */
+int check_launch(Backend *b, const char *kernel);
+/* The same after a launch that returned rc: its code, or an earlier failure's. */
+int check_launch(Backend *b, int rc);
 /* Make the backend's GPU current for this thread (cheap when it already is). */
 int use_device(const Backend *b);
 /* Device memory with the standard out-of-memory message; NULL after recording an error. */
@@ -104,7 +126,7 @@ typedef int (*stage_convert_fn)(Backend *b, void *dst, const void *staged, size_
 int stage_upload(Backend *b, void *dst, size_t bytes, size_t align, stage_fill_fn fill, void *ctx,
                  stage_convert_fn convert);
 
-/* cuda_stream.cu: weight streaming (pinned host copies, a ring of device slots, a copy stream). */
+/* cuda_stream.cpp: weight streaming (pinned host copies, a ring of device slots, a copy stream). */
 void *host_alloc(Backend *b, size_t bytes);
 void host_free(Backend *b, void *p);
 size_t weight_bytes(Backend *b, const h3_bw *w);
@@ -123,67 +145,11 @@ int ring_open_packed(Backend *b, int slots, size_t out_bytes, size_t stage_bytes
 /* Queue the copy of a packed image of out_bytes of words into slot s's staging (packed ring). */
 int ring_fill_packed(Backend *b, h3_bring *r, int s, const void *packed, size_t packed_bytes, size_t out_bytes);
 
-/* cuda_wpack.cu: the packed image at `image` (device memory, 16-byte aligned; l: its layout, whose
+/* cuda_wpack.cpp: the packed image at `image` (device memory, 16-byte aligned; l: its layout, whose
    sections start on 256-byte boundaries) decoded into out[0, l.n) (16-byte aligned) on stream st. */
-int wpack_decode(Backend *b, cudaStream_t st, const uint8_t *image, const struct h3_wpack_layout &l, uint16_t *out);
-
-/* ---- element access shared by the row kernels ---------------------------------------------- */
-
-/* ---- e4m3 (the fp8 weights of cuda_fp8.cu and the fp8 attention of cuda_attn_fp8.cu) ------- */
-
-#define E4M3_MAX 448.0f /* e4m3's largest finite value */
-
-/* The scale that maps [-amax, amax] onto e4m3: amax / 448 correctly rounded, or 1 when amax is 0 or
-   not finite (x / 1 then saturates). The host copy of the rule is core/fp8.c's. */
-static __device__ __forceinline__ float e4m3_scale(float amax)
-{
-    return amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
-}
-
-/* The largest v over a block of 256 threads, in every thread (sh: 8 floats of shared memory). Max
-   gives the same value in any order, and fmaxf skips NaN. */
-static __device__ __forceinline__ float block_max256(float v, float *sh)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) t = fmaxf(t, sh[i]);
-    return t;
-}
+int wpack_decode(Backend *b, CUstream st, const uint8_t *image, const struct h3_wpack_layout &l, uint16_t *out);
 
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
-static __device__ __forceinline__ float ld_elem(const void *p, int bf16, int64_t i)
-{
-    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]) : static_cast<const float *>(p)[i];
-}
-
-static __device__ __forceinline__ void st_elem(void *p, int bf16, int64_t i, float v)
-{
-    if (bf16)
-        static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
-    else
-        static_cast<float *>(p)[i] = v;
-}
-
-/* Sum over a block of NT threads in a fixed order: a butterfly inside each warp, then the warps'
-   partial sums in warp order; every thread gets the same total, the same bits on every run. sh
-   holds NT / 32 doubles; a second call in the same kernel needs a __syncthreads() first. */
-template <int NT>
-static __device__ __forceinline__ double block_sum(double v, double *sh)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double t = 0.0;
-#pragma unroll
-    for (int i = 0; i < NT / 32; i++) t += sh[i];
-    return t;
-}
 
 /* Blocks for a grid-stride loop over n items, at most cap. */
 static inline unsigned blocks_for(int64_t n, int threads, unsigned cap)
@@ -193,12 +159,12 @@ static inline unsigned blocks_for(int64_t n, int threads, unsigned cap)
     return b > (int64_t)cap ? cap : (unsigned)b;
 }
 
-/* ---- launchers (one per .cu file) ---------------------------------------------------------- */
+/* ---- launchers (one per .cpp file) ---------------------------------------------------------- */
 
-/* cuda_gemm.cu */
+/* cuda_gemm.cpp */
 int linear(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
 
-/* cuda_lt_plans.cu: the one cache of cuBLASLt plans. Every cuBLASLt GEMM here is the TN form
+/* cuda_lt_plans.cpp: the one cache of cuBLASLt plans. Every cuBLASLt GEMM here is the TN form
    Y^T = W X^T: A = W as K x N (op T, row stride lda), B = X as K x M (op N, ldb), D = Y as N x M
    (ldd, C = D), f32 compute and scale types. A key says the rest; lt_key_init it (zero bytes, for
    the hash and the comparison), then fill every field the GEMM uses. */
@@ -236,7 +202,7 @@ int lt_align(const void *p, int64_t ld_bytes);
 bool lt_pick_algo(Backend *b, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
                   cublasLtMatrixLayout_t ld, uint32_t align_a, uint32_t align_b, uint32_t align_cd,
                   cublasLtMatmulAlgo_t *algo);
-/* cuda_fp8.cu: fp8 weights (per-output-channel scales) and their GEMM. */
+/* cuda_fp8.cpp: fp8 weights (per-output-channel scales) and their GEMM. */
 bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols);
 /* The device buffers of an fp8 weight [rows, cols] (e4m3 values, f32 scales in priv) and its handle; the
    one allocation both ways of making one share, so quantised at load and read from a file they are the same
@@ -246,11 +212,11 @@ void fp8_weight_release(h3_bw *w);
 /* The weight quantised from its bf16 device copy. */
 int fp8_weight_from_bf16(Backend *b, const void *w_bf16, int64_t rows, int64_t cols, h3_bw *out);
 int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y);
-/* cuda_attention.cu */
+/* cuda_attention.cpp */
 int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D,
               float scale, bool causal, const h3_bt *O);
 
-/* cuda_rows.cu */
+/* cuda_rows.cpp */
 int norm_mod(Backend *b, const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod, float eps,
              const h3_bt *y);
 int qk_norm_rope(Backend *b, const h3_bt *qin, const h3_bt *kin, const h3_bt *vin, int hs, const float *qn,
@@ -262,20 +228,20 @@ int gated_add_norm(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *ga
 int swiglu(Backend *b, const h3_bt *gate, const h3_bt *up, const h3_bt *out);
 int scatter_rows(Backend *b, const h3_bt *src, const int64_t *idx, const h3_bt *dst);
 int euler(Backend *b, float *x, const float *v, int64_t n, float t, float sigma, float sigma_next);
-/* cuda_knobs.cu: the speed-knob ops (step reuse, core reuse, token reduction, step cache). */
+/* cuda_knobs.cpp: the speed-knob ops (step reuse, core reuse, token reduction, step cache). */
 int extrapolate(Backend *b, float *out, const float *a, const float *bb, int64_t n, float r);
 int sub(Backend *b, float *out, const float *a, const float *bb, int64_t n);
 int pool_pairs(Backend *b, const h3_bt *src, const int64_t *pairs, const h3_bt *dst);
 int unpool_pairs(Backend *b, const h3_bt *red, const h3_bt *base, const int64_t *pairs, const h3_bt *full);
 int abs_diff_sum(Backend *b, const float *a, const float *bb, int64_t n, double *diff, double *ref);
 
-/* cuda_layernorm.cu: layernorm, and the copy / add_div the text encoder and the VAEs share. */
+/* cuda_layernorm.cpp: layernorm, and the copy / add_div the text encoder and the VAEs share. */
 int layernorm(Backend *b, const h3_bt *x, const float *w, const float *bb, float eps, const h3_bt *y);
 int copy_view(Backend *b, const h3_bt *src, const h3_bt *dst);
 int add_div(Backend *b, const h3_bt *y, const h3_bt *x, float div);
 int not_on_gpu(Backend *b, const char *op);
 
-/* cuda_decoders.cu: the decoders' layout and convolution ops, and attention over f32 operands. */
+/* cuda_decoders.cpp: the decoders' layout and convolution ops, and attention over f32 operands. */
 int channels_last(Backend *b, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt, int t_avail, int ny, int nx,
                   const float *scale, const float *shift, const h3_bt *y);
 int unpatchify(Backend *b, const h3_bt *src, int64_t tok0, int gh, int gw, int C, int pt, int ps, const int32_t *fmap,
@@ -290,12 +256,12 @@ int attention_round_operands(Backend *b, const h3_bt *Q, const h3_bt *K, const h
                              int D, float scale, bool causal, const h3_bt *O);
 void decoders_destroy(Backend *b);
 
-/* cuda_attn_fp8.cu: attention() under attn_precision FP8 (cuDNN's fp8 SDPA between e4m3 quantise
+/* cuda_attn_fp8.cpp: attention() under attn_precision FP8 (cuDNN's fp8 SDPA between e4m3 quantise
    and widen passes). */
 int attention_fp8(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D,
                   float scale, bool causal, const h3_bt *O);
 
-/* cuda_wstream.cu: streamed weights (backend.h's wstream_* ops). */
+/* cuda_wstream.cpp: streamed weights (backend.h's wstream_* ops). */
 int wstream_open(Backend *b, size_t bytes, int slots, void **host, void **out);
 int wstream_load(Backend *b, void *ws, int slot, size_t bytes, int n, const h3_bwspec *spec, h3_bw *out);
 int wstream_wait_host(Backend *b, void *ws, int slot);
@@ -304,15 +270,15 @@ void wstream_close(Backend *b, void *ws);
 void wstream_destroy(Backend *b); /* frees the parked pinned buffers (backend teardown) */
 
 /* dst bf16 [rows, cols] (ld elements) <- src f32 [rows, cols] (lds elements). */
-int convert_f32_bf16_2d(Backend *b, const float *src, int64_t lds, __nv_bfloat16 *dst, int64_t ldd, int64_t rows,
+int convert_f32_bf16_2d(Backend *b, const float *src, int64_t lds, bf16_t *dst, int64_t ldd, int64_t rows,
                         int64_t cols);
 /* dst <- src (+ bias[col]) over rows x cols, src f32 (contiguous, ld = cols), dst f32 or bf16. */
 int bias_store(Backend *b, const float *src, const float *bias, void *dst, int dst_bf16, int64_t ldd, int64_t rows,
                int64_t cols);
 /* n values of f32 or f16 to bf16, round to nearest even (weights). */
-int convert_to_bf16(Backend *b, const void *src, h3_dtype dt, __nv_bfloat16 *dst, int64_t n);
+int convert_to_bf16(Backend *b, const void *src, h3_dtype dt, bf16_t *dst, int64_t n);
 /* Y[M, N] = X[M, K] W^T (+ bias): a plain tiled kernel, used only where cuBLASLt has no algorithm. */
-int gemm_fallback(Backend *b, const __nv_bfloat16 *X, int64_t ldx, const __nv_bfloat16 *W, const float *bias,
+int gemm_fallback(Backend *b, const bf16_t *X, int64_t ldx, const bf16_t *W, const float *bias,
                   void *Y, int y_bf16, int64_t ldy, int64_t M, int64_t N, int64_t K);
 
 /* ---- small helpers ------------------------------------------------------------------------- */
@@ -334,4 +300,4 @@ int check_view(const Backend *b, const char *op, const char *name, const h3_bt *
 
 } /* namespace h3cuda */
 
-#endif /* H3_CUDA_COMMON_CUH */
+#endif /* H3_CUDA_COMMON_H */

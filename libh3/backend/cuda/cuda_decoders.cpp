@@ -31,7 +31,8 @@
  * contract). Both go through one pinned buffer of this backend (DecState); an event recorded after
  * each upload from it says when the host may write it again.
  */
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernels/decoders.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -46,14 +47,21 @@ struct DecState {
     size_t dev_bytes;
     void *host; /* pinned: the same bytes on the host side */
     size_t host_bytes;
-    cudaEvent_t host_free; /* recorded after the last upload that reads `host` */
+    CUevent host_free; /* recorded after the last upload that reads `host` */
     bool host_busy;
 };
 
-/* vae_stitch converts and downloads at most this many bytes at a time (a normal 256 px tile of
-   17 frames needs 3.3 MB; an untiled 1344 x 768 window needs batches). */
-#define STITCH_BATCH_BYTES ((size_t)64 << 20)
-
+/* The kernels of kernels/decoders.cu this file launches (cuda_kernels.h). */
+H3K(k_channels_last_kernel, MOD_DECODERS, "channels_last_kernel", const float *, int, int, int, int, int64_t, void *, int, int64_t);
+H3K(k_unpatchify_kernel, MOD_DECODERS, "unpatchify_kernel", const void *, int, int64_t, int64_t, int64_t, int, int, int, int, int, const int32_t *, float *);
+H3K(k_stitch_kernel, MOD_DECODERS, "stitch_kernel", StitchArgs);
+H3K(k_phased_zero_kernel, MOD_DECODERS, "phased_zero_kernel", float *, int, int64_t, int64_t, int64_t, int);
+H3K(k_snake_aa_kernel, MOD_DECODERS, "snake_aa_kernel", AaArgs);
+H3K(k_add_bias_kernel, MOD_DECODERS, "add_bias_kernel", float *, int64_t, const float *, int64_t, int64_t);
+H3K(k_gemm_f32_kernel, MOD_DECODERS, "gemm_f32_kernel", const float *, int64_t, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t);
+H3K(k_im2col_kernel_float, MOD_DECODERS, "im2col_kernel<float>", const void *, int, int64_t, int64_t, int64_t, float *, int64_t);
+H3K(k_im2col_kernel_bf16_t, MOD_DECODERS, "im2col_kernel<h3cuda::bf16_t>", const void *, int, int64_t, int64_t, int64_t, bf16_t *, int64_t);
+H3K(k_conv1_clamp_kernel, MOD_DECODERS, "conv1_clamp_kernel", const float *, int64_t, int, const float *, float *, int64_t);
 static DecState *dec_state(Backend *b)
 {
     if (b->dec) return b->dec;
@@ -62,8 +70,8 @@ static DecState *dec_state(Backend *b)
         fail(b, H3_E_NOMEM, "cuda: out of host memory for the decoders' staging");
         return NULL;
     }
-    cudaError_t e = cudaEventCreateWithFlags(&s->host_free, cudaEventDisableTiming);
-    if (e != cudaSuccess) {
+    CUresult e = cuEventCreate(&s->host_free, CU_EVENT_DISABLE_TIMING);
+    if (e != CUDA_SUCCESS) {
         free(s);
         fail_cuda(b, e, "creating the decoders' staging event");
         return NULL;
@@ -76,11 +84,10 @@ void decoders_destroy(Backend *b)
 {
     DecState *s = b->dec;
     if (!s) return;
-    if (s->host_free) cudaEventSynchronize(s->host_free);
-    if (s->dev) cudaFree(s->dev);
-    if (s->host) cudaFreeHost(s->host);
-    if (s->host_free) cudaEventDestroy(s->host_free);
-    (void)cudaGetLastError();
+    if (s->host_free) cuEventSynchronize(s->host_free);
+    if (s->dev) cu_free(s->dev);
+    if (s->host) cuMemFreeHost(s->host);
+    if (s->host_free) cuEventDestroy(s->host_free);
     free(s);
     b->dec = NULL;
 }
@@ -93,12 +100,12 @@ static void *dec_dev(Backend *b, size_t bytes)
     if (!s) return NULL;
     if (s->dev && s->dev_bytes >= bytes) return s->dev;
     if (s->dev) {
-        cudaError_t e = cudaStreamSynchronize(b->stream);
-        if (e != cudaSuccess) {
+        CUresult e = cuStreamSynchronize(b->stream);
+        if (e != CUDA_SUCCESS) {
             fail_cuda(b, e, "waiting for queued work");
             return NULL;
         }
-        cudaFree(s->dev);
+        cu_free(s->dev);
         s->dev = NULL;
         s->dev_bytes = 0;
     }
@@ -116,8 +123,8 @@ static void *dec_host(Backend *b, size_t bytes)
     DecState *s = dec_state(b);
     if (!s) return NULL;
     if (s->host_busy) {
-        cudaError_t e = cudaEventSynchronize(s->host_free);
-        if (e != cudaSuccess) {
+        CUresult e = cuEventSynchronize(s->host_free);
+        if (e != CUDA_SUCCESS) {
             fail_cuda(b, e, "waiting for an upload of the decoders' staging");
             return NULL;
         }
@@ -126,21 +133,20 @@ static void *dec_host(Backend *b, size_t bytes)
     if (s->host && s->host_bytes >= bytes) return s->host;
     if (s->host) {
         /* A download into it may be queued: drain the stream before it goes. */
-        cudaError_t e = cudaStreamSynchronize(b->stream);
-        if (e != cudaSuccess) {
+        CUresult e = cuStreamSynchronize(b->stream);
+        if (e != CUDA_SUCCESS) {
             fail_cuda(b, e, "waiting for queued work");
             return NULL;
         }
-        cudaFreeHost(s->host);
+        cuMemFreeHost(s->host);
         s->host = NULL;
         s->host_bytes = 0;
     }
     size_t want = bytes + bytes / 2;
     if (want < ((size_t)1 << 20)) want = (size_t)1 << 20;
-    cudaError_t e = cudaHostAlloc(&s->host, want, cudaHostAllocDefault);
-    if (e != cudaSuccess) {
+    CUresult e = cu_host_alloc((void **)&s->host, want);
+    if (e != CUDA_SUCCESS) {
         s->host = NULL;
-        (void)cudaGetLastError();
         fail(b, H3_E_NOMEM, "cuda: cannot allocate %.1f MiB of pinned host memory for the decoders' staging",
              (double)want / (1024.0 * 1024.0));
         return NULL;
@@ -154,9 +160,9 @@ static void *dec_host(Backend *b, size_t bytes)
 static int dec_upload(Backend *b, void *dev, const void *host, size_t bytes)
 {
     DecState *s = b->dec;
-    cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, b->stream);
-    if (e != cudaSuccess) return fail_cuda(b, e, "uploading the decoders' staging");
-    if ((e = cudaEventRecord(s->host_free, b->stream)) != cudaSuccess) return fail_cuda(b, e, "recording an event");
+    CUresult e = cu_copy(dev, host, bytes, b->stream);
+    if (e != CUDA_SUCCESS) return fail_cuda(b, e, "uploading the decoders' staging");
+    if ((e = cuEventRecord(s->host_free, b->stream)) != CUDA_SUCCESS) return fail_cuda(b, e, "recording an event");
     s->host_busy = true;
     return 0;
 }
@@ -168,26 +174,6 @@ static int need_f32(const Backend *b, const char *op, const char *name, const h3
     if (t->dtype != H3_DT_F32)
         return fail(b, H3_E_UNSUPPORTED, "cuda: %s: %s must be f32, got %s", op, name, dtname(t->dtype));
     return 0;
-}
-
-/* ---- channels_last ------------------------------------------------------------------------- */
-
-/* box = [scale C | shift C | x C x ta x ny x nx] (packed on the host). Row r of y is (t, i, j); its
-   frame t reads packed frame min(t, ta - 1): the short last window repeats its last latent. */
-__global__ void channels_last_kernel(const float *__restrict__ box, int C, int ta, int ny, int nx, int64_t rows,
-                                     void *y, int y_bf16, int64_t ldy)
-{
-    const float *scale = box, *shift = box + C, *x = box + 2 * (int64_t)C;
-    const int64_t n = rows * C, plane = (int64_t)ny * nx;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = e / C;
-        const int c = (int)(e - r * C);
-        int64_t t = r / plane;
-        const int64_t ij = r - t * plane;
-        if (t > ta - 1) t = ta - 1;
-        const float v = x[((int64_t)c * ta + t) * plane + ij];
-        st_elem(y, y_bf16, r * ldy + c, __fadd_rn(__fmul_rn(v, scale[c]), shift[c])); /* x * std, then + mean */
-    }
 }
 
 int channels_last(Backend *b, const float *x, int64_t cs, int64_t ts, int64_t rs, int nt, int t_avail, int ny, int nx,
@@ -219,36 +205,8 @@ int channels_last(Backend *b, const float *x, int64_t cs, int64_t ts, int64_t rs
                 memcpy(o, x + c * cs + (int64_t)t * ts + (int64_t)i * rs, sizeof(float) * (size_t)nx);
     if ((rc = dec_upload(b, d, h, bytes))) return rc;
     const int64_t n = y->rows * C;
-    channels_last_kernel<<<blocks_for(n, 256, 4096), 256, 0, b->stream>>>(
-        (const float *)d, (int)C, ta, ny, nx, y->rows, y->data, y->dtype == H3_DT_BF16, y->ld);
-    return check_launch(b, "channels_last_kernel");
-}
-
-/* ---- unpatchify ---------------------------------------------------------------------------- */
-
-/* Value (c, a, by, bx) of row i (token tok0 + i = (t, y, x)) to frame fmap[t * pt + a] (dropped when
-   negative) at (y * ps + by, x * ps + bx). Consecutive threads take consecutive bx: the stores are
-   coalesced runs of ps values. */
-__global__ void unpatchify_kernel(const void *src, int s_bf16, int64_t lds, int64_t rows, int64_t tok0, int gh, int gw,
-                                  int C, int pt, int ps, const int32_t *__restrict__ fmap, float *dst)
-{
-    const int64_t cols = (int64_t)C * pt * ps * ps, n = rows * cols, grid = (int64_t)gh * gw;
-    const int64_t th = (int64_t)gh * ps, tw = (int64_t)gw * ps;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t i = e / cols;
-        int64_t q = e - i * cols;
-        const int bx = (int)(q % ps);
-        q /= ps;
-        const int by = (int)(q % ps);
-        q /= ps;
-        const int a = (int)(q % pt);
-        const int c = (int)(q / pt);
-        const int64_t tok = tok0 + i, t = tok / grid, yy = (tok / gw) % gh, xx = tok % gw;
-        const int f = fmap[t * pt + a];
-        if (f < 0) continue;
-        dst[(((int64_t)f * C + c) * th + yy * ps + by) * tw + xx * ps + bx] =
-            ld_elem(src, s_bf16, i * lds + (e - i * cols));
-    }
+    return check_launch(b, k_channels_last_kernel(b, blocks_for(n, 256, 4096), 256, 0, b->stream, 
+        (const float *)d, (int)C, ta, ny, nx, y->rows, y->data, y->dtype == H3_DT_BF16, y->ld));
 }
 
 int unpatchify(Backend *b, const h3_bt *src, int64_t tok0, int gh, int gw, int C, int pt, int ps, const int32_t *fmap,
@@ -262,81 +220,8 @@ int unpatchify(Backend *b, const h3_bt *src, int64_t tok0, int gh, int gw, int C
     if (src->rows == 0) return 0;
     if (!fmap || !dst) return fail(b, H3_E_INVALID, "cuda: unpatchify: NULL frame map or destination");
     const int64_t n = src->rows * src->cols;
-    unpatchify_kernel<<<blocks_for(n, 256, 8192), 256, 0, b->stream>>>(src->data, src->dtype == H3_DT_BF16, src->ld,
-                                                                     src->rows, tok0, gh, gw, C, pt, ps, fmap, dst);
-    return check_launch(b, "unpatchify_kernel");
-}
-
-/* ---- vae_stitch ---------------------------------------------------------------------------- */
-
-struct StitchArgs {
-    const float *tile, *above, *left;
-    float *carry;
-    int C, K, keep0, keep1, blend_t, th, tw, max_ovy, max_ovx, H, W;
-    int window, last, y0, x0, own_h, own_w, ov_top, ov_left, slot_above, slot_left;
-    int k0, k1;  /* the frames of the window this launch blends */
-    int kemit;   /* frames k < kemit go to the outputs (their frame index is below `frames`) */
-    /* The kept frames of [k0, min(k1, kemit)) in the staging, compact over the owned rectangle:
-       raw [C][nb][own_h][own_w]; rgb and pix [nb][own_h][own_w][C]. Any may be NULL. */
-    float *raw;
-    uint8_t *rgb;
-    float *pix;
-    int nb;
-    float mean[3], sd[3];
-};
-
-/* v = a * (1 - p) + v * p, each product and the difference rounded as torch does. */
-static __device__ __forceinline__ float fade(float a, float v, float p)
-{
-    return __fadd_rn(__fmul_rn(a, __fsub_rn(1.0f, p)), __fmul_rn(v, p));
-}
-
-/* One thread per owned pixel and channel, over the launch's frames in order. The same thread reads
-   the carry frames a window blends (k < blend_t) before it overwrites them with this window's
-   overlap frames (k >= keep0), and no other thread touches that pixel: the CPU's order. */
-__global__ void stitch_kernel(StitchArgs s)
-{
-    const int64_t n = (int64_t)s.own_w * s.own_h * s.C, HW = (int64_t)s.H * s.W;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        const int x = (int)(e % s.own_w);
-        const int ry = (int)((e / s.own_w) % s.own_h);
-        const int co = (int)(e / ((int64_t)s.own_w * s.own_h));
-        const int64_t pix = (int64_t)(s.y0 + ry) * s.W + s.x0 + x;
-        const float p_top = s.ov_top ? __fdiv_rn((float)ry, (float)s.ov_top) : 0.0f;
-        const float p_left = x < s.ov_left ? __fdiv_rn((float)x, (float)s.ov_left) : 0.0f;
-        for (int k = s.k0; k < s.k1; k++) {
-            float v = s.tile[(((int64_t)k * s.C + co) * s.th + ry) * s.tw + x];
-            if (ry < s.ov_top)
-                v = fade(s.above[((((int64_t)s.slot_above * s.K + k) * s.C + co) * s.max_ovy + ry) * s.tw + x], v,
-                         p_top);
-            if (x < s.ov_left)
-                v = fade(s.left[((((int64_t)s.slot_left * s.K + k) * s.C + co) * s.th + ry) * s.max_ovx + x], v,
-                         p_left);
-            if (k < s.keep0) {
-                if (s.window > 0 && k < s.blend_t) {
-                    const int o = s.keep1 - s.blend_t + k; /* _blend uses the overlap's last frames */
-                    v = fade(s.carry[((int64_t)o * s.C + co) * HW + pix], v, __fdiv_rn((float)k, (float)s.blend_t));
-                }
-            } else if (!s.last) {
-                s.carry[((int64_t)(k - s.keep0) * s.C + co) * HW + pix] = v;
-                continue;
-            }
-            if (k >= s.kemit) continue; /* frames of padded latents are cut, as `_decode` does */
-            const int64_t kk = k - s.k0, at = (kk * s.own_h + ry) * s.own_w + x;
-            if (s.raw) s.raw[((int64_t)co * s.nb + kk) * s.own_h * s.own_w + (int64_t)ry * s.own_w + x] = v;
-            if (!s.rgb && !s.pix) continue;
-            /* video * pixel_std + pixel_mean, clamp(0, 1), then the processor's (x * 255).round():
-               adding and removing 2^23 rounds half to even, as numpy does (NaN -> 0). */
-            float f = __fadd_rn(__fmul_rn(v, s.sd[co]), s.mean[co]);
-            f = f < 0.0f ? 0.0f : (f > 1.0f ? 1.0f : f);
-            if (s.pix) s.pix[at * s.C + co] = f;
-            if (s.rgb) {
-                float q = __fmul_rn(f, 255.0f);
-                q = __fsub_rn(__fadd_rn(q, 8388608.0f), 8388608.0f);
-                s.rgb[at * s.C + co] = q >= 0.0f ? (uint8_t)q : (uint8_t)0;
-            }
-        }
-    }
+    return check_launch(b, k_unpatchify_kernel(b, blocks_for(n, 256, 8192), 256, 0, b->stream, src->data, src->dtype == H3_DT_BF16, src->ld,
+                                                                     src->rows, tok0, gh, gw, C, pt, ps, fmap, dst));
 }
 
 /* The tile's original bottom and right strips for its neighbours: two 2-D copies (the strips lie
@@ -344,22 +229,21 @@ __global__ void stitch_kernel(StitchArgs s)
 static int save_strips(Backend *b, const h3_bstitch *s)
 {
     const int64_t planes = (int64_t)s->K * s->C;
-    cudaError_t e;
+    CUresult e;
     if (s->ov_bottom) {
         const int ev = s->ov_bottom;
-        e = cudaMemcpy2DAsync(s->above + (int64_t)s->slot_above * planes * s->max_ovy * s->tw,
+        e = cu_copy2d(s->above + (int64_t)s->slot_above * planes * s->max_ovy * s->tw,
                               sizeof(float) * (size_t)s->max_ovy * s->tw, s->tile + (int64_t)(s->th - ev) * s->tw,
-                              sizeof(float) * (size_t)s->th * s->tw, sizeof(float) * (size_t)ev * s->tw, (size_t)planes,
-                              cudaMemcpyDeviceToDevice, b->stream);
-        if (e != cudaSuccess) return fail_cuda(b, e, "vae_stitch: saving the bottom strip");
+                              sizeof(float) * (size_t)s->th * s->tw, sizeof(float) * (size_t)ev * s->tw, (size_t)planes, b->stream);
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "vae_stitch: saving the bottom strip");
     }
     if (s->ov_right) {
         const int ev = s->ov_right;
-        e = cudaMemcpy2DAsync(s->left + (int64_t)s->slot_left * planes * s->th * s->max_ovx,
+        e = cu_copy2d(s->left + (int64_t)s->slot_left * planes * s->th * s->max_ovx,
                               sizeof(float) * (size_t)s->max_ovx, s->tile + (s->tw - ev), sizeof(float) * (size_t)s->tw,
-                              sizeof(float) * (size_t)ev, (size_t)(planes * s->th), cudaMemcpyDeviceToDevice,
+                              sizeof(float) * (size_t)ev, (size_t)(planes * s->th),
                               b->stream);
-        if (e != cudaSuccess) return fail_cuda(b, e, "vae_stitch: saving the right strip");
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "vae_stitch: saving the right strip");
     }
     return 0;
 }
@@ -420,7 +304,7 @@ int vae_stitch(Backend *b, const h3_bstitch *s)
             for (int c = 0; c < 3; c++) a.mean[c] = s->pix_mean[c], a.sd[c] = s->pix_std[c];
         const int64_t n = area * s->C;
         if (n > 0) {
-            stitch_kernel<<<blocks_for(n, 256, 8192), 256, 0, b->stream>>>(a);
+            k_stitch_kernel(b, blocks_for(n, 256, 8192), 256, 0, b->stream, a);
             if ((rc = check_launch(b, "stitch_kernel"))) return rc;
         }
         /* After the last blend has read the neighbours' strips, this tile's replace them. */
@@ -428,9 +312,9 @@ int vae_stitch(Backend *b, const h3_bstitch *s)
         if (!bytes) continue;
         char *h = (char *)dec_host(b, bytes);
         if (!h) return -H3_E_NOMEM;
-        cudaError_t e = cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, b->stream);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(b->stream);
-        if (e != cudaSuccess) return fail_cuda(b, e, "vae_stitch: downloading the frames");
+        CUresult e = cu_copy(h, d, bytes, b->stream);
+        if (e == CUDA_SUCCESS) e = cuStreamSynchronize(b->stream);
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "vae_stitch: downloading the frames");
         /* Rows of the owned rectangle into the caller's frames (host copies of own_w values). */
         const int64_t H = s->H, W = s->W, C = s->C, nf = (int64_t)nb * area * C;
         const float *hraw = raw_out ? (const float *)h : NULL;
@@ -455,121 +339,6 @@ int vae_stitch(Backend *b, const h3_bstitch *s)
     return 0;
 }
 
-/* ---- snake_aa ------------------------------------------------------------------------------ */
-
-/* diffusers' resampler geometry for ratio 2 and 12 taps (see avae_kern.inc, which derives it):
-   upsampled sample n sums taps j of parity (n + UP_CROP) & 1 over input rows up_src(n) - j,
-   clamped to the signal; output row m sums z[2m + k - DN_LEFT], clamped. */
-#define AA_UP_PAD (H3_AA_TAPS / H3_AA_RATIO - 1)
-#define AA_UP_CROP (AA_UP_PAD * H3_AA_RATIO + (H3_AA_TAPS - H3_AA_RATIO) / 2)
-#define AA_DN_LEFT (H3_AA_TAPS / 2 - (H3_AA_TAPS % 2 == 0))
-#define AA_UP_NTAP (H3_AA_TAPS / H3_AA_RATIO)
-#define AA_TM 128     /* output rows per block */
-#define AA_THREADS 256
-
-static __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
-{
-    return v < lo ? lo : (v > hi ? hi : v);
-}
-
-/* sin(x)^2 exactly as avae_kern.inc's sin2_8 computes a lane (the same reduction by a three-part
-   pi/2, the same Taylor polynomials, every operation rounded on its own); beyond |x| = 6000 (and
-   for NaN) through sin in double, as there. */
-static __device__ __forceinline__ float sin2_dev(float x)
-{
-    if (!(fabsf(x) <= 6000.0f)) {
-        const float s = (float)sin((double)x);
-        return __fmul_rn(s, s);
-    }
-    const float P1 = 1.57080078125f, P2 = -4.453584551811218e-06f, P3 = -8.705516307827565e-10f;
-    float t = __fmul_rn(x, 0.6366197466850281f);
-    t = __fadd_rn(t, t >= 0.0f ? 0.5f : -0.5f);
-    const int q = (int)t; /* truncation of t +- 0.5: the nearest integer */
-    const float qf = (float)q;
-    const float r = __fsub_rn(__fsub_rn(__fsub_rn(x, __fmul_rn(qf, P1)), __fmul_rn(qf, P2)), __fmul_rn(qf, P3));
-    const float r2 = __fmul_rn(r, r);
-    float ps = __fadd_rn(-1.0f / 5040.0f, __fmul_rn(r2, 1.0f / 362880.0f));
-    ps = __fadd_rn(1.0f / 120.0f, __fmul_rn(r2, ps));
-    ps = __fadd_rn(-1.0f / 6.0f, __fmul_rn(r2, ps));
-    const float s = __fadd_rn(r, __fmul_rn(__fmul_rn(r, r2), ps));
-    float pc = __fadd_rn(1.0f / 40320.0f, __fmul_rn(r2, -1.0f / 3628800.0f));
-    pc = __fadd_rn(-1.0f / 720.0f, __fmul_rn(r2, pc));
-    pc = __fadd_rn(1.0f / 24.0f, __fmul_rn(r2, pc));
-    const float c = __fadd_rn(__fsub_rn(1.0f, __fmul_rn(0.5f, r2)), __fmul_rn(__fmul_rn(r2, r2), pc));
-    const float v = (q & 1) ? c : s;
-    return __fmul_rn(v, v);
-}
-
-struct AaArgs {
-    const float *x;
-    int64_t L;
-    int C, TC; /* channels; channels per block */
-    const float *a, *rb, *fup, *fdown;
-    float *p;
-    int d;
-    int64_t phase_rows, margin;
-};
-
-/* Block (output rows [m0, m0 + AA_TM), channels [c0, c0 + TC)): the upsampled, activated samples
-   those rows read go to shared memory (one thread per sample and channel), then each output is
-   the 12-tap low-pass of them. Every sum runs from zero in tap order, as the CPU's. */
-__global__ void __launch_bounds__(AA_THREADS) snake_aa_kernel(AaArgs A)
-{
-    extern __shared__ float aa_z[];
-    __shared__ float wup[H3_AA_TAPS], wdn[H3_AA_TAPS];
-    if (threadIdx.x < H3_AA_TAPS) {
-        wup[threadIdx.x] = A.fup[threadIdx.x];
-        wdn[threadIdx.x] = A.fdown[threadIdx.x];
-    }
-    __syncthreads();
-    const int TC = A.TC, c0 = blockIdx.y * TC;
-    const int64_t L = A.L, NZ = 2 * L, m0 = (int64_t)blockIdx.x * AA_TM;
-    const int64_t m1 = m0 + AA_TM < L ? m0 + AA_TM : L;
-    const int64_t n0 = clamp64(2 * m0 - AA_DN_LEFT, 0, NZ - 1);
-    const int64_t n1 = clamp64(2 * (m1 - 1) + (H3_AA_TAPS - 1 - AA_DN_LEFT), 0, NZ - 1);
-    const int64_t nz = n1 - n0 + 1;
-    for (int64_t idx = threadIdx.x; idx < nz * TC; idx += AA_THREADS) {
-        const int64_t zi = idx / TC;
-        const int cc = (int)(idx - zi * TC), c = c0 + cc;
-        if (c >= A.C) continue;
-        const int64_t n = n0 + zi;
-        const int par = (int)((n + AA_UP_CROP) & 1);
-        const int64_t s0 = (n + AA_UP_CROP - par) / H3_AA_RATIO - AA_UP_PAD;
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < AA_UP_NTAP; j++)
-            acc = __fadd_rn(acc, __fmul_rn(A.x[clamp64(s0 - j, 0, L - 1) * A.C + c], wup[par + H3_AA_RATIO * j]));
-        const float u = __fmul_rn((float)H3_AA_RATIO, acc);
-        aa_z[zi * TC + cc] = __fadd_rn(u, __fmul_rn(A.rb[c], sin2_dev(__fmul_rn(A.a[c], u))));
-    }
-    __syncthreads();
-    for (int64_t idx = threadIdx.x; idx < (m1 - m0) * TC; idx += AA_THREADS) {
-        const int64_t mi = idx / TC;
-        const int cc = (int)(idx - mi * TC), c = c0 + cc;
-        if (c >= A.C) continue;
-        const int64_t m = m0 + mi, first = 2 * m - AA_DN_LEFT;
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < H3_AA_TAPS; k++)
-            acc = __fadd_rn(acc, __fmul_rn(aa_z[(clamp64(first + k, 0, NZ - 1) - n0) * TC + cc], wdn[k]));
-        A.p[((m % A.d) * A.phase_rows + A.margin + m / A.d) * A.C + c] = acc;
-    }
-}
-
-/* The rows of a phased destination the activation does not write: each phase's leading margin and
-   everything after its data. grid.y = phase. */
-__global__ void phased_zero_kernel(float *p, int d, int64_t phase_rows, int64_t margin, int64_t L, int C)
-{
-    const int r = blockIdx.y;
-    const int64_t rows = r < L ? (L - r + d - 1) / d : 0, tail0 = margin + rows;
-    const int64_t nzero = (margin + phase_rows - tail0) * C;
-    float *ph = p + (int64_t)r * phase_rows * C;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < nzero; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = e / C < margin ? e / C : tail0 + (e / C - margin);
-        ph[row * C + e % C] = 0.0f;
-    }
-}
-
 int snake_aa(Backend *b, const h3_bt *x, const float *a, const float *rb, const float *fup, const float *fdown,
              const h3_bphased *dst)
 {
@@ -588,7 +357,7 @@ int snake_aa(Backend *b, const h3_bt *x, const float *a, const float *rb, const 
     if (zrows > 0) {
         const int64_t per_phase = (dst->phase_rows - (L + dst->d - 1) / dst->d + 1) * C;
         dim3 grid(blocks_for(per_phase, 256, 1024), (unsigned)dst->d);
-        phased_zero_kernel<<<grid, 256, 0, b->stream>>>(dst->p, dst->d, dst->phase_rows, dst->margin, L, C);
+        k_phased_zero_kernel(b, grid, 256, 0, b->stream, dst->p, dst->d, dst->phase_rows, dst->margin, L, C);
         if ((rc = check_launch(b, "phased_zero_kernel"))) return rc;
     }
     if (L == 0) return 0;
@@ -606,26 +375,7 @@ int snake_aa(Backend *b, const h3_bt *x, const float *a, const float *rb, const 
     if (mblocks > 0x7fffffffLL) return fail(b, H3_E_UNSUPPORTED, "cuda: snake_aa: %lld rows is too many", (long long)L);
     dim3 grid((unsigned)mblocks, (unsigned)((C + A.TC - 1) / A.TC));
     const size_t smem = sizeof(float) * (size_t)(2 * AA_TM + H3_AA_TAPS) * (size_t)A.TC;
-    snake_aa_kernel<<<grid, AA_THREADS, smem, b->stream>>>(A);
-    return check_launch(b, "snake_aa_kernel");
-}
-
-/* ---- conv_gemm ----------------------------------------------------------------------------- */
-
-/* Row m of the im2col matrix = the K values from X + m * ldx (windows that overlap), in the GEMM's
-   operand type: bf16 (rounded to nearest even once, as every GEMM input of this backend) or f32;
-   rows are ldd apart (a multiple of 16 bytes, for cuBLASLt's vectorised loads). */
-template <typename T>
-__global__ void im2col_kernel(const void *X, int x_bf16, int64_t ldx, int64_t M, int64_t K, T *d, int64_t ldd)
-{
-    for (int64_t r = blockIdx.y; r < M; r += gridDim.y)
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < K; i += (int64_t)gridDim.x * blockDim.x) {
-            const float v = ld_elem(X, x_bf16, r * ldx + i);
-            if constexpr (sizeof(T) == 2)
-                d[r * ldd + i] = __float2bfloat16_rn(v);
-            else
-                d[r * ldd + i] = v;
-        }
+    return check_launch(b, k_snake_aa_kernel(b, grid, AA_THREADS, smem, b->stream, A));
 }
 
 /* The plan key of Y = X W^T in f32 (the TN form of cuda_lt_plans.cu), compute type
@@ -640,37 +390,6 @@ static LtKey f32_key(int64_t M, int64_t N, int64_t K, int64_t ldx, int ax, int64
     k.align_a = (uint32_t)lt_align(NULL, K * 4), k.align_b = (uint32_t)ax, k.align_d = (uint32_t)ay;
     k.epi_bias = epi_bias;
     return k;
-}
-
-#define F32_T 16
-
-__global__ void add_bias_kernel(float *y, int64_t ldy, const float *bias, int64_t rows, int64_t n)
-{
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-            y[r * ldy + i] = __fadd_rn(y[r * ldy + i], bias[i]);
-}
-
-/* Where cuBLASLt has no algorithm: one output per thread, K staged through shared memory in tiles,
-   summed in k order (deterministic), bias added last as the epilogue does. */
-__global__ void gemm_f32_kernel(const float *__restrict__ X, int64_t ldx, const float *__restrict__ W,
-                                const float *__restrict__ bias, float *Y, int64_t ldy, int64_t M, int64_t N, int64_t K)
-{
-    __shared__ float xs[F32_T][F32_T + 1], ws[F32_T][F32_T + 1];
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int64_t m = (int64_t)blockIdx.y * F32_T + ty, n = (int64_t)blockIdx.x * F32_T + tx;
-    const int64_t wn = (int64_t)blockIdx.x * F32_T + ty;
-    float acc = 0.0f;
-    for (int64_t k0 = 0; k0 < K; k0 += F32_T) {
-        const int64_t k = k0 + tx;
-        xs[ty][tx] = m < M && k < K ? X[m * ldx + k] : 0.0f;
-        ws[ty][tx] = wn < N && k < K ? W[wn * K + k] : 0.0f;
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < F32_T; j++) acc = fmaf(xs[ty][j], ws[tx][j], acc);
-        __syncthreads();
-    }
-    if (m < M && n < N) Y[m * ldy + n] = bias ? __fadd_rn(acc, bias[n]) : acc;
 }
 
 /* Y = X W^T + bias with f32 operands (W an f32 matrix in device memory). */
@@ -694,8 +413,7 @@ static int gemm_f32(Backend *b, const float *X, int64_t ldx, const h3_bw *W, con
             if (!bias || epi_bias) return 0;
             /* A bias the epilogue cannot read (not 16-byte aligned): added after, one rounding. */
             dim3 grid(blocks_for(N, 256, 64), (unsigned)(M < 65535 ? M : 65535));
-            add_bias_kernel<<<grid, 256, 0, b->stream>>>((float *)Y->data, Y->ld, bias, M, N);
-            return check_launch(b, "add_bias_kernel");
+            return check_launch(b, k_add_bias_kernel(b, grid, 256, 0, b->stream, (float *)Y->data, Y->ld, bias, M, N));
         }
         if (st != CUBLAS_STATUS_NOT_SUPPORTED) return fail_cublas(b, st, "conv_gemm");
         lt_plan_refuse(b, p); /* refused after all: this shape takes the own kernel from now on */
@@ -703,9 +421,8 @@ static int gemm_f32(Backend *b, const float *X, int64_t ldx, const h3_bw *W, con
     dim3 block(F32_T, F32_T), grid((unsigned)((N + F32_T - 1) / F32_T), (unsigned)((M + F32_T - 1) / F32_T));
     if (grid.y > 65535)
         return fail(b, H3_E_UNSUPPORTED, "cuda: conv_gemm: %lld rows is too many for the fallback GEMM", (long long)M);
-    gemm_f32_kernel<<<grid, block, 0, b->stream>>>(X, ldx, (const float *)W->data, bias, (float *)Y->data, Y->ld, M, N,
-                                                   K);
-    return check_launch(b, "gemm_f32_kernel");
+    return check_launch(b, k_gemm_f32_kernel(b, grid, block, 0, b->stream, X, ldx, (const float *)W->data, bias, (float *)Y->data, Y->ld, M, N,
+                                                   K));
 }
 
 int conv_gemm(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
@@ -742,37 +459,13 @@ int conv_gemm(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, con
     if (!d) return -H3_E_NOMEM;
     dim3 grid(blocks_for(K > 0 ? K : 1, 256, 64), (unsigned)(M < 65535 ? M : 65535));
     if (f32)
-        im2col_kernel<float>
-            <<<grid, 256, 0, b->stream>>>(X->data, X->dtype == H3_DT_BF16, X->ld, M, K, (float *)d, ldd);
+        k_im2col_kernel_float(b, grid, 256, 0, b->stream, X->data, X->dtype == H3_DT_BF16, X->ld, M, K, (float *)d, ldd);
     else
-        im2col_kernel<__nv_bfloat16>
-            <<<grid, 256, 0, b->stream>>>(X->data, X->dtype == H3_DT_BF16, X->ld, M, K, (__nv_bfloat16 *)d, ldd);
+        k_im2col_kernel_bf16_t(b, grid, 256, 0, b->stream, X->data, X->dtype == H3_DT_BF16, X->ld, M, K, (bf16_t *)d, ldd);
     if ((rc = check_launch(b, "im2col_kernel"))) return rc;
     if (f32) return gemm_f32(b, (const float *)d, ldd, W, bias, Y);
     const h3_bt xv = h3_bt_make(d, H3_DT_BF16, M, K, ldd);
     return linear(b, &xv, W, bias, Y);
-}
-
-/* ---- conv1_clamp --------------------------------------------------------------------------- */
-
-/* y[m] = clamp(w . x_m, -1, 1): eight running sums over lanes j % 8 (the CPU's vector lanes), added
-   in lane order, then the tail; torch.clamp keeps NaN (both comparisons are false). */
-__global__ void conv1_clamp_kernel(const float *__restrict__ X, int64_t ldx, int n, const float *__restrict__ w,
-                                   float *y, int64_t M)
-{
-    for (int64_t m = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
-        const float *x = X + m * ldx;
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        int j = 0;
-        for (; j + 8 <= n; j += 8)
-#pragma unroll
-            for (int l = 0; l < 8; l++) acc[l] = __fadd_rn(acc[l], __fmul_rn(x[j + l], w[j + l]));
-        float s = 0.0f;
-#pragma unroll
-        for (int l = 0; l < 8; l++) s = __fadd_rn(s, acc[l]);
-        for (; j < n; j++) s = __fadd_rn(s, __fmul_rn(x[j], w[j]));
-        y[m] = s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
-    }
 }
 
 int conv1_clamp(Backend *b, const h3_bt *X, const float *w, float *y)
@@ -781,9 +474,8 @@ int conv1_clamp(Backend *b, const h3_bt *X, const float *w, float *y)
         return fail(b, H3_E_INVALID, "cuda: conv1_clamp: X must be an f32 view");
     if (X->rows == 0) return 0;
     if (!X->data || !w || !y) return fail(b, H3_E_INVALID, "cuda: conv1_clamp: NULL input, weight or output");
-    conv1_clamp_kernel<<<blocks_for(X->rows, 256, 8192), 256, 0, b->stream>>>((const float *)X->data, X->ld,
-                                                                            (int)X->cols, w, y, X->rows);
-    return check_launch(b, "conv1_clamp_kernel");
+    return check_launch(b, k_conv1_clamp_kernel(b, blocks_for(X->rows, 256, 8192), 256, 0, b->stream, (const float *)X->data, X->ld,
+                                                                            (int)X->cols, w, y, X->rows));
 }
 
 /* ---- attention with f32 operands ------------------------------------------------------------ */
@@ -806,7 +498,7 @@ int attention_round_operands(Backend *b, const h3_bt *Q, const h3_bt *K, const h
             total += in[i]->rows * ld;
         }
     }
-    __nv_bfloat16 *s = (__nv_bfloat16 *)scratch(b, SCR_XBF16, (size_t)(total > 0 ? total : 1) * 2);
+    bf16_t *s = (bf16_t *)scratch(b, SCR_XBF16, (size_t)(total > 0 ? total : 1) * 2);
     if (!s) return -H3_E_NOMEM;
     int rc;
     for (int i = 0; i < 3; i++) {

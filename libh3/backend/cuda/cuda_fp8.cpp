@@ -18,39 +18,24 @@
  * blocks' qkv, out, fc1, fc2); a weight whose width cuBLASLt's fp8 kernels cannot take (K not a
  * multiple of 16) stays bf16.
  */
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernels/fp8.h"
 
-#include <cuda_fp8.h>
 #include <stdlib.h>
 #include <string.h>
 
 namespace h3cuda {
 
-/* ---- quantisation kernels ------------------------------------------------------------------ */
-
-/* One row per block: scale[r] = amax / 448 (1 for an all-zero row), q = e4m3(x / scale). x f32 or
-   bf16 with row stride ldx; q with row stride ldq. NaN propagates through fmaxf as the other
-   operand, so a NaN value saturates rather than poisoning the scale. */
-__global__ void __launch_bounds__(256) fp8_rows_kernel(const void *x, int x_bf16, int64_t ldx, int64_t cols,
-                                                       __nv_fp8_storage_t *q, int64_t ldq, float *scale)
-{
-    __shared__ float sh[8];
-    const int64_t r = blockIdx.x;
-    float m = 0.0f;
-    for (int64_t i = threadIdx.x; i < cols; i += 256) m = fmaxf(m, fabsf(ld_elem(x, x_bf16, r * ldx + i)));
-    const float s = e4m3_scale(block_max256(m, sh));
-    if (threadIdx.x == 0) scale[r] = s;
-    for (int64_t i = threadIdx.x; i < cols; i += 256)
-        q[r * ldq + i] = __nv_cvt_float_to_fp8(__fdiv_rn(ld_elem(x, x_bf16, r * ldx + i), s), __NV_SATFINITE, __NV_E4M3);
-}
-
+/* The kernels of kernels/fp8.cu this file launches (cuda_kernels.h). */
+H3K(k_fp8_rows_kernel, MOD_FP8, "fp8_rows_kernel", const void *, int, int64_t, int64_t, e4m3 *, int64_t, float *);
+H3K(k_fp8_scale_kernel, MOD_FP8, "fp8_scale_kernel", const void *, int, int64_t, void *, int, int64_t, const float *, const float *, int64_t, int64_t);
+H3K(k_add_bias_kernel, MOD_FP8, "add_bias_kernel", void *, int, int64_t, const float *, int64_t, int64_t);
 static int quantize_rows(Backend *b, const void *x, int x_bf16, int64_t ldx, int64_t rows, int64_t cols, void *q,
                          int64_t ldq, float *scale)
 {
     if (rows <= 0) return 0;
     if (rows > 0x7fffffffLL) return fail(b, H3_E_UNSUPPORTED, "cuda: fp8: too many rows");
-    fp8_rows_kernel<<<(unsigned)rows, 256, 0, b->stream>>>(x, x_bf16, ldx, cols, (__nv_fp8_storage_t *)q, ldq, scale);
-    return check_launch(b, "fp8_rows_kernel");
+    return check_launch(b, k_fp8_rows_kernel(b, (unsigned)rows, 256, 0, b->stream, x, x_bf16, ldx, cols, (e4m3 *)q, ldq, scale));
 }
 
 int fp8_weight_alloc(Backend *b, int64_t rows, int64_t cols, h3_bw *out)
@@ -60,7 +45,7 @@ int fp8_weight_alloc(Backend *b, int64_t rows, int64_t cols, h3_bw *out)
     if (!d) return -H3_E_NOMEM;
     float *s = (float *)dev_alloc(b, sizeof(float) * (size_t)rows, "fp8 weight scales");
     if (!s) {
-        cudaFree(d);
+        cu_free(d);
         return -H3_E_NOMEM;
     }
     out->data = d;
@@ -74,8 +59,8 @@ int fp8_weight_alloc(Backend *b, int64_t rows, int64_t cols, h3_bw *out)
 void fp8_weight_release(h3_bw *w)
 {
     /* cudaFree waits for work queued on the device that still reads them. */
-    if (w->data) cudaFree((void *)w->data);
-    if (w->priv) cudaFree(w->priv);
+    if (w->data) cu_free((void *)w->data);
+    if (w->priv) cu_free(w->priv);
     memset(w, 0, sizeof *w);
 }
 
@@ -92,12 +77,6 @@ bool fp8_weight_ok(const Backend *b, int64_t rows, int64_t cols)
     return b->cc_major * 10 + b->cc_minor >= 89 && h3_fp8_weight_shape_ok(rows, cols);
 }
 
-/* ---- the GEMM ------------------------------------------------------------------------------ */
-
-/* Where the scales go (see the top of the file); FP8_POST_BF16: the GEMM writes a bf16 scratch
-   that the scale pass turns into Y, for an f32 Y where cuBLASLt has no f32-output fp8 kernel. */
-enum { FP8_OUTER = 1, FP8_POST = 2, FP8_POST_BF16 = 3 };
-
 /* The plan key of an fp8 GEMM: e4m3 W (K x N) and quantised X (K x M, row stride K), both 16-byte
    aligned, into D of type d_bf16 ? bf16 : f32, ldd elements apart; ay is Y's alignment class (the
    one the heuristic is given for D in every mode); `outer` puts the scale vectors in the GEMM. */
@@ -111,25 +90,6 @@ static LtKey fp8_key(int64_t M, int64_t N, int64_t K, bool d_bf16, int64_t ldd, 
     k.align_a = 16, k.align_b = 16, k.align_d = (uint32_t)ay;
     k.scale_outer = outer;
     return k;
-}
-
-/* The scale pass: y[m][n] = (d[m][n] * ws[n]) * xs[m] in f32, rounded to y's dtype (d may be y). */
-__global__ void fp8_scale_kernel(const void *d, int d_bf16, int64_t ldd, void *y, int y_bf16, int64_t ldy,
-                                 const float *ws, const float *xs, int64_t rows, int64_t n)
-{
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-        const float s = xs[r];
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-            st_elem(y, y_bf16, r * ldy + i, __fmul_rn(__fmul_rn(ld_elem(d, d_bf16, r * ldd + i), ws[i]), s));
-    }
-}
-
-/* y[r] += bias over rows x cols (f32 or bf16 rows of stride ldy): the fp8 GEMM has no fused bias. */
-__global__ void add_bias_kernel(void *y, int y_bf16, int64_t ldy, const float *bias, int64_t rows, int64_t n)
-{
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-            st_elem(y, y_bf16, r * ldy + i, __fadd_rn(ld_elem(y, y_bf16, r * ldy + i), bias[i]));
 }
 
 int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, const h3_bt *Y)
@@ -175,13 +135,12 @@ int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, co
     dim3 grid(blocks_for(N, 256, 64), (unsigned)(M < 65535 ? M : 65535));
     if (mode != FP8_OUTER) {
         const bool sep = mode == FP8_POST_BF16;
-        fp8_scale_kernel<<<grid, 256, 0, b->stream>>>(D, sep ? 1 : y_bf16, sep ? N : Y->ld, Y->data, y_bf16, Y->ld,
+        k_fp8_scale_kernel(b, grid, 256, 0, b->stream, D, sep ? 1 : y_bf16, sep ? N : Y->ld, Y->data, y_bf16, Y->ld,
                                                       wscale, xs, M, N);
         if ((rc = check_launch(b, "fp8_scale_kernel"))) return rc;
     }
     if (!bias) return 0;
-    add_bias_kernel<<<grid, 256, 0, b->stream>>>(Y->data, y_bf16, Y->ld, bias, M, N);
-    return check_launch(b, "add_bias_kernel");
+    return check_launch(b, k_add_bias_kernel(b, grid, 256, 0, b->stream, Y->data, y_bf16, Y->ld, bias, M, N));
 }
 
 } /* namespace h3cuda */

@@ -1,66 +1,8 @@
-/*
- * Flash attention for libh3's CUDA backend: O = softmax(scale * Q K^T [+ causal mask]) V per head,
- * bf16 operands, f32 arithmetic, memory linear in the number of tokens, no atomics.
- *
- * Algorithm (the online-softmax formulation of attention: Milakov & Gimelshein 2018, Dao et al.
- * 2022). A thread block owns BM query rows of one head and streams that head's keys and values
- * through shared memory in tiles of BN rows. For each tile it computes the scores S = Q K^T on the
- * tensor cores, and for each query row keeps a running maximum m and a running sum l of
- * exp(s - m): when a tile raises the maximum, the partial output and l are rescaled by
- * exp(m_old - m_new) before P V of the tile is added. After the last tile O = acc / l. Nothing of
- * size Lq x Lk is ever stored. Scores are kept in the exp2 domain (scale * log2 e folded into one
- * multiply-add) so every exponential is a single ex2.approx.
- *
- * Tiling. 4 warps (128 threads); each warp owns BM/4 query rows as m16 tiles, so the softmax
- * statistics of a row live in the 4 lanes that hold it (two shuffles reduce a row) and no warp
- * ever waits for another between tiles except at the two barriers that hand over the K and V
- * buffers.
- *   - S = Q K^T: mma.sync m16n8k16 (bf16 in, f32 accumulate). Q fragments come from shared memory
- *     (ldmatrix) or, where registers allow (D = 64), are loaded once and kept in registers; K
- *     fragments are ldmatrix'd from the row-major K tile, which is already the "col" B operand.
- *   - O += P V: the f32 accumulator layout of an m16n8 score tile is, pair for pair, the A
- *     operand layout of an m16k16 mma, so P goes from registers to the next mma without touching
- *     shared memory (two adjacent n8 score tiles form one k16 slice). V fragments are loaded with
- *     ldmatrix.trans from the row-major V tile.
- *   - Shared memory rows are 16-byte chunks XOR-swizzled by row (chunk ^ (row & 7)), so the 8 rows
- *     an ldmatrix phase reads, and the chunks cp.async writes, fall in distinct banks without
- *     padding.
- *   - Pipeline: K and V each have one buffer, filled with cp.async (16 B per thread per copy).
- *     While S of tile j is computed, V of tile j is in flight; while P V of tile j runs, K of
- *     tile j + 1 is in flight. Each handover is one cp.async.wait_group + __syncthreads.
- *
- * Kernels (one template):
- *   D = 128: BM = 128, BN = 64, Q from shared memory (O 128 + S 64 registers per thread);
- *            64 KiB of shared memory, two blocks per SM.
- *   D = 64:  BM = 128, BN = 64, Q in registers.
- *   generic: any D <= 256, padded in shared memory to DP = 32, 64, 128 or 256 with zeros (padding
- *            adds nothing to a dot product and its output columns are not stored); BM = 64; loads
- *            through cp.async when rows are 16-byte aligned and D % 8 == 0, otherwise element by
- *            element. Used for odd head dims (the test models' 14, 18), misaligned views, D != 64/128.
- * All three take GQA (query head h reads kv head h / (heads / kv_heads)) and the causal mask
- * (query i sees keys j <= i + Lk - Lq, the CPU backend's convention; a row that sees no key
- * gets zeros). Blocks are ordered query tile fastest, so the blocks resident at once share one
- * head's K and V in L2.
- *
- * Rounding: P is rounded to bf16 for the P V product (the tensor cores take bf16); the row sum l
- * uses the f32 values. The result differs from an f64 reference by about the bf16 resolution of
- * O itself.
- */
-#include "backend/cuda/cuda_sdpa.h"
-#include "backend/cuda/cuda_common.cuh"
-
-#include <math.h>
+/* Kernels of cuda_attention.cpp (compiled at run time by NVRTC; see cuda_kernels.h). */
+#include "h3k.h"
+#include "attention.h"
 
 namespace h3cuda {
-
-struct AttnArgs {
-    const __nv_bfloat16 *q, *k, *v;
-    void *o;
-    int64_t ldq, ldk, ldv, ldo;
-    int Lq, Lk, group, D, off; /* off = Lk - Lq (causal) */
-    float sl2;                 /* scale * log2(e) */
-    int o_pairs;               /* two adjacent outputs may be stored as one 4/8-byte word */
-};
 
 extern __shared__ __align__(16) unsigned char attn_smem[];
 
@@ -114,7 +56,7 @@ static __device__ __forceinline__ float ex2(float x)
 /* Two f32 -> one register of two bf16, `lo` in the low half (the lower column of a fragment). */
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    bf162_t v = f2bf2(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
@@ -172,7 +114,7 @@ static __device__ __forceinline__ uint32_t pair_off(uint32_t lane_base, int c, i
    one predicate and one shared offset, the rest being immediates; the swizzle of chunk TPR i + b
    is (TPR i) ^ (b ^ x), a constant XOR on the thread's offset. */
 template <int ROWS, int DP, int NT, bool PAD>
-static __device__ __forceinline__ void tile_async(uint32_t sbase, const __nv_bfloat16 *g, int64_t ld, int row0, int L,
+static __device__ __forceinline__ void tile_async(uint32_t sbase, const bf16_t *g, int64_t ld, int row0, int L,
                                                   int dch)
 {
     constexpr int CH = DP / 8;
@@ -187,7 +129,7 @@ static __device__ __forceinline__ void tile_async(uint32_t sbase, const __nv_bfl
     for (int p = 0; p < PASSES; p++) {
         const int row = row0 + p * RPP + r;
         const bool okr = row < L;
-        const __nv_bfloat16 *src = g + (int64_t)(okr ? row : 0) * ld + b * 8;
+        const bf16_t *src = g + (int64_t)(okr ? row : 0) * ld + b * 8;
 #pragma unroll
         for (int i = 0; i < CPT; i++) {
             const bool ok = okr && (!PAD || TPR * i + b < dch);
@@ -200,12 +142,12 @@ static __device__ __forceinline__ void tile_async(uint32_t sbase, const __nv_bfl
 
 /* The same with plain loads, for any D and alignment (the generic kernel's fallback). */
 template <int ROWS, int DP, int NT>
-static __device__ __forceinline__ void tile_sync(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t ld, int row0, int L,
+static __device__ __forceinline__ void tile_sync(bf16_t *s, const bf16_t *g, int64_t ld, int row0, int L,
                                                  int D)
 {
     for (int i = threadIdx.x; i < ROWS * DP; i += NT) {
         const int r = i / DP, col = i % DP;
-        __nv_bfloat16 v = __ushort_as_bfloat16((unsigned short)0);
+        bf16_t v = bf16_t{0};
         if (row0 + r < L && col < D) v = g[(int64_t)(row0 + r) * ld + col];
         s[swz<DP>(r, col >> 3) + (col & 7)] = v;
     }
@@ -225,17 +167,17 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_kernel(const AttnArgs a)
     constexpr int NOT = DP / 8;   /* n8 output tiles */
     static_assert(RW % 16 == 0 && BN % 16 == 0 && DP % 16 == 0, "tile shape");
 
-    __nv_bfloat16 *Qs = reinterpret_cast<__nv_bfloat16 *>(attn_smem);
-    __nv_bfloat16 *Ks = Qs + BM * DP;
-    __nv_bfloat16 *Vs = Ks + BN * DP;
+    bf16_t *Qs = reinterpret_cast<bf16_t *>(attn_smem);
+    bf16_t *Ks = Qs + BM * DP;
+    bf16_t *Vs = Ks + BN * DP;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, tq = lane & 3;
     const int q0 = blockIdx.x * BM, h = blockIdx.y, kvh = h / a.group;
     const int D = a.D, dch = D >> 3;
-    const __nv_bfloat16 *Qg = a.q + (int64_t)h * D;
-    const __nv_bfloat16 *Kg = a.k + (int64_t)kvh * D;
-    const __nv_bfloat16 *Vg = a.v + (int64_t)kvh * D;
+    const bf16_t *Qg = a.q + (int64_t)h * D;
+    const bf16_t *Kg = a.k + (int64_t)kvh * D;
+    const bf16_t *Vg = a.v + (int64_t)kvh * D;
 
     /* Keys this tile of queries can see; a causal tile stops at its last query's diagonal. */
     int kend = a.Lk;
@@ -431,12 +373,12 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_kernel(const AttnArgs a)
                 if (col >= D) continue;
                 const float v0 = o[mt][nt][2 * hh] * inv, v1 = o[mt][nt][2 * hh + 1] * inv;
                 if (OBF16) {
-                    __nv_bfloat16 *dst = static_cast<__nv_bfloat16 *>(a.o) + ro + col;
+                    bf16_t *dst = static_cast<bf16_t *>(a.o) + ro + col;
                     if (a.o_pairs)
-                        *reinterpret_cast<__nv_bfloat162 *>(dst) = __floats2bfloat162_rn(v0, v1);
+                        *reinterpret_cast<bf162_t *>(dst) = f2bf2(v0, v1);
                     else {
-                        dst[0] = __float2bfloat16_rn(v0);
-                        if (col + 1 < D) dst[1] = __float2bfloat16_rn(v1);
+                        dst[0] = f2bf(v0);
+                        if (col + 1 < D) dst[1] = f2bf(v1);
                     }
                 } else {
                     float *dst = static_cast<float *>(a.o) + ro + col;
@@ -449,126 +391,6 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_kernel(const AttnArgs a)
                 }
             }
         }
-}
-
-/* ---- launch -------------------------------------------------------------------------------- */
-
-template <int DP, int BM, int BN, bool QREG, bool CAUSAL, bool ASYNC, bool PAD, bool OBF16>
-static int launch(Backend *b, const AttnArgs &a, int heads)
-{
-    constexpr int NW = 4;
-    auto kern = flash_kernel<DP, BM, BN, NW, QREG, CAUSAL, ASYNC, PAD, OBF16>;
-    const size_t smem = (size_t)(BM + 2 * BN) * DP * sizeof(__nv_bfloat16);
-    if (smem > b->smem_optin)
-        return fail(b, H3_E_UNSUPPORTED, "cuda: attention: needs %zu bytes of shared memory per block, the GPU has %zu",
-                    smem, b->smem_optin);
-    if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return fail_cuda(b, e, "attention: raising the shared-memory limit");
-    }
-    dim3 grid((unsigned)((a.Lq + BM - 1) / BM), (unsigned)heads);
-    kern<<<grid, NW * 32, smem, b->stream>>>(a);
-    return check_launch(b, "flash_kernel");
-}
-
-/* Every (causal, output dtype) pair of one tile configuration. */
-template <int DP, int BM, int BN, bool QREG, bool ASYNC, bool PAD>
-static int launch_any(Backend *b, const AttnArgs &a, int heads, bool causal, bool obf16)
-{
-    if (causal)
-        return obf16 ? launch<DP, BM, BN, QREG, true, ASYNC, PAD, true>(b, a, heads)
-                     : launch<DP, BM, BN, QREG, true, ASYNC, PAD, false>(b, a, heads);
-    return obf16 ? launch<DP, BM, BN, QREG, false, ASYNC, PAD, true>(b, a, heads)
-                 : launch<DP, BM, BN, QREG, false, ASYNC, PAD, false>(b, a, heads);
-}
-
-template <bool ASYNC>
-static int launch_generic(Backend *b, const AttnArgs &a, int heads, bool causal, bool obf16)
-{
-    if (a.D <= 32) return launch_any<32, 64, 64, false, ASYNC, true>(b, a, heads, causal, obf16);
-    if (a.D <= 64) return launch_any<64, 64, 64, false, ASYNC, true>(b, a, heads, causal, obf16);
-    if (a.D <= 128) return launch_any<128, 64, 64, false, ASYNC, true>(b, a, heads, causal, obf16);
-    return launch_any<256, 64, 32, false, ASYNC, true>(b, a, heads, causal, obf16);
-}
-
-int attention(Backend *b, const h3_bt *Q, const h3_bt *K, const h3_bt *V, int heads, int kv_heads, int D, float scale,
-              bool causal, const h3_bt *O)
-{
-    int rc;
-    if ((rc = check_view(b, "attention", "Q", Q)) || (rc = check_view(b, "attention", "K", K)) ||
-        (rc = check_view(b, "attention", "V", V)) || (rc = check_view(b, "attention", "O", O)))
-        return rc;
-    /* The kernels take bf16 operands; f32 ones (the text encoder's, the video decoder's) are rounded
-       once into scratch first (cuda_decoders.cu), as linear rounds an f32 X. */
-    if (Q->dtype != H3_DT_BF16 || K->dtype != H3_DT_BF16 || V->dtype != H3_DT_BF16)
-        return attention_round_operands(b, Q, K, V, heads, kv_heads, D, scale, causal, O);
-    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads)
-        return fail(b, H3_E_INVALID, "cuda: attention: %d heads, %d kv heads", heads, kv_heads);
-    if (D <= 0 || D > 256)
-        return fail(b, H3_E_UNSUPPORTED, "cuda: attention: head dim %d (the kernels take 1 to 256)", D);
-    if (heads > 65535) return fail(b, H3_E_UNSUPPORTED, "cuda: attention: %d heads (at most 65535)", heads);
-    if (!(scale > 0.0f) || !isfinite(scale))
-        return fail(b, H3_E_INVALID, "cuda: attention: scale must be positive and finite, got %g", (double)scale);
-    const int64_t A = (int64_t)heads * D, AK = (int64_t)kv_heads * D;
-    if (Q->cols < A || O->cols < A || K->cols < AK || V->cols < AK || K->rows != V->rows || O->rows < Q->rows)
-        return fail(b, H3_E_INVALID,
-                    "cuda: attention: Q %lld x %lld, K %lld x %lld, V %lld x %lld, O %lld x %lld do not fit %d heads "
-                    "(%d kv) of %d",
-                    (long long)Q->rows, (long long)Q->cols, (long long)K->rows, (long long)K->cols, (long long)V->rows,
-                    (long long)V->cols, (long long)O->rows, (long long)O->cols, heads, kv_heads, D);
-    const int64_t Lq = Q->rows, Lk = K->rows;
-    if (Lq == 0) return 0;
-    if (Lq > (1 << 30) || Lk > (1 << 30))
-        return fail(b, H3_E_UNSUPPORTED, "cuda: attention: %lld x %lld tokens is too many", (long long)Lq, (long long)Lk);
-    const bool obf16 = O->dtype == H3_DT_BF16;
-    const size_t oes = obf16 ? 2 : 4;
-    if (Lk == 0) {
-        /* No keys: every output row is zero, as on the CPU. */
-        cudaError_t e = cudaMemset2DAsync(O->data, (size_t)O->ld * oes, 0, (size_t)A * oes, (size_t)Lq, b->stream);
-        return e == cudaSuccess ? 0 : fail_cuda(b, e, "attention: clearing the output");
-    }
-    /* fp8 attention (the DiT's main blocks under H3_OPT_FP8_ATTENTION): cuDNN or an error, never a
-       silent bf16 fallback, so what was asked for is what ran. */
-    if (b->base.attn_precision == H3_PRECISION_FP8)
-        return attention_fp8(b, Q, K, V, heads, kv_heads, D, scale, causal, O);
-    if (b->base.attn_precision != H3_PRECISION_DEFAULT)
-        return fail(b, H3_E_UNSUPPORTED, "cuda: attention precision %d", b->base.attn_precision);
-    if (b->attn_impl != ATTN_OWN) {
-        char why[400];
-        int crc = -H3_E_UNSUPPORTED;
-        if (obf16)
-            crc = h3_cudnn_sdpa(b->stream, Q->data, K->data, V->data, O->data, Lq, Lk, heads, kv_heads, D, Q->ld, K->ld,
-                                V->ld, O->ld, scale, causal ? 1 : 0, why, sizeof why);
-        else
-            snprintf(why, sizeof why, "cudnn: the output must be bf16, not %s", dtname(O->dtype));
-        if (crc == 0) return 0;
-        if (b->attn_impl == ATTN_CUDNN)
-            return fail(b, -crc, "cuda: attention (H3_CUDA_ATTENTION=cudnn): %s", why);
-        /* auto: cuDNN cannot take this call (no cuDNN, f32 output, a shape it refuses): the own
-           kernel runs it. */
-    }
-    AttnArgs a;
-    a.q = (const __nv_bfloat16 *)Q->data;
-    a.k = (const __nv_bfloat16 *)K->data;
-    a.v = (const __nv_bfloat16 *)V->data;
-    a.o = O->data;
-    a.ldq = Q->ld;
-    a.ldk = K->ld;
-    a.ldv = V->ld;
-    a.ldo = O->ld;
-    a.Lq = (int)Lq;
-    a.Lk = (int)Lk;
-    a.group = heads / kv_heads;
-    a.D = D;
-    a.off = (int)(Lk - Lq);
-    a.sl2 = scale * 1.4426950408889634f;
-    a.o_pairs = D % 2 == 0 && O->ld % 2 == 0 && ((uintptr_t)O->data % (2 * oes)) == 0;
-    /* cp.async moves 16-byte chunks: rows and head offsets must be 16-byte aligned. */
-    const bool vec = D % 8 == 0 && aligned16(Q->data) && aligned16(K->data) && aligned16(V->data) &&
-                     Q->ld % 8 == 0 && K->ld % 8 == 0 && V->ld % 8 == 0;
-    if (vec && D == 128) return launch_any<128, 128, 64, false, true, false>(b, a, heads, causal, obf16);
-    if (vec && D == 64) return launch_any<64, 128, 64, true, true, false>(b, a, heads, causal, obf16);
-    return vec ? launch_generic<true>(b, a, heads, causal, obf16) : launch_generic<false>(b, a, heads, causal, obf16);
 }
 
 } /* namespace h3cuda */

@@ -1,27 +1,8 @@
-/*
- * The GPU decoder of packed bf16 words (core/wpack.h has the format; core/wpack.c the host packer
- * and the reference decoder): a packed weight ring (cuda_stream.cu) copies a block's whole packed
- * image into the slot's staging on its copy stream, and ring_wait runs this kernel on the compute
- * stream, writing the bf16 words the block's GEMMs then read. On the compute stream because a
- * decode queued on the copy stream waits for SMs that the GEMMs hold (cuBLAS's kernels can keep
- * every SM for milliseconds), and the next copy would wait behind it; here it adds its own
- * ~0.4 ms (0.77 GB of words written at the released widths) to the block and the copy engine
- * streams without a gap.
- *
- * One thread block of 256 threads per chunk of H3_WPACK_CHUNK = 4096 values: thread t decodes the
- * 16 values from t * 16 with one 16-byte load of sign+mantissa bytes, one 8-byte load of codes and
- * two 16-byte stores. Escaped exponents are read in value order from the chunk's escape list at
- * the thread's exclusive prefix count of code-15 nibbles (a shuffle scan in each warp, then the
- * warp totals in warp order through shared memory): integer fields only, one fixed order, so the
- * words are exactly the host's and the same on every run.
- */
-#include "backend/cuda/cuda_common.cuh"
-#include "core/wpack.h"
+/* Kernels of cuda_wpack.cpp (compiled at run time by NVRTC; see cuda_kernels.h). */
+#include "h3k.h"
+#include "wpack.h"
 
 namespace h3cuda {
-
-enum { WP_THREADS = 256, WP_VPT = 16 };
-static_assert(WP_THREADS * WP_VPT == H3_WPACK_CHUNK, "one thread block decodes one chunk");
 
 static __device__ __forceinline__ uint16_t wp_word(unsigned sm, unsigned e)
 {
@@ -97,19 +78,6 @@ wpack_decode_kernel(const uint8_t *__restrict__ e0, const uint32_t *__restrict__
     } else {
         for (int k = 0; k < cnt; k++) dst[k] = v[k];
     }
-}
-
-int wpack_decode(Backend *b, cudaStream_t st, const uint8_t *image, const h3_wpack_layout &l, uint16_t *out)
-{
-    if (l.chunks == 0) return 0;
-    if (l.chunks > 0x7fffffffu) return fail(b, H3_E_UNSUPPORTED, "cuda: a packed weight image of %llu chunks",
-                                            (unsigned long long)l.chunks);
-    if (!aligned16(image) || !aligned16(out))
-        return fail(b, H3_E_INVALID, "cuda: a packed weight image or its words at pointers not 16-byte aligned");
-    wpack_decode_kernel<<<(unsigned)l.chunks, WP_THREADS, 0, st>>>(
-        image + l.e0, reinterpret_cast<const uint32_t *>(image + l.escoff), image + l.sm, image + l.nib, image + l.esc,
-        (uint32_t)l.escapes, l.n, out);
-    return check_launch(b, "wpack_decode_kernel");
 }
 
 } /* namespace h3cuda */

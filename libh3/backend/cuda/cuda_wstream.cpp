@@ -22,7 +22,7 @@
  * kernel weight_load uses (the same bits), into one conversion area: the conversion runs on the
  * compute stream, after the previous layer's ops in stream order, so one area serves every slot.
  */
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +57,7 @@ void wstream_destroy(Backend *b)
 {
     if (!b->ws_park) return;
     for (int s = 0; s < WS_MAX_SLOTS; s++)
-        if (b->ws_park->host[s]) cudaFreeHost(b->ws_park->host[s]);
+        if (b->ws_park->host[s]) cuMemFreeHost(b->ws_park->host[s]);
     free(b->ws_park);
     b->ws_park = NULL;
 }
@@ -78,7 +78,7 @@ static bool take_parked(Backend *b, int slots, size_t bytes, void **host, size_t
     }
     for (int s = 0; s < WS_MAX_SLOTS; s++)
         if (p->host[s]) {
-            cudaFreeHost(p->host[s]);
+            cuMemFreeHost(p->host[s]);
             p->host[s] = NULL;
         }
     return fits;
@@ -95,7 +95,7 @@ static void park_or_free(Backend *b, WStream *w)
         if (park)
             p->host[s] = w->host[s];
         else
-            cudaFreeHost(w->host[s]);
+            cuMemFreeHost(w->host[s]);
         w->host[s] = NULL;
     }
     if (park) p->bytes = w->host_bytes;
@@ -104,11 +104,10 @@ static void park_or_free(Backend *b, WStream *w)
 static void ws_free(Backend *b, WStream *w)
 {
     if (!w) return;
-    if (b->stream) cudaStreamSynchronize(b->stream); /* ops may still read a slot or the conversion area */
+    if (b->stream) cuStreamSynchronize(b->stream); /* ops may still read a slot or the conversion area */
     ring_close(b, w->ring);                          /* waits for its copies: the host buffers are free */
     park_or_free(b, w);
-    if (w->conv) cudaFree(w->conv);
-    (void)cudaGetLastError();
+    if (w->conv) cu_free(w->conv);
     free(w);
 }
 
@@ -126,10 +125,10 @@ int wstream_open(Backend *b, size_t bytes, int slots, void **host, void **out)
         ws_free(b, w);
         return rc;
     }
-    cudaError_t e;
+    CUresult e;
     for (int s = 0; s < slots; s++) {
         if (s == 0 && !take_parked(b, slots, bytes, w->host, &w->host_bytes)) w->host_bytes = bytes;
-        if (!w->host[s] && (e = cudaHostAlloc(&w->host[s], bytes, cudaHostAllocDefault)) != cudaSuccess) {
+        if (!w->host[s] && (e = cu_host_alloc((void **)&w->host[s], bytes)) != CUDA_SUCCESS) {
             w->host[s] = NULL;
             ws_free(b, w);
             char what[96];
@@ -168,9 +167,9 @@ int wstream_load(Backend *b, void *handle, int slot, size_t bytes, int n, const 
     if (rc) return rc;
     if (conv > w->conv_bytes) {
         /* Ops already queued may read the old area (the previous layer's views). */
-        cudaError_t e = cudaStreamSynchronize(b->stream);
-        if (e != cudaSuccess) return fail_cuda(b, e, "waiting for queued work");
-        if (w->conv) cudaFree(w->conv);
+        CUresult e = cuStreamSynchronize(b->stream);
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "waiting for queued work");
+        if (w->conv) cu_free(w->conv);
         w->conv = NULL;
         w->conv_bytes = 0;
         if (!(w->conv = dev_alloc(b, conv, "streamed weights rounded to bf16"))) return -H3_E_NOMEM;
@@ -191,7 +190,7 @@ int wstream_load(Backend *b, void *handle, int slot, size_t bytes, int n, const 
             out[i].data = src;
             continue;
         }
-        __nv_bfloat16 *dst = (__nv_bfloat16 *)((char *)w->conv + at);
+        bf16_t *dst = (bf16_t *)((char *)w->conv + at);
         at += align256((size_t)p->rows * (size_t)p->cols * 2);
         if ((rc = convert_to_bf16(b, src, p->dtype, dst, p->rows * p->cols))) return rc;
         out[i].data = dst;

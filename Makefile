@@ -144,6 +144,13 @@ build/tests-asan/test_cudnn_sdpa: $(CUDNN_TEST_DEPS) build/tests-asan/cuda_sdpa_
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -DCUDNN_GRAPHS_DIR='"$(CURDIR)/tests/c/cudnn_graphs"' -o $@ $< \
 	  build/tests-asan/cuda_sdpa_cudnn.o -lstdc++ $(LDLIBS)
 
+# cuDNN's attention on a GPU against a double reference and the own kernel, with timings (builds
+# with the ordinary C++ compiler, no CUDA header; the own kernel comes from libh3_cuda):
+# `make lib cuda build/sdpa_check && tests/cuda/run_sdpa_check.sh [--quick]`.
+build/sdpa_check: tests/cuda/sdpa_check.cpp $(CUDNN_SDPA) $(CUDNN_SDPA_H) libh3/backend/backend.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUDNN_CXXFLAGS) -O2 -g -o $@ tests/cuda/sdpa_check.cpp $(CUDNN_SDPA) -ldl
+
 test-c: check-layers $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
 

@@ -195,19 +195,20 @@ typedef struct {
     int64_t ldq, ldk, ldv, ldo;
     float scale;
     int causal, fp8, sm;
+    const char *shape; /* what the graph must be, checked apart from the trace comparison */
 } Case;
 
 static const Case CASES[] = {
-    {"fused", "91900", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 0, 90},
-    {"fused_gqa", "91900", 300, 700, 8, 2, 128, 1024, 256, 512, 1024, 0.088388f, 0, 0, 80},
-    {"causal", "91900", 512, 512, 4, 4, 64, 256, 256, 256, 256, 0.125f, 1, 0, 90},
-    {"causal_br", "91900", 256, 512, 4, 4, 64, 256, 256, 256, 256, 0.125f, 1, 0, 90},
-    {"causal_br_gqa", "91900", 300, 700, 8, 2, 128, 1024, 256, 512, 1024, 0.088388f, 1, 0, 80},
-    {"fp8", "91900", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 1, 90},
-    {"fp8_gqa", "91900", 256, 512, 8, 2, 128, 1024, 256, 512, 1024, 0.088388f, 0, 1, 90},
-    {"composite_v9_5", "90500", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 0, 90},
-    {"causal_v9_5", "90500", 512, 512, 4, 4, 64, 256, 256, 256, 256, 0.125f, 1, 0, 90},
-    {"fused_v9_28", "92800", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 0, 90},
+    {"fused", "91900", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 0, 90, "graph 1 ops\n  op D41{"},
+    {"fused_gqa", "91900", 300, 700, 8, 2, 128, 1024, 256, 512, 1024, 0.088388f, 0, 0, 80, "graph 1 ops\n  op D41{"},
+    {"causal", "91900", 512, 512, 4, 4, 64, 256, 256, 256, 256, 0.125f, 1, 0, 90, "graph 14 ops\n  op D19{"},
+    {"causal_br", "91900", 256, 512, 4, 4, 64, 256, 256, 256, 256, 0.125f, 1, 0, 90, "graph 16 ops\n  op D19{"},
+    {"causal_br_gqa", "91900", 300, 700, 8, 2, 128, 1024, 256, 512, 1024, 0.088388f, 1, 0, 80, "graph 16 ops\n  op D19{"},
+    {"fp8", "91900", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 1, 90, "graph 18 ops\n  op D19{"},
+    {"fp8_gqa", "91900", 256, 512, 8, 2, 128, 1024, 256, 512, 1024, 0.088388f, 0, 1, 90, "graph 18 ops\n  op D19{"},
+    {"composite_v9_5", "90500", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 0, 90, "graph 10 ops\n  op D19{"},
+    {"causal_v9_5", "90500", 512, 512, 4, 4, 64, 256, 256, 256, 256, 0.125f, 1, 0, 90, "graph 14 ops\n  op D19{"},
+    {"fused_v9_28", "92800", 1024, 1024, 8, 8, 128, 1024, 1024, 1024, 1024, 0.088388f, 0, 0, 90, "graph 1 ops\n  op D41{"},
 };
 
 static int call_case(const Case *c, void *stream, char *err, size_t cap)
@@ -230,8 +231,22 @@ static void scenario_graph(const Case *c)
     CHECK(o_written());
     CHECK(no_errors_in_trace());
     CHECK_MSG(same_as_frontend(c->name), "%s", c->name);
-    /* The variant pack hands over the caller's pointers under the graph's uids. */
+    /* The shape of the graph in plain words: the fused operation (type 41) or a composite graph
+       that starts with the Q K^T matmul (type 19); no non-deterministic engine tried (the double's
+       first, 7n, never reaches a plan); the frontend's mask offsets and value. */
     char *t = trace_now(), want[128];
+    CHECK_MSG(strstr(t, c->shape) != NULL, "%s: no \"%s\"", c->name, c->shape);
+    CHECK(strstr(t, "plan engine 7") == NULL && strstr(t, "plan engine 3 fails\nplan engine 5\n") != NULL);
+    if (c->causal && c->Lq != c->Lk) {
+        snprintf(want, sizeof want, "=int32:%lld ", (long long)c->Lk);
+        CHECK(strstr(t, want) != NULL);
+        snprintf(want, sizeof want, "=int32:%lld ", (long long)c->Lq);
+        CHECK(strstr(t, want) != NULL);
+    }
+    if (c->causal) CHECK(strstr(t, strcmp(c->version, "91000") < 0 ? "=float:-3.40282347e+38" : "=float:-inf") != NULL);
+    snprintf(want, sizeof want, "5=float:%.9g", (double)c->scale);
+    CHECK_MSG(strstr(t, want) != NULL, "%s: %s", c->name, want);
+    /* The variant pack hands over the caller's pointers under the graph's uids. */
     const void *ptrs[4] = {g_q, g_k, g_v, g_o};
     for (int u = 0; u < 4; u++) {
         snprintf(want, sizeof want, " %d=%p", u + 1, ptrs[u]);

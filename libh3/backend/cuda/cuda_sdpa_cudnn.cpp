@@ -69,12 +69,12 @@
 #include <unistd.h>
 
 #include <array>
-#include <cmath>
 #include <exception>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {

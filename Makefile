@@ -113,6 +113,44 @@ build/tests-asan/fake_backend_%.so: tests/c/fake_backend.c $(HDR) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -shared -DFAKE_$* -o $@ $<
 
+# test_cudnn_sdpa: cuDNN's attention host code (backend/cuda/cuda_sdpa_cudnn.cpp, plain C++17 as in
+# libh3_cuda) against a recording double of cuDNN's backend API (tests/c/fake_cudnn.c) that the test
+# loads from fake_cudnn/ next to itself; no GPU, no NVIDIA file. The graphs are compared with
+# tests/c/cudnn_graphs/ (what cudnn-frontend built for the same calls).
+CXX          ?= g++
+CUDNN_SDPA    = libh3/backend/cuda/cuda_sdpa_cudnn.cpp
+CUDNN_SDPA_H  = libh3/backend/cuda/cuda_sdpa.h libh3/backend/cuda/cudnn_api.h libh3/h3.h
+CUDNN_CXXFLAGS = -std=c++17 -Wall -Wextra -Wshadow -fPIC -fvisibility=hidden -Ilibh3 -pthread
+build/tests/cuda_sdpa_cudnn.o: $(CUDNN_SDPA) $(CUDNN_SDPA_H) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUDNN_CXXFLAGS) -O2 -g -c -o $@ $<
+build/tests-asan/cuda_sdpa_cudnn.o: $(CUDNN_SDPA) $(CUDNN_SDPA_H) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUDNN_CXXFLAGS) -O1 -g $(SAN) -c -o $@ $<
+build/tests/fake_cudnn/libcudnn.so.9 build/tests-asan/fake_cudnn/libcudnn.so.9: tests/c/fake_cudnn.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g -shared -o $@ $<
+# The dispatcher's sub-library that the loader opens first (empty: the double is all in libcudnn.so.9).
+build/tests/fake_cudnn/libcudnn_graph.so.9 build/tests-asan/fake_cudnn/libcudnn_graph.so.9: Makefile
+	@mkdir -p $(dir $@)
+	printf 'int h3_fake_cudnn_graph;\n' | $(CC) -x c -shared -fPIC -o $@ -
+CUDNN_TEST_DEPS = tests/c/test_cudnn_sdpa.c tests/c/ctest.h $(wildcard tests/c/cudnn_graphs/*.txt)
+build/tests/test_cudnn_sdpa: $(CUDNN_TEST_DEPS) build/tests/cuda_sdpa_cudnn.o \
+  build/tests/fake_cudnn/libcudnn.so.9 build/tests/fake_cudnn/libcudnn_graph.so.9 | check-layers
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -DCUDNN_GRAPHS_DIR='"$(CURDIR)/tests/c/cudnn_graphs"' -o $@ $< \
+	  build/tests/cuda_sdpa_cudnn.o -lstdc++ $(LDLIBS)
+build/tests-asan/test_cudnn_sdpa: $(CUDNN_TEST_DEPS) build/tests-asan/cuda_sdpa_cudnn.o \
+  build/tests-asan/fake_cudnn/libcudnn.so.9 build/tests-asan/fake_cudnn/libcudnn_graph.so.9 | check-layers
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -DCUDNN_GRAPHS_DIR='"$(CURDIR)/tests/c/cudnn_graphs"' -o $@ $< \
+	  build/tests-asan/cuda_sdpa_cudnn.o -lstdc++ $(LDLIBS)
+
+# cuDNN's attention on a GPU against a double reference and the own kernel, with timings (builds
+# with the ordinary C++ compiler, no CUDA header; the own kernel comes from libh3_cuda):
+# `make lib cuda build/sdpa_check && tests/cuda/run_sdpa_check.sh [--quick]`.
+build/sdpa_check: tests/cuda/sdpa_check.cpp $(CUDNN_SDPA) $(CUDNN_SDPA_H) libh3/backend/backend.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUDNN_CXXFLAGS) -O2 -g -o $@ tests/cuda/sdpa_check.cpp $(CUDNN_SDPA) -ldl
+
 test-c: check-layers $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
 

@@ -1,12 +1,13 @@
 /*
  * cuDNN's fused attention (SDPA) as a second attention implementation of libh3's CUDA backend
- * (cuda_sdpa_cudnn.cu). The own flash kernel (cuda_attention.cu) stays the fallback: every call
- * here either queues the attention on `s` or returns a negative H3_E_* code with a one-line reason
- * in `err` and O untouched, so the caller can run its own kernel instead.
+ * (cuda_sdpa_cudnn.cpp). The own flash kernel (cuda_attention.cu) stays the fallback: every call
+ * here either queues the attention on `stream` or returns a negative H3_E_* code with a one-line
+ * reason in `err` and O untouched, so the caller can run its own kernel instead.
  *
- * cuDNN is loaded at run time (dlopen), never linked: a libh3_cuda built with cuDNN support works
- * on machines without it, and one built without it (no cuDNN headers at build time) answers
- * "built without cuDNN". Where it looks, in order:
+ * Nothing of CUDA or cuDNN is needed to build this: the backend hands over device memory and
+ * stream synchronisation as callbacks (struct h3_cudnn_host), and cuDNN is loaded at run time
+ * (dlopen) and driven through its backend (graph) API, declared in cudnn_api.h. Where it looks,
+ * in order:
  *   1. H3_CUDNN_LIB, the full path of libcudnn.so.9 (e.g. the nvidia-cudnn-cu13 wheel's
  *      .../site-packages/nvidia/cudnn/lib/libcudnn.so.9);
  *   2. "libcudnn.so.9" through the loader's normal search (LD_LIBRARY_PATH, ld.so.cache), or the
@@ -26,13 +27,15 @@
  * enqueue. Results are deterministic: the same engine is chosen for the same shape every run, the
  * forward pass has no atomics, and engines cuDNN marks non-deterministic are excluded.
  *
- * Thread safety: all calls are serialised by one internal lock. The device is the calling thread's
- * current CUDA device.
+ * Thread safety: all calls are serialised by one internal lock. The device is host->device; the
+ * caller makes that device's primary context current before each call (cuDNN's handle for the
+ * device is created inside the first call and used with that context). Streams handed in must
+ * stay valid for as long as the backend uses cuDNN (libh3's backend streams do): a later call may
+ * wait for a stream an earlier call used (host->stream_sync) before it frees or reuses memory
+ * that work queued there may still read.
  */
 #ifndef H3_CUDA_SDPA_H
 #define H3_CUDA_SDPA_H
-
-#include <cuda_runtime.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -41,23 +44,39 @@
 extern "C" {
 #endif
 
-/* Loads cuDNN once and opens a handle on the current device. 1 if the cuDNN path can be tried,
-   with a one-line description in `why` ("cuDNN 9.19.0 (libcudnn.so.9 ...)"); 0 with the reason
-   otherwise ("built without cuDNN", "libcudnn.so.9: cannot open shared object file", "cuDNN
-   8.9.7 is older than 9.0"). `why` may be NULL. The answer for a device is cached. */
-int h3_cudnn_sdpa_available(char *why, size_t cap);
+/* What the backend hands the cuDNN path: no CUDA header on either side. */
+struct h3_cudnn_host {
+    int device;           /* CUDA device ordinal: key of the per-device handle and graph cache */
+    int cc_major, cc_minor; /* its compute capability */
+    void *ctx;            /* passed back to the callbacks */
+    int (*dev_alloc)(void *ctx, size_t bytes, void **out); /* device memory: 0, or a negative H3_E_* code */
+    void (*dev_free)(void *ctx, void *p);
+    int (*stream_sync)(void *ctx, void *stream); /* wait for everything queued on stream */
+};
+
+/* Loads cuDNN once and opens a handle for host->device. 1 if the cuDNN path can be tried, with a
+   one-line description in `why` ("cuDNN 9.19.0 for CUDA 13.0 (/path/libcudnn.so.9)"); 0 with the
+   reason otherwise ("libcudnn.so.9: cannot open shared object file ...", "cuDNN 8.9.7 ... is
+   older than 9.0", "cudnnCreate failed: ..."). `why` may be NULL. The answer is cached per
+   device. */
+int h3_cudnn_sdpa_available(const struct h3_cudnn_host *host, char *why, size_t cap);
+
+/* Whether fp8 attention (h3_cudnn_sdpa_fp8) can be tried on host's GPU: 1, or 0 with the reason
+   in `why` (cuDNN missing, older than 9.1.0 or 9.10.0, a GPU older than Hopper). For h3ctl info;
+   an engine for the shape is still looked for at the first call. */
+int h3_cudnn_sdpa_fp8_available(const struct h3_cudnn_host *host, char *why, size_t cap);
 
 /* Where to try libcudnn.so.9 first (H3_CUDNN_LIB as libh3 read it; NULL or "": the loader's search
    only). cuDNN is loaded once per process, so only a path given before the first load counts. */
 void h3_cudnn_set_lib(const char *path);
 
-/* Attention on stream `s` (see above). 0 on success (queued on `s`), else a negative H3_E_* code
-   (H3_E_UNSUPPORTED: cuDNN missing or no engine for this shape; H3_E_INVALID: bad arguments;
+/* Attention on `stream` (a CUstream; see above). 0 on success (queued), else a negative H3_E_*
+   code (H3_E_UNSUPPORTED: cuDNN missing or no engine for this shape; H3_E_INVALID: bad arguments;
    H3_E_NOMEM: no device memory for cuDNN's workspace) with the reason in `err` (may be NULL).
    A failed call has not written O. L_q == 0 is a no-op; L_k == 0 is refused. */
-int h3_cudnn_sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, int64_t L_q, int64_t L_k,
-                  int heads, int kv_heads, int D, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo, float scale,
-                  int causal, char *err, size_t cap);
+int h3_cudnn_sdpa(const struct h3_cudnn_host *host, void *stream, const void *Q, const void *K, const void *V,
+                  void *O, int64_t L_q, int64_t L_k, int heads, int kv_heads, int D, int64_t ldq, int64_t ldk,
+                  int64_t ldv, int64_t ldo, float scale, int causal, char *err, size_t cap);
 
 /* fp8 attention (Hopper and newer, cuDNN 9.1+; a separate graph per shape, cached like the
    bf16 ones): Q, K, V, O are e4m3 in the same row layout (rows ld* elements apart, ld a multiple
@@ -66,9 +85,10 @@ int h3_cudnn_sdpa(cudaStream_t s, const void *Q, const void *K, const void *V, v
    scale O, where Q = descale_q * Q8 and so on, S = the softmax probabilities (P8 = e4m3(P *
    scale_s)), O8 = e4m3(O * scale_o). cuDNN writes max|S| and max|O| (before scaling) to amax[0]
    and amax[4] (device, 16-byte aligned). Returns as h3_cudnn_sdpa. */
-int h3_cudnn_sdpa_fp8(cudaStream_t s, const void *Q, const void *K, const void *V, void *O, const float *scales,
-                      float *amax, int64_t L_q, int64_t L_k, int heads, int kv_heads, int D, int64_t ldq, int64_t ldk,
-                      int64_t ldv, int64_t ldo, float scale, char *err, size_t cap);
+int h3_cudnn_sdpa_fp8(const struct h3_cudnn_host *host, void *stream, const void *Q, const void *K,
+                      const void *V, void *O, const float *scales, float *amax, int64_t L_q, int64_t L_k, int heads,
+                      int kv_heads, int D, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo, float scale,
+                      char *err, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 /* The runtime's shared state: worker pool, backends and the transformer, created on first use. */
 #include "runtime/runtime.h"
+#include "backend/comm.h"
 
 #include "backend/cpu/ops.h"
 #include "core/tokenizer.h"
@@ -74,6 +75,35 @@ static h3_dit_open_opts dit_opts(const h3_runtime *rt, const h3_dit_open_opts *g
     return o;
 }
 
+/* Sequence parallelism the environment asks of a transformer just opened (docs/multi-gpu.md):
+   H3_LOOPBACK_RANKS splits its block stack over loopback ranks on the CPU; a process started as one
+   rank of several (WORLD_SIZE > 1) needs the NCCL communicator of the CUDA backend. */
+static int rt_dit_sp(h3_runtime *rt, h3_dit *d, h3_pool *pool)
+{
+    const h3_tuning *t = &rt->tuning;
+    if (t->loopback_ranks < 0)
+        return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS must be a whole number of ranks from 1 to %d", H3_COMM_MAX_WORLD);
+    if (t->world_size == -2 || t->rank == -2 || t->local_rank == -2)
+        return h3_err(H3_E_INVALID, "RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers");
+    if (t->world_size > 1) {
+        if (t->loopback_ranks > 1)
+            return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS and WORLD_SIZE=%d: a loopback group runs in one process",
+                          t->world_size);
+        if (t->rank < 0 || t->rank >= t->world_size)
+            return h3_err(H3_E_INVALID, "RANK=%d is not a rank of WORLD_SIZE=%d", t->rank, t->world_size);
+        /* the NCCL communicator lives in the CUDA backend library (backend/cuda/cuda_nccl.cpp) */
+        return h3_err(H3_E_UNSUPPORTED,
+                      "WORLD_SIZE=%d: this build's cuda backend does not export the NCCL communicator yet (one "
+                      "process runs one device; H3_LOOPBACK_RANKS checks the split on the CPU)",
+                      t->world_size);
+    }
+    if (t->loopback_ranks <= 1) return 0;
+    if (rt->gpu)
+        return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS=%d runs on --device cpu only (this context uses a GPU)",
+                      t->loopback_ranks);
+    return h3_dit_sp_loopback(d, t->loopback_ranks, h3_pool_threads(pool));
+}
+
 int h3_rt_dit(h3_runtime *rt, h3_dit **out)
 {
     if (!rt->dit) {
@@ -83,6 +113,7 @@ int h3_rt_dit(h3_runtime *rt, h3_dit **out)
         int rc = h3_rt_dit_backend(rt, &be);
         const h3_dit_open_opts o = dit_opts(rt, NULL);
         if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
+        if (!rc && (rc = rt_dit_sp(rt, rt->dit, pool))) h3_rt_release_dit(rt);
         if (rc) return rc;
     }
     *out = rt->dit;
@@ -129,6 +160,7 @@ int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
     /* The weights kept for the other stages give way to the transformer: free them and try once more. */
     if (rc == -H3_E_NOMEM && h3_rt_release_kept(rt))
         rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
+    if (!rc && (rc = rt_dit_sp(rt, rt->dit, pool))) h3_rt_release_dit(rt);
     if (rc) {
         free(key);
         return rc;

@@ -33,7 +33,7 @@ typedef struct {
     lb_post post[H3_COMM_MAX_WORLD];
 } lb_group;
 
-/* 0 once every rank arrived; an error when a rank aborted the group (before or while waiting). */
+/* 0 once every rank arrived; -1 when a rank aborted the group before they all did. */
 static int lb_wait(h3_comm *c)
 {
     lb_group *g = c->impl;
@@ -46,9 +46,19 @@ static int lb_wait(h3_comm *c)
     } else {
         while (g->gen == gen && !g->aborted) pthread_cond_wait(&g->cv, &g->mu);
     }
+    const int rc = g->gen == gen ? -1 : 0; /* released by the abort, not by the last arrival */
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+/* The error of a collective the group's abort stopped. */
+static int lb_stopped(h3_comm *c)
+{
+    lb_group *g = c->impl;
+    pthread_mutex_lock(&g->mu);
     const int ab = g->aborted;
     pthread_mutex_unlock(&g->mu);
-    return ab ? h3_err(H3_E_IO, "loopback rank %d: rank %d of %d failed, the group stopped", c->rank, ab - 1, c->world) : 0;
+    return h3_err(H3_E_IO, "loopback rank %d: rank %d of %d failed, the group stopped", c->rank, ab - 1, c->world);
 }
 
 static void lb_abort(h3_comm *c)
@@ -76,9 +86,12 @@ static int lb_exchange(h3_comm *c, const h3_comm_piece *p, int n)
         if (p[i].peer < 0 || p[i].peer >= c->world || p[i].peer == c->rank)
             rc = h3_err(H3_E_INVALID, "loopback rank %d: all-to-all piece %d names rank %d of %d", c->rank, i,
                         p[i].peer, c->world);
-    g->post[c->rank] = (lb_post){rc ? NULL : p, rc ? 0 : n, NULL, NULL};
-    int w = lb_wait(c);
-    if (w) return w;
+    if (rc) {
+        lb_abort(c); /* the others stop instead of waiting for pieces that will not come */
+        return rc;
+    }
+    g->post[c->rank] = (lb_post){p, n, NULL, NULL};
+    if (lb_wait(c)) return lb_stopped(c);
     int seen[H3_COMM_MAX_WORLD] = {0};
     for (int i = 0; i < n && !rc; i++) {
         if (!p[i].recv_bytes) continue;
@@ -91,7 +104,7 @@ static int lb_exchange(h3_comm *c, const h3_comm_piece *p, int n)
             memcpy(p[i].recv, s->send, s->send_bytes);
     }
     if (rc) lb_abort(c);
-    if ((w = lb_wait(c)) && !rc) rc = w;
+    if (lb_wait(c) && !rc) rc = lb_stopped(c);
     if (!rc) {
         c->stats.a2a_calls++;
         for (int i = 0; i < n; i++) c->stats.a2a_bytes += p[i].send_bytes;
@@ -103,13 +116,12 @@ static int lb_all_gather(h3_comm *c, const void *send, void *recv, size_t bytes)
 {
     lb_group *g = c->impl;
     g->post[c->rank] = (lb_post){NULL, 0, send, NULL};
-    int rc = lb_wait(c);
-    if (rc) return rc;
+    if (lb_wait(c)) return lb_stopped(c);
     for (int r = 0; r < c->world; r++) {
         char *dst = (char *)recv + (size_t)r * bytes;
         if (bytes && dst != g->post[r].send) memcpy(dst, g->post[r].send, bytes);
     }
-    if ((rc = lb_wait(c))) return rc;
+    if (lb_wait(c)) return lb_stopped(c);
     c->stats.gather_calls++;
     c->stats.gather_bytes += (uint64_t)bytes * (uint64_t)(c->world - 1);
     return 0;
@@ -120,10 +132,9 @@ static int lb_broadcast(h3_comm *c, void *buf, size_t bytes, int root)
     lb_group *g = c->impl;
     if (root < 0 || root >= c->world) return h3_err(H3_E_INVALID, "loopback: broadcast from rank %d of %d", root, c->world);
     g->post[c->rank] = (lb_post){NULL, 0, NULL, buf};
-    int rc = lb_wait(c);
-    if (rc) return rc;
+    if (lb_wait(c)) return lb_stopped(c);
     if (c->rank != root && bytes && buf != g->post[root].buf) memcpy(buf, g->post[root].buf, bytes);
-    if ((rc = lb_wait(c))) return rc;
+    if (lb_wait(c)) return lb_stopped(c);
     c->stats.bcast_calls++;
     if (c->rank == root) c->stats.bcast_bytes += (uint64_t)bytes * (uint64_t)(c->world - 1);
     return 0;
@@ -131,9 +142,9 @@ static int lb_broadcast(h3_comm *c, void *buf, size_t bytes, int root)
 
 static int lb_barrier(h3_comm *c)
 {
-    int rc = lb_wait(c);
-    if (!rc) c->stats.barriers++;
-    return rc;
+    if (lb_wait(c)) return lb_stopped(c);
+    c->stats.barriers++;
+    return 0;
 }
 
 static void lb_destroy(h3_comm *c)

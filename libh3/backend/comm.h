@@ -81,6 +81,31 @@ static inline void h3_comm_destroy(h3_comm *c)
    buffers, so buffers are host memory. Destroy each of them (the group goes with the last). */
 H3_INTERNAL int h3_comm_loopback_create(int world, h3_comm **out);
 
+/* ---- the NCCL communicator (backend/cuda/cuda_nccl.cpp, built into libh3_cuda) ---------------- */
+/* How a process becomes rank `rank` of `world`. libnccl.so.2 is opened at run time (`lib`, else the
+   loader's search, which finds the nvidia-nccl wheel's copy when the Python package puts it on the
+   path); NVLink multicast (NVLS) is turned off before the communicator exists (NCCL_NVLS_ENABLE=0).
+   Rendezvous: rank 0 draws the unique id and writes it to the file `rendezvous` (a path no earlier run
+   left behind: rank 0 refuses a file that exists; written to a temporary name and renamed, so a
+   reader never sees half of it); the others wait for the file. Every wait (the file, the
+   communicator's creation, which needs every rank) ends after timeout_s with one line naming what
+   did not come. The collectives run on `stream` (the backend's compute stream, in issue order with
+   its ops); buffers are device memory. */
+typedef struct h3_nccl_opts {
+    uint32_t struct_size;
+    int rank, world;
+    const char *rendezvous;
+    const char *lib;  /* the path of libnccl.so.2 (only it is tried); NULL or "": the loader's search */
+    double timeout_s; /* <= 0: 600 s */
+    void *stream;     /* cudaStream_t */
+    void *scratch;    /* device memory of 4 * world bytes (the barrier) */
+    int (*sync)(void *ctx); /* waits for `stream` (barrier, destroy); 0 or a negative H3_E_* */
+    void *sync_ctx;
+    int (*err)(int code, const char *fmt, ...); /* libh3's error recording (h3_backend_host.err) */
+} h3_nccl_opts;
+typedef int (*h3_comm_nccl_create_fn)(const h3_nccl_opts *o, h3_comm **out);
+#define H3_COMM_NCCL_ENTRY "h3_comm_nccl_create"
+
 #ifdef __cplusplus
 }
 #endif

@@ -91,6 +91,11 @@ static int rt_dit_sp(h3_runtime *rt, h3_dit *d, h3_pool *pool)
                           t->world_size);
         if (t->rank < 0 || t->rank >= t->world_size)
             return h3_err(H3_E_INVALID, "RANK=%d is not a rank of WORLD_SIZE=%d", t->rank, t->world_size);
+        if (!rt->gpu)
+            return h3_err(H3_E_INVALID,
+                          "WORLD_SIZE=%d: ranks of several processes run on GPUs through NCCL (on the CPU, "
+                          "H3_LOOPBACK_RANKS=%d splits the render over threads of one process)",
+                          t->world_size, t->world_size);
         /* the NCCL communicator lives in the CUDA backend library (backend/cuda/cuda_nccl.cpp) */
         return h3_err(H3_E_UNSUPPORTED,
                       "WORLD_SIZE=%d: this build's cuda backend does not export the NCCL communicator yet (one "

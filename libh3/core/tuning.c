@@ -154,6 +154,15 @@ void h3_tuning_json(h3_buf *b, const h3_tuning *t)
         h3_buf_printf(b, ", \"H3_LOOPBACK_RANKS\": %d", t->loopback_ranks);
     else
         h3_buf_printf(b, ", \"H3_LOOPBACK_RANKS\": null");
+    const char *ids[3] = {"RANK", "WORLD_SIZE", "LOCAL_RANK"};
+    const int vals[3] = {t->rank, t->world_size, t->local_rank};
+    for (int i = 0; i < 3; i++)
+        if (vals[i] == -1)
+            h3_buf_printf(b, ", \"%s\": null", ids[i]);
+        else if (vals[i] == -2)
+            h3_buf_printf(b, ", \"%s\": \"invalid\"", ids[i]);
+        else
+            h3_buf_printf(b, ", \"%s\": %d", ids[i], vals[i]);
     kv_str(b, "H3_RENDEZVOUS", t->rendezvous);
     kv_str(b, "H3_NCCL_LIB", t->nccl_lib);
     h3_buf_printf(b, "}");

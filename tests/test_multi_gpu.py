@@ -42,7 +42,7 @@ def _render_hash(ranks: int | None, steps: int = 6) -> tuple[str, str, int]:
 def test_loopback_render_is_bit_identical():
     one = _render_hash(None)
     assert one[2] == 1
-    for ranks in (2, 3, 6):
+    for ranks in (1, 2, 3, 6):  # 1: the split path with one rank (its exchanges empty)
         v, a, w = _render_hash(ranks)
         assert w == ranks, "the render did not run split"
         assert (v, a) == one[:2], f"{ranks} loopback ranks: frames/audio differ from one device"
@@ -107,7 +107,13 @@ def test_world_size_on_cpu_is_refused(tmp_path):
     out = tmp_path / "a.mp4"
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     p = run("render", "-p", PROMPT, "--device", "cpu", "--steps", "2", "-o", out, env=env)
+    assert_clean_error(p, "WORLD_SIZE=2 needs H3_RENDEZVOUS")
+    env["H3_RENDEZVOUS"] = str(tmp_path / "id")
+    p = run("render", "-p", PROMPT, "--device", "cpu", "--steps", "2", "-o", out, env=env)
     assert_clean_error(p, "WORLD_SIZE=2: ranks of several processes run on GPUs through NCCL")
+    env["RANK"] = "2"
+    p = run("render", "-p", PROMPT, "--device", "cpu", "--steps", "2", "-o", out, env=env)
+    assert_clean_error(p, "RANK=2 is not a rank of WORLD_SIZE=2")
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -142,7 +148,8 @@ def test_a_rank_dying_mid_render_leaves_no_file(tmp_path):
     outdir.mkdir()
     out = outdir / "a.mp4"
     env0 = {k: v for k, v in os.environ.items() if k not in launch.RANK_VARS}
-    cmds = [[sys.executable, "-m", "h3ctl", "render", "-p", PROMPT, "--device", "cpu", "--steps", "30", "-o", str(out),
+    cmds = [[sys.executable, "-m", "h3ctl", "render", "-p", PROMPT, "--device", "cpu", "--steps", "40",
+             "--preset", "reference", "--size", "256x256", "-o", str(out),
              "-q"],
             [sys.executable, "-c", "import sys, time; time.sleep(1.5); print('h3ctl: error: rank lost', "
                                    "file=sys.stderr); sys.exit(1)"]]

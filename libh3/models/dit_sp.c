@@ -128,7 +128,7 @@ static int sp_new(h3_dit *d, int world, bool loopback, int n_local)
 
 int h3_dit_sp_loopback(h3_dit *d, int world, int threads)
 {
-    if (world == 1) {
+    if (world < 1) {
         dit_sp_free(d);
         return 0;
     }
@@ -162,7 +162,7 @@ int h3_dit_sp_loopback(h3_dit *d, int world, int threads)
 
 int h3_dit_sp_attach(h3_dit *d, h3_comm *comm)
 {
-    if (!comm || comm->world == 1) {
+    if (!comm) {
         dit_sp_free(d);
         return 0;
     }

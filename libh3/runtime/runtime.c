@@ -85,12 +85,17 @@ static int rt_dit_sp(h3_runtime *rt, h3_dit *d, h3_pool *pool)
         return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS must be a whole number of ranks from 1 to %d", H3_COMM_MAX_WORLD);
     if (t->world_size == -2 || t->rank == -2 || t->local_rank == -2)
         return h3_err(H3_E_INVALID, "RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers");
-    if (t->world_size > 1) {
-        if (t->loopback_ranks > 1)
+    /* a process of a multi-process group: WORLD_SIZE > 1, or WORLD_SIZE=1 with a rendezvous file (the NCCL path at
+       world size 1, which the GPU script checks against the plain path) */
+    if (t->world_size > 1 || (t->world_size == 1 && t->rendezvous[0])) {
+        if (t->loopback_ranks > 0)
             return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS and WORLD_SIZE=%d: a loopback group runs in one process",
                           t->world_size);
         if (t->rank < 0 || t->rank >= t->world_size)
             return h3_err(H3_E_INVALID, "RANK=%d is not a rank of WORLD_SIZE=%d", t->rank, t->world_size);
+        if (!t->rendezvous[0])
+            return h3_err(H3_E_INVALID, "WORLD_SIZE=%d needs H3_RENDEZVOUS, the file through which the ranks meet",
+                          t->world_size);
         if (!rt->gpu)
             return h3_err(H3_E_INVALID,
                           "WORLD_SIZE=%d: ranks of several processes run on GPUs through NCCL (on the CPU, "
@@ -102,7 +107,7 @@ static int rt_dit_sp(h3_runtime *rt, h3_dit *d, h3_pool *pool)
                       "process runs one device; H3_LOOPBACK_RANKS checks the split on the CPU)",
                       t->world_size);
     }
-    if (t->loopback_ranks <= 1) return 0;
+    if (t->loopback_ranks <= 0) return 0;
     if (rt->gpu)
         return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS=%d runs on --device cpu only (this context uses a GPU)",
                       t->loopback_ranks);

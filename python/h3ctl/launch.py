@@ -165,7 +165,7 @@ def main(args) -> int:
             commands.append(cmd)
             envs.append(env)
         rc, msg = run_ranks(commands, envs, Path(tmp), rank0_stderr=None)
-        if rc:
+        if rc and not msg.startswith("rank 0 "):  # rank 0's own line is on the terminal already
             print(f"h3ctl: error: {msg}", file=sys.stderr)
         return rc
 

@@ -101,11 +101,10 @@ static int rt_dit_sp(h3_runtime *rt, h3_dit *d, h3_pool *pool)
                           "WORLD_SIZE=%d: ranks of several processes run on GPUs through NCCL (on the CPU, "
                           "H3_LOOPBACK_RANKS=%d splits the render over threads of one process)",
                           t->world_size, t->world_size);
-        /* the NCCL communicator lives in the CUDA backend library (backend/cuda/cuda_nccl.cpp) */
-        return h3_err(H3_E_UNSUPPORTED,
-                      "WORLD_SIZE=%d: this build's cuda backend does not export the NCCL communicator yet (one "
-                      "process runs one device; H3_LOOPBACK_RANKS checks the split on the CPU)",
-                      t->world_size);
+        /* the NCCL communicator lives in the CUDA backend library (backend/cuda/cuda_nccl.cpp); one per
+           process, made with the first transformer (every rank opens its transformer at the same point) */
+        int rc = rt->comm ? 0 : h3_backend_cuda_comm(rt->gpu, t, &rt->comm, &rt->comm_scratch);
+        return rc ? rc : h3_dit_sp_attach(d, rt->comm);
     }
     if (t->loopback_ranks <= 0) return 0;
     if (rt->gpu)
@@ -229,6 +228,10 @@ void h3_rt_free(h3_runtime *rt)
     h3_tokenizer_free(rt->tokenizer);
     h3_text_cache_free(rt->text_cache);
     h3_dit_close(rt->dit); /* before the model and the backends: it holds views and copies of both */
+    h3_comm_destroy(rt->comm); /* after the transformer that used it, before its backend */
+    if (rt->comm_scratch) rt->gpu->mem->release(rt->gpu, rt->comm_scratch);
+    rt->comm = NULL;
+    rt->comm_scratch = NULL;
     free(rt->dit_key);
     rt->dit_key = NULL;
     h3_fp8file_close(rt->fp8file); /* after the transformer, which read its weights from it */

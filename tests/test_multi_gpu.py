@@ -2,8 +2,9 @@
 H3_LOOPBACK_RANKS at the degrees its 6 heads allow, bit-identical to one device, with --profile naming the ranks
 and the bytes each all-to-all moved; the `--gpus` launcher's refusals (a degree that does not divide the heads,
 more ranks than GPUs, the CPU) and its handling of a rank that dies (the others stopped, one line naming the rank,
-no output file), with real `h3ctl render` processes. The 56-head degrees 2, 4, 7, 8 are tests/c/test_sp.c's; the
-NCCL communicator's loader and faults are tests/c/test_nccl.c's; GPU runs are tests/gpu/run_multi_gpu.sh's."""
+no output file), with real `h3ctl render` processes; the oracle fixtures' tiny model at the released 56 heads
+rendered whole over 2, 4, 7 and 8 loopback ranks, bit-identical (tests/c/test_sp.c checks the same degrees on the
+denoise alone, with the facts the exactness rests on); the NCCL communicator's loader and faults are tests/c/test_nccl.c's; GPU runs are tests/gpu/run_multi_gpu.sh's."""
 
 import hashlib
 import os
@@ -46,6 +47,45 @@ def test_loopback_render_is_bit_identical():
         v, a, w = _render_hash(ranks)
         assert w == ranks, "the render did not run split"
         assert (v, a) == one[:2], f"{ranks} loopback ranks: frames/audio differ from one device"
+
+
+CHILD_MODEL = r"""
+import hashlib, sys, h3ctl
+eng = h3ctl.Engine(sys.argv[1], device="cpu", threads=2)
+r = eng.render("a red circle", seed=7, steps=4, width=64, height=64, frames=9)
+sp = eng.last_transformer_profile.get("sequence_parallel")
+print(hashlib.sha256(r.frames.tobytes()).hexdigest(), hashlib.sha256(r.audio.tobytes()).hexdigest(),
+      sp["world"] if sp else 1)
+"""
+
+
+def test_loopback_56_heads_oracle_checkpoint(tmp_path):
+    """The released head count: the oracle fixtures' tiny model with 56 heads of 24, rendered whole (text encoder,
+    transformer, both decoders) over 2, 4, 7 and 8 loopback ranks: the same bytes as one device."""
+    import copy
+
+    from tests.fixtures import official as fx
+
+    cfg = copy.deepcopy(fx.TINY_CONFIGS["tiny"])
+    cfg["transformer"].update(num_attention_heads=56, attention_head_dim=24)
+    fx.TINY_CONFIGS["sp56"] = cfg
+    try:
+        part = fx.make_checkpoint(tmp_path / "sp56", "sp56")
+    finally:
+        del fx.TINY_CONFIGS["sp56"]
+    got = {}
+    for ranks in (0, 2, 4, 7, 8):
+        env = {**os.environ, "H3_LOOPBACK_RANKS": str(ranks)}
+        p = subprocess.run([sys.executable, "-c", CHILD_MODEL, str(part)], capture_output=True, text=True, env=env,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr
+        v, a, w = p.stdout.split()
+        assert int(w) == (ranks or 1)
+        got[ranks] = (v, a)
+    assert all(got[r] == got[0] for r in got), got
+    p = subprocess.run([sys.executable, "-c", CHILD_MODEL, str(part)], capture_output=True, text=True,
+                       env={**os.environ, "H3_LOOPBACK_RANKS": "3"}, timeout=600)
+    assert p.returncode != 0 and "ranks that do: 1, 2, 4, 7, 8, 14, 28, 56" in p.stderr
 
 
 def test_loopback_profile_names_ranks_and_bytes(tmp_path):

@@ -107,7 +107,7 @@ void h3_tuning_read(h3_tuning *t)
     t->no_simd = h3_env_no_simd();
     copy(t->cuda_lib, sizeof t->cuda_lib, h3_env_cuda_lib());
     const int lb = whole("H3_LOOPBACK_RANKS", 64);
-    t->loopback_ranks = lb == -1 ? 0 : lb < 1 ? -1 : lb;
+    t->loopback_ranks = lb == -1 || lb == 0 ? 0 : lb < 0 ? -1 : lb; /* 0: off, as unset */
     t->rank = whole("RANK", 1 << 20);
     t->world_size = whole("WORLD_SIZE", 1 << 20);
     t->local_rank = whole("LOCAL_RANK", 1 << 20);

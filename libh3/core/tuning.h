@@ -33,7 +33,7 @@ typedef struct h3_tuning {
     bool no_simd;       /* H3_NO_SIMD */
     char cuda_lib[4096]; /* H3_CUDA_LIB, "" unset */
     /* Sequence parallelism (docs/multi-gpu.md). H3_LOOPBACK_RANKS: the transformer's block stack split
-       over that many loopback ranks (threads; the CPU), 0 unset, -1 not a whole number 1..64. */
+       over that many loopback ranks (threads; the CPU), 0 unset (or 0), -1 not a whole number 0..64. */
     int loopback_ranks;
     /* One process of a multi-process group (the launcher's or an embedder's): RANK, WORLD_SIZE,
        LOCAL_RANK (-1 unset, -2 not a whole number) and H3_RENDEZVOUS (the file that carries the NCCL

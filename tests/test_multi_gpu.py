@@ -196,3 +196,25 @@ def test_a_rank_dying_mid_render_leaves_no_file(tmp_path):
     rc, msg = launch.run_ranks(cmds, [env0, env0], tmp_path, grace_s=20, rank0_stderr=subprocess.DEVNULL)
     assert rc == 1 and "rank 1 of 2 failed (exit 1): h3ctl: error: rank lost" in msg
     assert not out.exists() and list(outdir.iterdir()) == []
+
+
+def test_a_rank_other_than_0_decodes_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """Rank 1 of 2 (as the launcher starts it): the transformer's share runs, the decoders do not, no file is written
+    and nothing is printed. The rank is faked in-process (on the CPU the library refuses WORLD_SIZE itself, checked
+    above), so the render runs on one device."""
+    from h3ctl import cli, engine, launch
+
+    decodes = []
+    real_run = engine.Engine.run
+
+    def run(self, req, **kw):
+        decodes.append(kw.get("decode", "uint8"))
+        return real_run(self, req, **kw)
+
+    monkeypatch.setattr(launch, "rank", lambda: (1, 2))
+    monkeypatch.setattr(engine.Engine, "run", run)
+    out = tmp_path / "a.mp4"
+    assert cli.main(["render", "-p", PROMPT, "--device", "cpu", "--steps", "3", "-o", str(out), "--wav",
+                     str(tmp_path / "a.wav"), "-q"]) == 0
+    assert decodes == [None]
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr().out == ""

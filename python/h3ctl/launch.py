@@ -177,4 +177,4 @@ def rank() -> tuple[int, int]:
         r = int(os.environ.get("RANK", "0") or 0)
     except ValueError:
         raise H3Error("RANK and WORLD_SIZE must be whole numbers") from None
-    return r, world
+    return (r, world) if world > 1 else (0, 1)

@@ -281,7 +281,7 @@ def _render(args, width, height, out, reserved, sig, quiet_summary: bool = False
     plan = engine.plan(req)  # every shape rule checked before any work
 
     live = None
-    if args.show:
+    if args.show and not quiet_summary:
         from .terminal import LivePreview
 
         live = LivePreview(engine, args.preview_protocol, args.preview_every,
@@ -322,9 +322,14 @@ def _render(args, width, height, out, reserved, sig, quiet_summary: bool = False
             progress_ui.start()
         try:
             # the request built above: its keyframes and references were decoded once, for the plan and the render
-            result = engine.render(req, progress=on_progress,
-                                   preview=live.callback if live is not None and live.active else None,
-                                   preview_every=args.preview_every, profile=profile)
+            if quiet_summary:
+                # a rank other than 0 of a multi-GPU render: its share of the transformer, no decoders (rank 0
+                # decodes and writes)
+                result = engine.run(req, progress=on_progress, decode=None, profile=profile)
+            else:
+                result = engine.render(req, progress=on_progress,
+                                       preview=live.callback if live is not None and live.active else None,
+                                       preview_every=args.preview_every, profile=profile)
         except Cancelled:
             sig.check()
             raise

@@ -151,6 +151,33 @@ build/sdpa_check: tests/cuda/sdpa_check.cpp $(CUDNN_SDPA) $(CUDNN_SDPA_H) libh3/
 	@mkdir -p $(dir $@)
 	$(CXX) $(CUDNN_CXXFLAGS) -O2 -g -o $@ tests/cuda/sdpa_check.cpp $(CUDNN_SDPA) -ldl
 
+# test_nccl drives the NCCL communicator (backend/cuda/cuda_nccl.cpp: plain C++, no CUDA header, so the
+# host compiler builds it) against fake libnccl libraries (tests/c/fake_nccl.c) built next to it.
+CXX_HOST ?= g++
+FAKE_NCCLS := ok initfail hang old nosend
+build/obj/backend/cuda/cuda_nccl.o: libh3/backend/cuda/cuda_nccl.cpp libh3/backend/comm.h $(HDR) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX_HOST) -std=c++17 -O2 -g -Wall -Wextra -Wshadow -fPIC -fvisibility=hidden -Ilibh3 -c -o $@ $<
+build/asan/backend/cuda/cuda_nccl.o: libh3/backend/cuda/cuda_nccl.cpp libh3/backend/comm.h $(HDR) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX_HOST) -std=c++17 -O1 -g $(SAN) -Wall -Wextra -Wshadow -fPIC -fvisibility=hidden -Ilibh3 -c -o $@ $<
+build/tests/test_nccl: tests/c/test_nccl.c build/obj/backend/cuda/cuda_nccl.o $(OBJ) tests/c/ctest.h \
+                       $(FAKE_NCCLS:%=build/tests/fake_nccl_%.so) | check-layers
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -Ilibh3 -o $@ $< build/obj/backend/cuda/cuda_nccl.o $(OBJ) $(LDLIBS) -lstdc++
+build/tests-asan/test_nccl: tests/c/test_nccl.c build/asan/backend/cuda/cuda_nccl.o $(ASAN_OBJ) tests/c/ctest.h \
+                            $(FAKE_NCCLS:%=build/tests-asan/fake_nccl_%.so) | check-layers
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Ilibh3 -o $@ $< build/asan/backend/cuda/cuda_nccl.o $(ASAN_OBJ) $(LDLIBS) -lstdc++
+FAKE_NCCL_CC = $(CC) -std=c11 -Wall -Wextra -O1 -fPIC -fvisibility=hidden -shared -D_DEFAULT_SOURCE \
+               -DFAKE_NCCL_$(shell echo $* | tr a-z A-Z) -o $@ $<
+build/tests/fake_nccl_%.so: tests/c/fake_nccl.c Makefile
+	@mkdir -p $(dir $@)
+	$(FAKE_NCCL_CC)
+build/tests-asan/fake_nccl_%.so: tests/c/fake_nccl.c Makefile
+	@mkdir -p $(dir $@)
+	$(FAKE_NCCL_CC)
+
 test-c: check-layers $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
 

@@ -83,7 +83,8 @@ def test_info_full_size_sparse_layout_under_two_seconds(tmp_path):
 
 KNOBS = ("H3_NO_SIMD", "H3_CUDA_LIB", "H3_DIT_PRECOMPUTE", "H3_DIT_KEEP_ADALN", "H3_TEXT_PREFETCH", "H3_DROP_PAGE_CACHE",
          "H3_STAGES_CPU", "H3_FP8_ATTENTION", "H3_TEXT_STREAM", "H3_TEXT_READERS", "H3_TEXT_KEEP", "H3_STREAM_PACK",
-         "H3_CUDA_ATTENTION", "H3_CUDA_ROWS", "H3_CUDNN_LIB", "H3_QUANT_WIDEN")
+         "H3_CUDA_ATTENTION", "H3_CUDA_ROWS", "H3_CUDNN_LIB", "H3_QUANT_WIDEN", "H3_LOOPBACK_RANKS", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+         "H3_RENDEZVOUS", "H3_NCCL_LIB")
 
 
 def test_info_prints_the_tuning_in_effect(ckpt):

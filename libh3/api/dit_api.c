@@ -190,9 +190,12 @@ H3_API const char *h3_dit_profile_json(h3_ctx *ctx)
     h3_dit_stream_info(d, &streamed, &blocks, &held, &moved, &blk, &copied, &packed);
     h3_buf_printf(&b, "], \"reduced_sequence\": %lld, \"stream\": {\"streamed_blocks\": %d, \"blocks\": %d, "
                       "\"weight_bytes_held\": %llu, \"bytes_streamed\": %llu, \"block_bytes\": %llu, "
-                      "\"bytes_copied\": %llu, \"packed_blocks\": %d}}",
+                      "\"bytes_copied\": %llu, \"packed_blocks\": %d}, \"sequence_parallel\": ",
                   (long long)reduced, streamed, blocks, (unsigned long long)held, (unsigned long long)moved,
                   (unsigned long long)blk, (unsigned long long)copied, packed);
+    /* the block stack split over ranks (docs/multi-gpu.md): who ran which rows, what the exchanges moved */
+    h3_dit_sp_json(d, &b);
+    h3_buf_printf(&b, "}");
     if (b.oom) {
         h3_buf_free(&b);
         h3_err(H3_E_NOMEM, "out of memory");

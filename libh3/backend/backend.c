@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include "backend/backend.h"
+#include "backend/comm.h"
 #include "core/schedule.h"
 #include "core/tuning.h"
 
@@ -222,6 +223,12 @@ bool h3_backend_cuda_built(void)
 #endif
 }
 
+#ifndef H3_NO_DLOPEN
+/* The CUDA backend library last loaded (h3_backend_cuda_open), for its other entry points. */
+static void *g_cuda_handle;
+static char g_cuda_handle_path[4096];
+#endif
+
 int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **out)
 {
     *out = NULL;
@@ -238,11 +245,11 @@ int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **ou
     /* RTLD_LOCAL: its symbols (cuBLASLt's, the CUDA runtime's) stay out of the process's global
        namespace. The handle is kept for the process's lifetime: unloading CUDA is not safe. */
     /* One library per path (H3_CUDA_LIB may name another one later in the process). */
-    static void *handle;
-    static char handle_path[4096];
+    void *handle = g_cuda_handle;
+    char *handle_path = g_cuda_handle_path;
     if (!handle || strcmp(handle_path, path)) {
-        handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        snprintf(handle_path, sizeof handle_path, "%s", handle ? path : "");
+        handle = g_cuda_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        snprintf(handle_path, sizeof g_cuda_handle_path, "%s", handle ? path : "");
     }
     if (!handle) {
         const char *why = dlerror();
@@ -297,4 +304,46 @@ int h3_cuda_warmup(int device)
     g_cuda_warmup = 0;
     if (be) h3_backend_destroy(be);
     return rc;
+}
+
+/* ---- the NCCL communicator of the CUDA backend library (backend/comm.h, docs/multi-gpu.md) ---- */
+
+static int comm_sync(void *ctx)
+{
+    h3_backend *be = ctx;
+    return be->mem->sync(be);
+}
+
+int h3_backend_cuda_comm(h3_backend *be, const h3_tuning *t, h3_comm **out, void **scratch)
+{
+    *out = NULL;
+    *scratch = NULL;
+#ifdef H3_NO_DLOPEN
+    (void)be;
+    (void)t;
+    return h3_err(H3_E_UNSUPPORTED, "cuda: this build of libh3 cannot load backends");
+#else
+    if (!g_cuda_handle || !be || strcmp(be->name, "cuda") != 0)
+        return h3_err(H3_E_UNSUPPORTED, "sequence parallel over NCCL needs the cuda backend");
+    h3_comm_nccl_create_fn create;
+    h3_backend_cuda_stream_fn stream_of;
+    void *sym = dlsym(g_cuda_handle, H3_COMM_NCCL_ENTRY);
+    memcpy(&create, &sym, sizeof create);
+    sym = dlsym(g_cuda_handle, H3_BACKEND_CUDA_STREAM_ENTRY);
+    memcpy(&stream_of, &sym, sizeof stream_of);
+    if (!create || !stream_of)
+        return h3_err(H3_E_UNSUPPORTED,
+                      "cuda: %s has no NCCL communicator (it exports no %s): this build cannot split a render over "
+                      "GPUs", g_cuda_handle_path, !create ? H3_COMM_NCCL_ENTRY : H3_BACKEND_CUDA_STREAM_ENTRY);
+    /* the barrier's word per rank, device memory */
+    if (!(*scratch = be->mem->alloc(be, sizeof(int32_t) * (size_t)t->world_size))) return -H3_E_NOMEM;
+    const h3_nccl_opts o = {sizeof(h3_nccl_opts), t->rank, t->world_size, t->rendezvous, t->nccl_lib, 0,
+                            stream_of(be), *scratch, comm_sync, be, host_err};
+    int rc = create(&o, out);
+    if (rc) {
+        be->mem->release(be, *scratch);
+        *scratch = NULL;
+    }
+    return rc;
+#endif
 }

@@ -582,6 +582,15 @@ H3_INTERNAL int h3_backend_cpu_create(struct h3_pool *pool, h3_backend **out);
    a knob the backend refuses. */
 struct h3_tuning;
 H3_INTERNAL int h3_backend_cuda_open(int device_ordinal, const struct h3_tuning *t, h3_backend **out);
+/* The NCCL communicator of the loaded CUDA backend library for rank t->rank of t->world_size (RANK,
+   WORLD_SIZE, H3_RENDEZVOUS, H3_NCCL_LIB; docs/multi-gpu.md), on be's compute stream: the library
+   exports H3_COMM_NCCL_ENTRY (backend/cuda/cuda_nccl.cpp) and H3_BACKEND_CUDA_STREAM_ENTRY. *scratch: the
+   device words of its barrier, released by the caller after destroying the communicator. */
+struct h3_comm;
+H3_INTERNAL int h3_backend_cuda_comm(h3_backend *be, const struct h3_tuning *t, struct h3_comm **out, void **scratch);
+/* The compute stream of a cuda backend (cudaStream_t as void *), exported by libh3_cuda. */
+typedef void *(*h3_backend_cuda_stream_fn)(h3_backend *be);
+#define H3_BACKEND_CUDA_STREAM_ENTRY "h3_backend_cuda_stream"
 /* Whether the CUDA backend library is present next to libh3 (does not touch the GPU). */
 H3_INTERNAL bool h3_backend_cuda_built(void);
 H3_INTERNAL void h3_backend_destroy(h3_backend *be);

@@ -66,6 +66,19 @@ static int tri(const char *name)
     return v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : -1;
 }
 
+/* A whole number 0..max, or -2 when set to anything else; -1 when unset or "". */
+static int whole(const char *name, int max)
+{
+    const char *v = env(name);
+    if (!v) return -1;
+    long n = 0;
+    for (const char *c = v; *c; c++) {
+        if (*c < '0' || *c > '9' || n > max) return -2;
+        n = n * 10 + (*c - '0');
+    }
+    return n <= max ? (int)n : -2;
+}
+
 void h3_tuning_read(h3_tuning *t)
 {
     memset(t, 0, sizeof *t);
@@ -107,6 +120,13 @@ void h3_tuning_read(h3_tuning *t)
         t->kernel_cache[0] = '\0';
     t->no_simd = h3_env_no_simd();
     copy(t->cuda_lib, sizeof t->cuda_lib, h3_env_cuda_lib());
+    const int lb = whole("H3_LOOPBACK_RANKS", 64);
+    t->loopback_ranks = lb == -1 || lb == 0 ? 0 : lb < 0 ? -1 : lb; /* 0: off, as unset */
+    t->rank = whole("RANK", 1 << 20);
+    t->world_size = whole("WORLD_SIZE", 1 << 20);
+    t->local_rank = whole("LOCAL_RANK", 1 << 20);
+    copy(t->rendezvous, sizeof t->rendezvous, env("H3_RENDEZVOUS"));
+    copy(t->nccl_lib, sizeof t->nccl_lib, env("H3_NCCL_LIB"));
 }
 
 static void kv_str(h3_buf *b, const char *k, const char *v)
@@ -145,5 +165,20 @@ void h3_tuning_json(h3_buf *b, const h3_tuning *t)
     kv_str(b, "H3_CUDA_ATTENTION", t->cuda_attention);
     kv_str(b, "H3_CUDA_ROWS", t->cuda_rows);
     kv_str(b, "H3_CUDNN_LIB", t->cudnn_lib);
+    if (t->loopback_ranks)
+        h3_buf_printf(b, ", \"H3_LOOPBACK_RANKS\": %d", t->loopback_ranks);
+    else
+        h3_buf_printf(b, ", \"H3_LOOPBACK_RANKS\": null");
+    const char *ids[3] = {"RANK", "WORLD_SIZE", "LOCAL_RANK"};
+    const int vals[3] = {t->rank, t->world_size, t->local_rank};
+    for (int i = 0; i < 3; i++)
+        if (vals[i] == -1)
+            h3_buf_printf(b, ", \"%s\": null", ids[i]);
+        else if (vals[i] == -2)
+            h3_buf_printf(b, ", \"%s\": \"invalid\"", ids[i]);
+        else
+            h3_buf_printf(b, ", \"%s\": %d", ids[i], vals[i]);
+    kv_str(b, "H3_RENDEZVOUS", t->rendezvous);
+    kv_str(b, "H3_NCCL_LIB", t->nccl_lib);
     h3_buf_printf(b, "}");
 }

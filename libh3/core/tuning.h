@@ -41,6 +41,15 @@ typedef struct h3_tuning {
     /* Once per process (copies, for h3_tuning_json). */
     bool no_simd;       /* H3_NO_SIMD */
     char cuda_lib[4096]; /* H3_CUDA_LIB, "" unset */
+    /* Sequence parallelism (docs/multi-gpu.md). H3_LOOPBACK_RANKS: the transformer's block stack split
+       over that many loopback ranks (threads; the CPU), 0 unset (or 0), -1 not a whole number 0..64. */
+    int loopback_ranks;
+    /* One process of a multi-process group (the launcher's or an embedder's): RANK, WORLD_SIZE,
+       LOCAL_RANK (-1 unset, -2 not a whole number) and H3_RENDEZVOUS (the file that carries the NCCL
+       unique id from rank 0; "" unset), H3_NCCL_LIB (path of libnccl.so.2; "" the loader's search). */
+    int rank, world_size, local_rank;
+    char rendezvous[4096];
+    char nccl_lib[4096];
 } h3_tuning;
 
 /* The environment now, into *t (the per-context knobs; the per-process ones as first read). */

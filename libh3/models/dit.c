@@ -43,6 +43,18 @@ static void charge(h3_dit *d, int part, double *t)
     *t = n;
 }
 
+/* charge() for the exec that times the forward's parts (one device, or rank 0 of a group). */
+static void echarge(h3_dit *d, const dit_exec *e, int part, double *t)
+{
+    if (e->timed) charge(d, part, t);
+}
+
+dit_exec dit_exec_local(h3_dit *d)
+{
+    dit_exec e = {d->be, d->rq.x, d->rq.nb, d->rq.tmp, d->rq.big, d->rq.qkv3, d->rq.ob, 0, true, NULL};
+    return e;
+}
+
 static void *act_at(const h3_dit *d, void *base, int64_t i) { return (char *)base + (size_t)i * d->esz; }
 
 
@@ -536,6 +548,7 @@ static void drop_schedule(h3_dit *d)
 void h3_dit_close(h3_dit *d)
 {
     if (!d) return;
+    dit_sp_free(d);
     drop_schedule(d);
     free_buffers(d);
     h3_dit_layout_free(&d->rq.lay);
@@ -690,82 +703,94 @@ int h3_dit_set_layout(h3_dit *d, const h3_dit_layout *l)
 /* ---- one transformer block (shared by the refiner and the main stack) ------------------ */
 
 /* x += gate * y, then out = the modulated norm of x: one backend pass where it fuses the two. */
-static int add_then_norm(h3_dit *d, const h3_bt *x, const h3_bt *y, const h3_bmod *gate, const float *w,
-                         const h3_bmod *mod, const h3_bt *out)
+static int add_then_norm(h3_backend *be, const h3_dit_cfg *c, const h3_bt *x, const h3_bt *y, const h3_bmod *gate,
+                         const float *w, const h3_bmod *mod, const h3_bt *out)
 {
-    const h3_backend_ops *o = d->be->ops;
-    const float eps = (float)d->w.c.norm_eps;
-    if (h3_backend_supports(d->be, H3_OP_gated_add_norm)) return o->gated_add_norm(d->be, x, y, gate, w, mod, eps, out);
-    int rc = o->gated_add(d->be, x, y, gate);
-    return rc ? rc : o->norm_mod(d->be, x, NULL, w, mod, eps, out);
+    const h3_backend_ops *o = be->ops;
+    const float eps = (float)c->norm_eps;
+    if (h3_backend_supports(be, H3_OP_gated_add_norm)) return o->gated_add_norm(be, x, y, gate, w, mod, eps, out);
+    int rc = o->gated_add(be, x, y, gate);
+    return rc ? rc : o->norm_mod(be, x, NULL, w, mod, eps, out);
 }
 
-/* Runs block b over the first `rows` rows of d->rq.x. tab/row_mod: AdaLN table of this block and
-   the per-row entry (NULL for the plain refiner block); cos/sin: RoPE (NULL in the refiner).
+/* Runs block b over `rows` rows of the exec's x from its row e->r0 on (one device: all of them from 0;
+   a rank of a sequence-parallel group: its slice, models/dit_sp.c). tab/row_mod: AdaLN table of this
+   block and the per-row entry of every sequence row (NULL for the plain refiner block); cos/sin:
+   RoPE rows of the whole sequence (NULL in the refiner).
    The last residual add may be left to the next block, which folds it into its first norm
-   (run_stack: the same sums, one pass over the residual stream less): `defer` leaves d->rq.tmp
+   (run_stack: the same sums, one pass over the residual stream less): `defer` leaves e->tmp
    unadded; `pending` says the previous block did, with its table prev_tab (same row entries). */
-static int run_block(h3_dit *d, const dit_block *b, int64_t rows, const float *tab, const int32_t *row_mod,
-                     const float *cos, const float *sin, bool pending, const float *prev_tab, bool defer)
+static int run_block(h3_dit *d, const dit_exec *e, const dit_block *b, int64_t rows, const float *tab,
+                     const int32_t *row_mod, const float *cos, const float *sin, bool pending, const float *prev_tab,
+                     bool defer)
 {
     const h3_dit_cfg *c = &d->w.c;
-    const h3_backend_ops *o = d->be->ops;
-    h3_backend *be = d->be;
+    h3_backend *be = e->be;
+    const h3_backend_ops *o = be->ops;
     const int64_t H = c->hidden, A = d->w.A, F = c->ffn;
     int rc;
     double t = now_ms();
-    const h3_bt x = f32(d->rq.x, rows, H, H), tmp = f32(d->rq.tmp, rows, H, H), nb = act(d, d->rq.nb, rows, H, H);
+    if (row_mod) row_mod += e->r0;
+    if (cos) cos += e->r0 * d->w.F3, sin += e->r0 * d->w.F3;
+    const h3_bt x = f32((float *)e->x + e->r0 * H, rows, H, H), tmp = f32(e->tmp, rows, H, H),
+                nb = act(d, e->nb, rows, H, H);
     h3_bmod mod = {tab, row_mod, 6, 0};
     if (pending) {
         const h3_bmod prev = {prev_tab, row_mod, 6, 5};
-        rc = add_then_norm(d, &x, &tmp, &prev, b->norm1, &mod, &nb);
+        rc = add_then_norm(be, c, &x, &tmp, &prev, b->norm1, &mod, &nb);
     } else {
         rc = o->norm_mod(be, &x, NULL, b->norm1, &mod, (float)c->norm_eps, &nb);
     }
     if (rc) return rc;
-    charge(d, H3_DIT_PART_NORM, &t);
-    const h3_bt qkv = act(d, d->rq.big, rows, 3 * A, 3 * A);
+    echarge(d, e, H3_DIT_PART_NORM, &t);
+    const h3_bt qkv = act(d, e->big, rows, 3 * A, 3 * A);
     if ((rc = o->linear(be, &nb, &b->qkv, NULL, &qkv))) return rc;
-    charge(d, H3_DIT_PART_LINEAR, &t);
-    const h3_bt Q = act(d, d->rq.qkv3, rows, A, A), K = act(d, act_at(d, d->rq.qkv3, rows * A), rows, A, A),
-                V = act(d, act_at(d, d->rq.qkv3, 2 * rows * A), rows, A, A);
+    echarge(d, e, H3_DIT_PART_LINEAR, &t);
+    const h3_bt Q = act(d, e->qkv3, rows, A, A), K = act(d, act_at(d, e->qkv3, rows * A), rows, A, A),
+                V = act(d, act_at(d, e->qkv3, 2 * rows * A), rows, A, A);
     /* The fused projection's rows hold per head [q | k | v]: q, k and v are views of them at
        offsets 0, D and 2D, with heads 3D apart. */
     const int64_t D = c->head_dim;
-    const h3_bt ki = act(d, act_at(d, d->rq.big, D), rows, 3 * A - D, 3 * A),
-                vi = act(d, act_at(d, d->rq.big, 2 * D), rows, 3 * A - 2 * D, 3 * A);
-    if ((rc = o->qk_norm_rope(be, &qkv, &ki, &vi, 3 * c->head_dim, b->qn, b->kn, cos, sin, c->heads, c->heads,
-                              c->head_dim, cos ? d->w.F3 : 0, (float)c->qk_eps, &Q, &K, &V)))
-        return rc;
-    charge(d, H3_DIT_PART_QKV, &t);
-    const h3_bt ob = act(d, d->rq.ob, rows, A, A);
-    /* fp8 attention (H3_OPT_FP8_ATTENTION) in the main blocks only: they have an AdaLN table, the
-       refiner's blocks do not. */
-    be->attn_precision = tab && (d->flags & H3_OPT_FP8_ATTENTION) ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
-    rc = o->attention(be, &Q, &K, &V, c->heads, c->heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), false, &ob);
-    be->attn_precision = H3_PRECISION_DEFAULT;
-    if (rc) return rc;
-    charge(d, H3_DIT_PART_ATTENTION, &t);
+    const h3_bt ki = act(d, act_at(d, e->big, D), rows, 3 * A - D, 3 * A),
+                vi = act(d, act_at(d, e->big, 2 * D), rows, 3 * A - 2 * D, 3 * A);
+    const h3_bt ob = act(d, e->ob, rows, A, A);
+    if (e->sp) {
+        /* a rank of a sequence-parallel group: its heads of the whole sequence (models/dit_sp.c) */
+        if ((rc = dit_sp_attention(d, e, b, &qkv, rows, cos, sin, tab != NULL, &ob))) return rc;
+    } else {
+        if ((rc = o->qk_norm_rope(be, &qkv, &ki, &vi, 3 * c->head_dim, b->qn, b->kn, cos, sin, c->heads, c->heads,
+                                  c->head_dim, cos ? d->w.F3 : 0, (float)c->qk_eps, &Q, &K, &V)))
+            return rc;
+        echarge(d, e, H3_DIT_PART_QKV, &t);
+        /* fp8 attention (H3_OPT_FP8_ATTENTION) in the main blocks only: they have an AdaLN table, the
+           refiner's blocks do not. */
+        be->attn_precision = tab && (d->flags & H3_OPT_FP8_ATTENTION) ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
+        rc = o->attention(be, &Q, &K, &V, c->heads, c->heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), false,
+                          &ob);
+        be->attn_precision = H3_PRECISION_DEFAULT;
+        if (rc) return rc;
+    }
+    echarge(d, e, H3_DIT_PART_ATTENTION, &t);
     if ((rc = o->linear(be, &ob, &b->out, NULL, &tmp))) return rc;
-    charge(d, H3_DIT_PART_LINEAR, &t);
+    echarge(d, e, H3_DIT_PART_LINEAR, &t);
     const h3_bmod gate1 = {tab, row_mod, 6, 2};
     mod.slot = 3;
-    if ((rc = add_then_norm(d, &x, &tmp, &gate1, b->norm2, &mod, &nb))) return rc;
-    charge(d, H3_DIT_PART_NORM, &t);
-    const h3_bt gu = act(d, d->rq.big, rows, 2 * F, 2 * F);
+    if ((rc = add_then_norm(be, c, &x, &tmp, &gate1, b->norm2, &mod, &nb))) return rc;
+    echarge(d, e, H3_DIT_PART_NORM, &t);
+    const h3_bt gu = act(d, e->big, rows, 2 * F, 2 * F);
     if ((rc = o->linear(be, &nb, &b->fc1, NULL, &gu))) return rc;
-    charge(d, H3_DIT_PART_LINEAR, &t);
+    echarge(d, e, H3_DIT_PART_LINEAR, &t);
     /* fc1 rows are [gate | up] (diffusers' SwiGLU with its halves swapped). */
-    const h3_bt gate = act(d, d->rq.big, rows, F, 2 * F), up = act(d, act_at(d, d->rq.big, F), rows, F, 2 * F),
-                hid = act(d, d->rq.qkv3, rows, F, F);
+    const h3_bt gate = act(d, e->big, rows, F, 2 * F), up = act(d, act_at(d, e->big, F), rows, F, 2 * F),
+                hid = act(d, e->qkv3, rows, F, F);
     if ((rc = o->swiglu(be, &gate, &up, &hid))) return rc;
-    charge(d, H3_DIT_PART_ELTWISE, &t);
+    echarge(d, e, H3_DIT_PART_ELTWISE, &t);
     if ((rc = o->linear(be, &hid, &b->fc2, NULL, &tmp))) return rc;
-    charge(d, H3_DIT_PART_LINEAR, &t);
+    echarge(d, e, H3_DIT_PART_LINEAR, &t);
     if (defer) return 0;
     mod.slot = 5;
     if ((rc = o->gated_add(be, &x, &tmp, &mod))) return rc;
-    charge(d, H3_DIT_PART_ELTWISE, &t);
+    echarge(d, e, H3_DIT_PART_ELTWISE, &t);
     return 0;
 }
 
@@ -792,8 +817,9 @@ int h3_dit_set_text(h3_dit *d, const float *text_states, int64_t n)
     memcpy(saved, d->stats.part_ms, sizeof saved);
     const h3_bt X = f32(in, n, c->text_dim, c->text_dim), x = f32(d->rq.x, n, H, H), txt = f32(d->rq.text, n, H, H);
     rc = be->ops->linear(be, &X, &d->w.cond, d->w.cond_b, &x);
+    const dit_exec ex = dit_exec_local(d);
     for (int i = 0; !rc && i < c->refiner_layers; i++)
-        rc = run_block(d, &d->w.ref[i], n, NULL, NULL, NULL, NULL, false, NULL, false);
+        rc = run_block(d, &ex, &d->w.ref[i], n, NULL, NULL, NULL, NULL, false, NULL, false);
     if (!rc) rc = be->ops->norm_mod(be, &x, NULL, d->w.ref_final, NULL, (float)c->final_eps, &txt);
     if (!rc) rc = be->mem->sync(be);
     dit_bfree(d, in);
@@ -1100,13 +1126,14 @@ static int leave_reduced(h3_dit *d)
     return rc;
 }
 
-/* The block stack over x: the blocks of the run list with their tables (in run-list order), the
-   blocks of token reduction's span on the reduced sequence. step < 0: outside a schedule (no
-   reduction). */
-static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int step)
+/* The block stack over the exec's x: the blocks of the run list with their tables (in run-list order),
+   the blocks of token reduction's span on the reduced sequence. step < 0: outside a schedule (no
+   reduction). `rows`: the rows from e->r0 on that this exec computes (the whole sequence on one
+   device; a rank's slice, which token reduction never runs on: dit_sp.c refuses the pair). */
+int dit_run_stack_exec(h3_dit *d, const dit_exec *e, const dit_plan *p, const float *tab_blk, int step, int64_t rows)
 {
-    const int64_t H = d->w.c.hidden, L = d->rq.lay.seq, stride = (int64_t)p->n_combo * 6 * H;
-    const bool reduce = d->kn.red_rows > 0 && step >= 0;
+    const int64_t H = d->w.c.hidden, L = rows, stride = (int64_t)p->n_combo * 6 * H;
+    const bool reduce = d->kn.red_rows > 0 && step >= 0 && !e->sp;
     const int end = step >= 0 && step < 10 ? d->kn.tr_end_early : d->kn.tr_end;
     bool in = false, pending = false;
     int rc = 0, j = 0;
@@ -1138,15 +1165,22 @@ static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int ste
         const bool defer = nb >= 0 && (reduce && nb >= d->kn.tr_first && nb < end) == want;
         const float *prev = k > 0 ? tab_blk + (k - 1) * stride : NULL;
         if (!rc)
-            rc = in ? run_block(d, blk, d->kn.red_rows, tab_blk + k * stride, d->kn.d_red_combo, d->kn.red_cos,
+            rc = in ? run_block(d, e, blk, d->kn.red_rows, tab_blk + k * stride, d->kn.d_red_combo, d->kn.red_cos,
                                 d->kn.red_sin, pending, prev, defer)
-                    : run_block(d, blk, L, tab_blk + k * stride, p->d_row_combo, d->rq.rcos, d->rq.rsin, pending, prev,
+                    : run_block(d, e, blk, L, tab_blk + k * stride, p->d_row_combo, d->rq.rcos, d->rq.rsin, pending, prev,
                                 defer);
         if (!rc && streamed) rc = dit_stream_release(d, j++);
         pending = defer;
     }
     if (!rc && in) rc = leave_reduced(d);
     return rc;
+}
+
+static int run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int step)
+{
+    if (d->sp) return dit_sp_run_stack(d, p, tab_blk, step);
+    const dit_exec e = dit_exec_local(d);
+    return dit_run_stack_exec(d, &e, p, tab_blk, step, d->rq.lay.seq);
 }
 
 /* What one forward does with the block stack (core reuse). */

@@ -282,4 +282,23 @@ H3_INTERNAL void h3_dit_stream_info(const h3_dit *d, int *streamed, int *blocks,
 H3_INTERNAL const char *h3_dit_part_name(int part);
 H3_INTERNAL void h3_dit_get_stats(const h3_dit *d, h3_dit_stats *s);
 
+/* ---- sequence parallelism (models/dit_sp.c, docs/multi-gpu.md) ------------------------------ */
+typedef struct h3_comm h3_comm; /* backend/comm.h */
+/* Split the block stack of every forward over `world` loopback ranks: threads of this process, each
+   with its own CPU backend over a pool of threads / world threads (at least 1), exchanging through
+   the loopback communicator; bit-identical to one device. world 1 runs the split path with one rank (its
+   exchanges are empty: a check of the path itself); 0 turns it off. Errors: a world
+   that does not divide the attention heads (H3_E_INVALID, the message lists the ones that do), a
+   backend other than the CPU, streamed blocks. */
+H3_INTERNAL int h3_dit_sp_loopback(h3_dit *d, int world, int threads);
+/* This process is rank comm->rank of comm->world (NCCL, one process per GPU); the communicator stays
+   the caller's and must outlive the transformer or be detached (NULL). Same degree check. A world of 1
+   runs the split path too (world size 1 through NCCL: the same bytes as the plain path). */
+H3_INTERNAL int h3_dit_sp_attach(h3_dit *d, h3_comm *comm);
+/* Ranks the block stack is split over (1: one device). */
+H3_INTERNAL int h3_dit_sp_world(const h3_dit *d);
+/* The group as a JSON object (kind, world, sequence rows, per rank: name, rows, bytes each all-to-all
+   and the all-gather moved), or null. */
+H3_INTERNAL void h3_dit_sp_json(const h3_dit *d, h3_buf *b);
+
 #endif /* H3_DIT_H */

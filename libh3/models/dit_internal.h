@@ -169,6 +169,21 @@ struct dit_stream_state {
     int *pass, pass_n;           /* the streamed blocks of the forward in flight, in order */
 };
 
+/* Where a block stack runs (dit.c's run_block and dit_run_stack_exec): the backend, the buffers and
+   the first row of the sequence it computes. One device: the handle's backend and request buffers
+   from row 0 (dit_exec_local). A rank of a sequence-parallel group (models/dit_sp.c): its slice
+   of rows, its own exchange buffers in `sp`, and in a loopback group its own backend and buffers. */
+struct dit_sp_rank;
+typedef struct dit_exec {
+    h3_backend *be;
+    void *x, *nb, *tmp, *big, *qkv3, *ob; /* x: [L][H] f32, the whole sequence; the others from row 0 */
+    int64_t r0;
+    bool timed;              /* charges the forward's parts (one device, or rank 0) */
+    struct dit_sp_rank *sp;  /* NULL on one device */
+} dit_exec;
+
+struct dit_sp; /* models/dit_sp.c */
+
 /* The handle: where it runs (set at open) and its counters, then the five parts above. */
 struct h3_dit {
     h3_model *m;
@@ -185,6 +200,7 @@ struct h3_dit {
     struct dit_schedule sc;
     struct dit_knob_state kn;
     struct dit_stream_state ws;
+    struct dit_sp *sp; /* sequence parallelism (dit_sp.c); NULL: one device */
 };
 
 static inline double now_ms(void)
@@ -208,6 +224,17 @@ static inline h3_bt f32(void *p, int64_t rows, int64_t cols, int64_t ld)
 
 
 H3_INTERNAL void dit_bfree(h3_dit *d, void *p);
+H3_INTERNAL dit_exec dit_exec_local(h3_dit *d);
+H3_INTERNAL int dit_run_stack_exec(h3_dit *d, const dit_exec *e, const dit_plan *p, const float *tab_blk, int step,
+                                   int64_t rows);
+/* Sequence parallelism (dit_sp.c): the block stack split over the group's ranks (each rank's slice,
+   then an all-gather of the residual stream), and one block's attention on a rank: q/k/v of its
+   slice exchanged by heads, attention over the whole sequence for its heads, the output exchanged
+   back to rows. cos/sin are the rank's rows; `main`: a main block (fp8 attention may apply). */
+H3_INTERNAL int dit_sp_run_stack(h3_dit *d, const dit_plan *p, const float *tab_blk, int step);
+H3_INTERNAL int dit_sp_attention(h3_dit *d, const dit_exec *e, const dit_block *b, const h3_bt *qkv, int64_t rows,
+                                 const float *cos, const float *sin, bool main, const h3_bt *ob);
+H3_INTERNAL void dit_sp_free(h3_dit *d);
 H3_INTERNAL void dit_wfree(h3_dit *d, h3_bw *w);
 H3_INTERNAL int dit_time_embed(h3_dit *d, const float *t, int64_t M, float *out);
 H3_INTERNAL void dit_run_all_blocks(h3_dit *d);

@@ -1,5 +1,6 @@
 /* The runtime's shared state: worker pool, backends and the transformer, created on first use. */
 #include "runtime/runtime.h"
+#include "backend/comm.h"
 
 #include "backend/cpu/ops.h"
 #include "core/tokenizer.h"
@@ -74,6 +75,44 @@ static h3_dit_open_opts dit_opts(const h3_runtime *rt, const h3_dit_open_opts *g
     return o;
 }
 
+/* Sequence parallelism the environment asks of a transformer just opened (docs/multi-gpu.md):
+   H3_LOOPBACK_RANKS splits its block stack over loopback ranks on the CPU; a process started as one
+   rank of several (WORLD_SIZE > 1) needs the NCCL communicator of the CUDA backend. */
+static int rt_dit_sp(h3_runtime *rt, h3_dit *d, h3_pool *pool)
+{
+    const h3_tuning *t = &rt->tuning;
+    if (t->loopback_ranks < 0)
+        return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS must be a whole number of ranks from 1 to %d", H3_COMM_MAX_WORLD);
+    if (t->world_size == -2 || t->rank == -2 || t->local_rank == -2)
+        return h3_err(H3_E_INVALID, "RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers");
+    /* a process of a multi-process group: WORLD_SIZE > 1, or WORLD_SIZE=1 with a rendezvous file (the NCCL path at
+       world size 1, which the GPU script checks against the plain path) */
+    if (t->world_size > 1 || (t->world_size == 1 && t->rendezvous[0])) {
+        if (t->loopback_ranks > 0)
+            return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS and WORLD_SIZE=%d: a loopback group runs in one process",
+                          t->world_size);
+        if (t->rank < 0 || t->rank >= t->world_size)
+            return h3_err(H3_E_INVALID, "RANK=%d is not a rank of WORLD_SIZE=%d", t->rank, t->world_size);
+        if (!t->rendezvous[0])
+            return h3_err(H3_E_INVALID, "WORLD_SIZE=%d needs H3_RENDEZVOUS, the file through which the ranks meet",
+                          t->world_size);
+        if (!rt->gpu)
+            return h3_err(H3_E_INVALID,
+                          "WORLD_SIZE=%d: ranks of several processes run on GPUs through NCCL (on the CPU, "
+                          "H3_LOOPBACK_RANKS=%d splits the render over threads of one process)",
+                          t->world_size, t->world_size);
+        /* the NCCL communicator lives in the CUDA backend library (backend/cuda/cuda_nccl.cpp); one per
+           process, made with the first transformer (every rank opens its transformer at the same point) */
+        int rc = rt->comm ? 0 : h3_backend_cuda_comm(rt->gpu, t, &rt->comm, &rt->comm_scratch);
+        return rc ? rc : h3_dit_sp_attach(d, rt->comm);
+    }
+    if (t->loopback_ranks <= 0) return 0;
+    if (rt->gpu)
+        return h3_err(H3_E_INVALID, "H3_LOOPBACK_RANKS=%d runs on --device cpu only (this context uses a GPU)",
+                      t->loopback_ranks);
+    return h3_dit_sp_loopback(d, t->loopback_ranks, h3_pool_threads(pool));
+}
+
 int h3_rt_dit(h3_runtime *rt, h3_dit **out)
 {
     if (!rt->dit) {
@@ -83,6 +122,7 @@ int h3_rt_dit(h3_runtime *rt, h3_dit **out)
         int rc = h3_rt_dit_backend(rt, &be);
         const h3_dit_open_opts o = dit_opts(rt, NULL);
         if (!rc) rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
+        if (!rc && (rc = rt_dit_sp(rt, rt->dit, pool))) h3_rt_release_dit(rt);
         if (rc) return rc;
     }
     *out = rt->dit;
@@ -129,6 +169,7 @@ int h3_rt_dit_for(h3_runtime *rt, const h3_dit_open_opts *opts, h3_dit **out)
     /* The weights kept for the other stages give way to the transformer: free them and try once more. */
     if (rc == -H3_E_NOMEM && h3_rt_release_kept(rt))
         rc = h3_dit_open_ex(rt->model, pool, be, rt->flags, &o, &rt->dit);
+    if (!rc && (rc = rt_dit_sp(rt, rt->dit, pool))) h3_rt_release_dit(rt);
     if (rc) {
         free(key);
         return rc;
@@ -187,6 +228,10 @@ void h3_rt_free(h3_runtime *rt)
     h3_tokenizer_free(rt->tokenizer);
     h3_text_cache_free(rt->text_cache);
     h3_dit_close(rt->dit); /* before the model and the backends: it holds views and copies of both */
+    h3_comm_destroy(rt->comm); /* after the transformer that used it, before its backend */
+    if (rt->comm_scratch) rt->gpu->mem->release(rt->gpu, rt->comm_scratch);
+    rt->comm = NULL;
+    rt->comm_scratch = NULL;
     free(rt->dit_key);
     rt->dit_key = NULL;
     h3_fp8file_close(rt->fp8file); /* after the transformer, which read its weights from it */

@@ -46,6 +46,11 @@ typedef struct h3_runtime {
     struct h3_text_keep *text_keep;
     /* The environment's knobs, read once by h3_init (core/tuning.h); the stages get their part. */
     h3_tuning tuning;
+    /* This process's NCCL communicator when it is one rank of several (RANK / WORLD_SIZE,
+       docs/multi-gpu.md): made with the first transformer, kept until h3_rt_free; comm_scratch is
+       its barrier's device memory on the GPU backend. */
+    struct h3_comm *comm;
+    void *comm_scratch;
 } h3_runtime;
 
 /* The host worker pool (NULL + error when it cannot be created). */

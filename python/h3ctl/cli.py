@@ -186,7 +186,9 @@ def _cmd_check(args) -> int:
 def main(argv=None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(_join_dash_values(parser, list(sys.argv[1:] if argv is None else argv)))
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = parser.parse_args(_join_dash_values(parser, argv))
+        args.argv = argv  # `render --gpus` starts its ranks with the same arguments
         if args.version:
             from . import __version__, _lib
 

@@ -87,6 +87,9 @@ def add_arguments(p) -> None:
     p.add_argument("--profile", action="store_true",
                    help="print each phase's wall time, peak RSS and (on a GPU) peak device memory to stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    p.add_argument("--gpus", type=int, metavar="N", default=None,
+                   help="split the transformer over N GPUs, one process each (sequence parallelism: N must divide "
+                        "the model's attention heads; docs/multi-gpu.md). Rank 0 writes the outputs")
     from .showopts import add_preview_arguments
 
     add_preview_arguments(p)  # --show, --preview-every, --preview-protocol
@@ -172,6 +175,10 @@ def _size(args):
 def main(args) -> int:
     from . import limits
 
+    if getattr(args, "gpus", None) is not None:
+        from . import launch
+
+        return launch.main(args)
     limits.threads(args.threads, "--threads")
     try:  # checked before anything is opened or written
         _lib.vram_bytes(getattr(args, "vram", None))
@@ -184,7 +191,14 @@ def main(args) -> int:
 
         check_input(args.quantized, f"--quantized {args.quantized}")
     from . import outputs as outs
+    from .launch import rank
 
+    if rank()[0] > 0:
+        # a rank of a multi-GPU render other than 0: computes its share, writes nothing (rank 0 does)
+        with outs.Signals() as sig:
+            sig.computing = False
+            args.wav = args.frames_dir = None
+            return _render(args, width, height, None, {}, sig, quiet_summary=True)
     outputs = []
     out = args.output or None
     if out:
@@ -214,7 +228,7 @@ def main(args) -> int:
                 r.discard()
 
 
-def _render(args, width, height, out, reserved, sig) -> int:
+def _render(args, width, height, out, reserved, sig, quiet_summary: bool = False) -> int:
     from . import media
     from . import outputs as outs
     from .engine import Engine, default_model_dir
@@ -267,7 +281,7 @@ def _render(args, width, height, out, reserved, sig) -> int:
     plan = engine.plan(req)  # every shape rule checked before any work
 
     live = None
-    if args.show:
+    if args.show and not quiet_summary:
         from .terminal import LivePreview
 
         live = LivePreview(engine, args.preview_protocol, args.preview_every,
@@ -308,9 +322,14 @@ def _render(args, width, height, out, reserved, sig) -> int:
             progress_ui.start()
         try:
             # the request built above: its keyframes and references were decoded once, for the plan and the render
-            result = engine.render(req, progress=on_progress,
-                                   preview=live.callback if live is not None and live.active else None,
-                                   preview_every=args.preview_every, profile=profile)
+            if quiet_summary:
+                # a rank other than 0 of a multi-GPU render: its share of the transformer, no decoders (rank 0
+                # decodes and writes)
+                result = engine.run(req, progress=on_progress, decode=None, profile=profile)
+            else:
+                result = engine.render(req, progress=on_progress,
+                                       preview=live.callback if live is not None and live.active else None,
+                                       preview_every=args.preview_every, profile=profile)
         except Cancelled:
             sig.check()
             raise
@@ -354,6 +373,8 @@ def _render(args, width, height, out, reserved, sig) -> int:
         sig.computing = False
         engine.close()
     wall = time.perf_counter() - t0
+    if quiet_summary:
+        return 0
     written = [p for p in (out, args.wav, args.frames_dir) if p]
     print(f"{', '.join(written)}: {plan['frames']} frames {plan['width']}x{plan['height']} at 24 fps "
           f"({plan['frames'] / 24:.2f} s), {result.sample_rate // 1000} kHz stereo, {result.steps} steps, "
@@ -375,4 +396,13 @@ def _render(args, width, height, out, reserved, sig) -> int:
             print(f"transformer work (preset {knobs['preset']}): {tp['evaluations']} evaluations, "
                   f"{tp['skipped_steps']} steps skipped, {tp['block_runs']} block-stack runs of {tp['layers_run']} "
                   f"blocks, {tp['transformer_ms'] / 1000:.3f} s in the steps", file=err)
+            sp = tp.get("sequence_parallel")
+            if sp:  # the block stack split over ranks (H3_LOOPBACK_RANKS, --gpus): who ran what, what moved
+                print(f"sequence parallel: {sp['kind']}, {sp['world']} ranks over {sp['sequence']} rows", file=err)
+                for r in sp["ranks"]:
+                    print(f"  {r['name']}: rows {r['rows'][0]}-{r['rows'][1] - 1}; each block's all-to-alls sent "
+                          f"{human_bytes(r['qkv_all_to_all_bytes'])} (q/k/v) and {human_bytes(r['out_all_to_all_bytes'])} "
+                          f"(attention output); {r['all_to_all_calls']} all-to-alls sent "
+                          f"{human_bytes(r['all_to_all_bytes'])}, all-gathers {human_bytes(r['all_gather_bytes'])}",
+                          file=err)
     return 0

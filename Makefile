@@ -273,7 +273,7 @@ build/cuda/kernels_src.o: build/cuda/kernels_src.cpp
 # default visibility; -static-libstdc++ so the library loads next to any libstdc++ in the process.
 $(CUDA_LIB): $(CUDA_OBJ)
 	@mkdir -p $(dir $@) build/cuda
-	@printf '{ global: h3_backend_cuda_create; h3_backend_cuda_abi; h3_cuda_compile_check; local: *; };\n' > build/cuda/exports.map
+	@printf '{ global: h3_backend_cuda_create; h3_backend_cuda_abi; h3_cuda_compile_check; h3_backend_cuda_stream; h3_comm_nccl_create; h3_comm_nccl_version; local: *; };\n' > build/cuda/exports.map
 	$(CUDA_CXX) -shared -o $@ $(CUDA_OBJ) -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL \
 	  -Wl,--version-script=build/cuda/exports.map -Wl,--no-undefined -lpthread -ldl
 

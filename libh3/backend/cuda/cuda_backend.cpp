@@ -882,6 +882,13 @@ static int create(Backend *b, int ord)
 
 } /* namespace h3cuda */
 
+/* The compute stream every op and dcopy of this backend runs on (a CUstream): the NCCL communicator
+   (cuda_nccl.cpp, through libh3's backend.c) queues its collectives there, so they are ordered with the ops. */
+extern "C" __attribute__((visibility("default"))) void *h3_backend_cuda_stream(h3_backend *be)
+{
+    return be ? (void *)h3cuda::B(be)->stream : NULL;
+}
+
 /* The ABI this library was built for: libh3 reads it before calling anything else here. */
 extern "C" __attribute__((visibility("default"))) uint32_t h3_backend_cuda_abi(void) { return H3_BACKEND_ABI; }
 

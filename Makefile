@@ -274,9 +274,16 @@ $(METAL_EMU_DIR)/test_metal_kernels: tests/metal_emu/test_metal_kernels.cpp test
 	$(METAL_CXX) $(METAL_CXXFLAGS) -o $@ $< $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o \
 	  $(METAL_EMU_DIR)/schedule.o -lm
 .PHONY: test-metal-emu
+# The kernels in the emulator, then (where GNU Objective-C and GNUstep are, installed best effort as .ci/run
+# does) the Objective-C host against the Metal test double: op conformance (test_backend_ops's metal part).
 test-metal-emu: $(METAL_EMU_DIR)/test_msl_emu $(METAL_EMU_DIR)/test_metal_kernels
 	$(METAL_EMU_DIR)/test_msl_emu
 	$(METAL_EMU_DIR)/test_metal_kernels
+ifneq ($(UNAME_S),Darwin)
+	@bash tests/metal_double/install_deps.sh
+	$(MAKE) metal-double lib build/tests/test_backend_ops
+	build/tests/test_backend_ops
+endif
 # The strict check: clang compiles the kernels with device / constant / threadgroup as distinct
 # address spaces (shaders/metal/msl_emu.h under H3_MSL_STRICT), so a pointer of one address space
 # handed to another fails as in MSL; tests/metal_emu/strict_bad.metal's three cases must fail.
@@ -307,7 +314,7 @@ test-metal-strict: $(METAL_SRC) tests/metal_emu/strict_bad.metal
 # counting) as its own shared library next to libh3, loaded at run time as libh3_cuda is
 # (backend.c). The kernels' source is embedded (shaders/metal/embed.py) and compiled by Metal at
 # backend creation (newLibraryWithSource).
-#   Darwin: clang against Metal.framework and Foundation: `make metal` (and `make lib` builds it).
+#   Darwin: clang against Metal.framework and Foundation: `make metal` (hatch_build.py runs it on a Mac).
 #   Linux:  GNU Objective-C against GNUstep's Foundation and our declarations of the Metal API
 #           (metal_api.h), linked with the test double of tests/metal_double/, whose dispatches run
 #           the kernels in the MSL emulator: `make metal-double` (needs gobjc and
@@ -336,7 +343,6 @@ $(METAL_LIB): $(METAL_OBJ)
 	  -Wl,-exported_symbol,_h3_backend_metal_create -Wl,-exported_symbol,_h3_backend_metal_abi
 .PHONY: metal
 metal: $(METAL_LIB)
-lib: $(METAL_LIB)
 else
 # GNUstep's headers are read as system headers: they are not -Wall -Wextra clean.
 GNUSTEP_INC    ?= /usr/include/GNUstep

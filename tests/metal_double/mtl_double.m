@@ -140,17 +140,12 @@ static NSError *md_error(NSString *what)
 @interface H3MDPipeline : NSObject <MTLComputePipelineState> {
 @public
     const void *kernel;
-    NSString *fname;
+    char cname[64]; /* a C string: encoding must not autorelease (the host has no pool there) */
 }
 @end
 @implementation H3MDPipeline
 - (NSUInteger)maxTotalThreadsPerThreadgroup { return 1024; }
 - (NSUInteger)threadExecutionWidth { return 32; }
-- (void)dealloc
-{
-    [fname release];
-    [super dealloc];
-}
 @end
 
 /* ---- recorded commands ---- */
@@ -207,6 +202,7 @@ typedef struct md_cmd {
 }
 - (void)append:(md_cmd *)c;
 - (void)fail:(NSString *)why;
+- (void)failC:(const char *)why;
 - (void)run;
 @end
 
@@ -221,7 +217,16 @@ typedef struct md_cmd {
 }
 - (void)fail:(NSString *)why
 {
-    if (!err) err = [md_error(why) retain];
+    if (err) return;
+    NSAutoreleasePool *pool = [[NSAutoreleasePool alloc] init];
+    err = [md_error(why) retain];
+    [pool drain];
+}
+- (void)failC:(const char *)why
+{
+    NSAutoreleasePool *pool = [[NSAutoreleasePool alloc] init];
+    [self fail:[NSString stringWithUTF8String:why]];
+    [pool drain];
 }
 - (id<MTLComputeCommandEncoder>)computeCommandEncoder
 {
@@ -249,7 +254,11 @@ typedef struct md_cmd {
             memset(c->dst, c->value, c->n);
         } else {
             const char *e = h3md_kernel_run(c->kernel, c->bufs, c->grid, c->tpg, c->tg_bytes);
-            if (e) [self fail:[NSString stringWithFormat:@"%s: %s", c->name, e]];
+            if (e) {
+                char m[512];
+                snprintf(m, sizeof m, "%s: %s", c->name, e);
+                [self failC:m];
+            }
         }
     }
     st = err ? MTLCommandBufferStatusError : MTLCommandBufferStatusCompleted;
@@ -348,21 +357,26 @@ static void *md_at(id<MTLBuffer> b, NSUInteger offset) { return (char *)[b conte
         [cb fail:@"dispatch without a pipeline state"];
         return;
     }
-    const char *name = [pipe->fname UTF8String];
+    const char *name = pipe->cname;
     const uint32_t need = h3md_kernel_buffers(pipe->kernel);
     if ((need & bound) != need) {
         int i = 0;
         while (!((need & ~bound) >> i & 1)) i++;
-        [cb fail:[NSString stringWithFormat:@"%s: buffer index %d is not bound", name, i]];
+        char m[128];
+        snprintf(m, sizeof m, "%s: buffer index %d is not bound", name, i);
+        [cb failC:m];
         return;
     }
     if (h3md_kernel_threadgroup(pipe->kernel) && !tg_set) {
-        [cb fail:[NSString stringWithFormat:@"%s: threadgroup memory 0 was not set", name]];
+        char m[128];
+        snprintf(m, sizeof m, "%s: threadgroup memory 0 was not set", name);
+        [cb failC:m];
         return;
     }
     if (t.width * t.height * t.depth > [pipe maxTotalThreadsPerThreadgroup] || !t.width || !t.height || !t.depth) {
-        [cb fail:[NSString stringWithFormat:@"%s: %lu threads per threadgroup", name,
-                                            (unsigned long)(t.width * t.height * t.depth)]];
+        char m[128];
+        snprintf(m, sizeof m, "%s: %lu threads per threadgroup", name, (unsigned long)(t.width * t.height * t.depth));
+        [cb failC:m];
         return;
     }
     md_cmd *c = calloc(1, sizeof *c);
@@ -523,7 +537,7 @@ static void *md_at(id<MTLBuffer> b, NSUInteger offset) { return (char *)[b conte
     }
     H3MDPipeline *p = [[H3MDPipeline alloc] init];
     p->kernel = ((H3MDFunction *)fn)->kernel;
-    p->fname = [[fn name] copy];
+    snprintf(p->cname, sizeof p->cname, "%s", [[fn name] UTF8String]);
     return p;
 }
 @end

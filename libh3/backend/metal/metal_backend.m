@@ -442,6 +442,15 @@ static void w_free(h3_backend *be, h3_bw *w)
 {
     mtl_be *b = mtl_of(be);
     if (!w || !w->priv) return;
+    /* The handle views the caller's memory, which may be reused once this returns (the text
+       encoder's reader refills its buffer with the next layer): the queued ops that read it run
+       first. A failure among them is reported by the next sync. */
+    if (b->cb || [b->inflight count]) {
+        NSAutoreleasePool *pool = [[NSAutoreleasePool alloc] init];
+        commit_open(b);
+        [(id<MTLCommandBuffer>)[b->inflight lastObject] waitUntilCompleted];
+        [pool drain];
+    }
     for (int i = b->nwreg - 1; i >= 0; i--)
         if ((void *)b->wreg[i].buf == w->priv) {
             region_del(b->wreg, &b->nwreg, i);

@@ -309,9 +309,16 @@ $(METAL_EMU_DIR)/test_metal_kernels: tests/metal_emu/test_metal_kernels.cpp test
 	$(METAL_CXX) $(METAL_CXXFLAGS) -o $@ $< $(METAL_EMU_DIR)/kernels_emu.o $(METAL_EMU_DIR)/msl_emu.o \
 	  $(METAL_EMU_DIR)/schedule.o -lm
 .PHONY: test-metal-emu
+# The kernels in the emulator, then (where GNU Objective-C and GNUstep are, installed best effort as .ci/run
+# does) the Objective-C host against the Metal test double: op conformance (test_backend_ops's metal part).
 test-metal-emu: $(METAL_EMU_DIR)/test_msl_emu $(METAL_EMU_DIR)/test_metal_kernels
 	$(METAL_EMU_DIR)/test_msl_emu
 	$(METAL_EMU_DIR)/test_metal_kernels
+ifneq ($(UNAME_S),Darwin)
+	@bash tests/metal_double/install_deps.sh
+	$(MAKE) metal-double lib build/tests/test_backend_ops
+	build/tests/test_backend_ops
+endif
 # The strict check: clang compiles the kernels with device / constant / threadgroup as distinct
 # address spaces (shaders/metal/msl_emu.h under H3_MSL_STRICT), so a pointer of one address space
 # handed to another fails as in MSL; tests/metal_emu/strict_bad.metal's three cases must fail.
@@ -336,3 +343,86 @@ test-metal-strict: $(METAL_SRC) tests/metal_emu/strict_bad.metal
 	    echo "strict: H3_BAD_$$c compiled: address spaces are not checked"; exit 1; fi; \
 	  echo "strict: H3_BAD_$$c refused: $$(grep -m1 error: $(METAL_STRICT)/bad.log | sed 's/.*error: //')"; done
 # ---- Metal kernels in emulation (end) ---------------------------------------------------------
+
+# ---- Metal backend (begin) ------------------------------------------------------------------
+# libh3_metal: the Metal backend (libh3/backend/metal/*.m, Objective-C with manual reference
+# counting) as its own shared library next to libh3, loaded at run time as libh3_cuda is
+# (backend.c). The kernels' source is embedded (shaders/metal/embed.py) and compiled by Metal at
+# backend creation (newLibraryWithSource).
+#   Darwin: clang against Metal.framework and Foundation: `make metal` (hatch_build.py runs it on a Mac).
+#   Linux:  GNU Objective-C against GNUstep's Foundation and our declarations of the Metal API
+#           (metal_api.h), linked with the test double of tests/metal_double/, whose dispatches run
+#           the kernels in the MSL emulator: `make metal-double` (needs gobjc and
+#           libgnustep-base-dev; .ci/run installs them). Test builds only: nothing ships it.
+METAL_HOST_SRC := $(sort $(wildcard libh3/backend/metal/*.m))
+METAL_HOST_HDR := $(wildcard libh3/backend/metal/*.h) libh3/backend/backend.h libh3/core/internal.h libh3/h3.h \
+                  shaders/metal/h3_metal.h
+METAL_SHADERS  := shaders/metal/h3_gemm.metal shaders/metal/h3_attention.metal shaders/metal/h3_rows.metal \
+                  shaders/metal/h3_eltwise.metal shaders/metal/h3_decoders.metal shaders/metal/h3_knobs.metal
+METAL_LIB      := python/h3ctl/libh3_metal.$(LIBEXT)
+PYTHON3        ?= python3
+build/metal/metal_shaders.c: shaders/metal/embed.py shaders/metal/h3_metal.h $(METAL_SHADERS)
+	@mkdir -p $(dir $@)
+	$(PYTHON3) shaders/metal/embed.py $@ shaders/metal/h3_metal.h $(METAL_SHADERS)
+ifeq ($(UNAME_S),Darwin)
+METAL_OBJC     ?= clang
+METAL_OBJ      := $(patsubst libh3/backend/metal/%.m,build/metal/%.o,$(METAL_HOST_SRC)) build/metal/metal_shaders.o
+build/metal/%.o: libh3/backend/metal/%.m $(METAL_HOST_HDR) Makefile
+	@mkdir -p $(dir $@)
+	$(METAL_OBJC) -x objective-c -fno-objc-arc -std=gnu11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fPIC \
+	  -fvisibility=hidden -Ilibh3 -c -o $@ $<
+build/metal/metal_shaders.o: build/metal/metal_shaders.c
+	$(METAL_OBJC) -std=c11 $(OPT) -fPIC -fvisibility=hidden -c -o $@ $<
+$(METAL_LIB): $(METAL_OBJ)
+	$(METAL_OBJC) -dynamiclib -o $@ $(METAL_OBJ) -framework Metal -framework Foundation \
+	  -Wl,-exported_symbol,_h3_backend_metal_create -Wl,-exported_symbol,_h3_backend_metal_abi
+.PHONY: metal
+metal: $(METAL_LIB)
+else
+# GNUstep's headers are read as system headers: they are not -Wall -Wextra clean.
+GNUSTEP_INC    ?= /usr/include/GNUstep
+METAL_OBJC     ?= gcc
+METAL_OBJCFLAGS = -x objective-c -std=gnu11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fPIC -fvisibility=hidden \
+                  -DGNUSTEP -DGNUSTEP_BASE_LIBRARY=1 -DGNU_RUNTIME=1 -fno-strict-aliasing -fexceptions \
+                  -fobjc-exceptions -fconstant-string-class=NSConstantString -isystem $(GNUSTEP_INC) -Ilibh3
+METAL_DOUBLE   := build/metal_double
+METAL_DOBJ     := $(patsubst libh3/backend/metal/%.m,$(METAL_DOUBLE)/%.o,$(METAL_HOST_SRC)) \
+                  $(METAL_DOUBLE)/metal_shaders.o $(METAL_DOUBLE)/mtl_double.o $(METAL_DOUBLE)/kernels_all.o \
+                  $(METAL_DOUBLE)/msl_emu.o
+$(METAL_DOUBLE)/.objc-ok:
+	@mkdir -p $(dir $@)
+	@{ command -v $(METAL_OBJC) >/dev/null && test -f $(GNUSTEP_INC)/Foundation/Foundation.h && \
+	  test -x "$$($(METAL_OBJC) -print-prog-name=cc1obj)"; } || { echo "metal-double: needs GNU Objective-C \
+	  ($(METAL_OBJC) with cc1obj: apt-get install gobjc) and GNUstep's Foundation headers in $(GNUSTEP_INC) \
+	  (apt-get install libgnustep-base-dev)"; exit 2; }
+	@touch $@
+$(METAL_DOUBLE)/%.o: libh3/backend/metal/%.m $(METAL_HOST_HDR) Makefile | $(METAL_DOUBLE)/.objc-ok
+	$(METAL_OBJC) $(METAL_OBJCFLAGS) -c -o $@ $<
+$(METAL_DOUBLE)/mtl_double.o: tests/metal_double/mtl_double.m tests/metal_double/kernel_table.h \
+                              libh3/backend/metal/metal_api.h | $(METAL_DOUBLE)/.objc-ok
+	$(METAL_OBJC) $(METAL_OBJCFLAGS) -c -o $@ $<
+$(METAL_DOUBLE)/metal_shaders.o: build/metal/metal_shaders.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -fPIC -fvisibility=hidden -c -o $@ $<
+# The double's kernel table, generated from the kernels' own [[buffer(n)]] / position attributes.
+$(METAL_DOUBLE)/kernel_table.inc: tests/metal_double/gen_kernels.py $(METAL_SHADERS)
+	@mkdir -p $(dir $@)
+	for f in $(METAL_SHADERS); do $(METAL_CXX) -x c++ -E -P -DH3_METAL_H $$f || exit 1; done > $(METAL_DOUBLE)/kernels.pp
+	$(PYTHON3) tests/metal_double/gen_kernels.py $(METAL_DOUBLE)/kernels.pp > $@
+$(METAL_DOUBLE)/kernels_all.o: tests/metal_double/kernels_all.cpp tests/metal_double/kernel_table.h \
+                               $(METAL_DOUBLE)/kernel_table.inc $(METAL_SRC)
+	$(METAL_CXX) $(METAL_CXXFLAGS) -fPIC -fvisibility=hidden -Wno-attributes -I$(METAL_DOUBLE) -c -o $@ $<
+$(METAL_DOUBLE)/msl_emu.o: tests/metal_emu/msl_emu.cpp shaders/metal/msl_emu.h
+	@mkdir -p $(dir $@)
+	$(METAL_CXX) $(METAL_CXXFLAGS) -fPIC -fvisibility=hidden -c -o $@ $<
+$(METAL_LIB): $(METAL_DOBJ)
+	@printf '{ global: h3_backend_metal_create; h3_backend_metal_abi; local: *; };\n' > $(METAL_DOUBLE)/exports.map
+	$(METAL_CXX) -shared -o $@ $(METAL_DOBJ) -Wl,--version-script=$(METAL_DOUBLE)/exports.map -lgnustep-base -lobjc
+.PHONY: metal-double
+metal-double: $(METAL_LIB)
+endif
+.PHONY: metal-clean
+clean: metal-clean
+metal-clean:
+	rm -f $(METAL_LIB)
+# ---- Metal backend (end) --------------------------------------------------------------------

@@ -10,6 +10,11 @@ and the plain install fetches nothing.
 H3_CUDA=1 requires the backend (no compiler, or a failing build, fails the install); H3_CUDA=0 leaves it out. When
 the optional build fails, the install is the plain CPU one with a warning (a machine without a working C++ toolchain
 must still get a working h3ctl). macOS and Windows: not built (no NVIDIA driver there); H3_CUDA=1 is an error.
+
+The Metal backend (python/h3ctl/libh3_metal.dylib) is built on a Mac (`make metal`: clang, Metal.framework and
+Foundation, from the Xcode command-line tools); a failure there is a warning and the install is the CPU one.
+H3_METAL=0 leaves it out. On Linux the only Metal library is the test build against the Metal test double
+(`make metal-double`): a wheel never carries it.
 """
 
 from __future__ import annotations
@@ -116,10 +121,40 @@ def build_cuda(root: str, env=None, run=subprocess.run, warn=None, remove_stale:
     return False
 
 
+METAL_LIB = "python/h3ctl/libh3_metal.dylib" if sys.platform == "darwin" else "python/h3ctl/libh3_metal.so"
+
+
+def build_metal(root: str, env=None, run=subprocess.run, warn=None, remove_stale: bool = True,
+                platform: str = sys.platform) -> bool:
+    """On a Mac, `make metal` (True when built; a failure is a warning). Elsewhere nothing is built, and a wheel
+    drops the test double's library if one is in the tree (an editable install keeps it for the tests)."""
+    env = dict(os.environ if env is None else env)
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    out = Path(root) / METAL_LIB
+    flag = env.get("H3_METAL", "").strip()
+    if flag not in ("", "0"):
+        raise ValueError(f"H3_METAL must be 0 (no Metal backend) or unset, got {flag!r}")
+    if platform != "darwin" or flag == "0":
+        if out.exists() and remove_stale:
+            out.unlink()  # the Linux one runs against the test double only; the Darwin one was not asked for
+        return False
+    proc = run(["make", "-C", str(root), "metal"], env=env, capture_output=True, text=True)
+    if proc.returncode == 0 and out.exists():
+        return True
+    if out.exists() and remove_stale:
+        out.unlink()
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+    warn(f"the Metal backend was not built (`make metal` failed; the Xcode command-line tools provide clang and "
+         f"Metal.framework): h3ctl will run on the CPU. H3_METAL=0 silences this. Last lines:\n{tail}")
+    return False
+
+
 class CustomBuildHook(BuildHookInterface):
     def initialize(self, version, build_data):
         subprocess.check_call(["make", "-C", self.root, "lib"])
         build_cuda(self.root, warn=getattr(getattr(self, "app", None), "display_warning", None),
                    remove_stale=version != "editable")
+        build_metal(self.root, warn=getattr(getattr(self, "app", None), "display_warning", None),
+                    remove_stale=version != "editable")
         build_data["pure_python"] = False
         build_data["infer_tag"] = True

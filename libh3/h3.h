@@ -182,10 +182,14 @@ typedef struct h3_options {
  * one-line reason when that is not so. On CUDA the text encoder of text prompts, the transformer and
  * the sampler, and both decoders run on the GPU (H3_OPT_STAGES_CPU keeps the text encoder and the
  * decoders on the CPU; keyframe prompts are encoded on the CPU).
+ * METAL runs the same stages on an Apple GPU through the Metal backend (libh3_metal next to libh3;
+ * on Linux only a test build against the Metal test double has one). On a Mac, AUTO picks it when
+ * it is built and a GPU of Apple family 7 (M1) or newer answers.
  */
 #define H3_DEVICE_AUTO 0
 #define H3_DEVICE_CPU 1
 #define H3_DEVICE_CUDA 2
+#define H3_DEVICE_METAL 3
 
 /* Fill *o with defaults (all cores, FL2VA, device auto). */
 H3_API void h3_options_default(h3_options *o);

@@ -80,7 +80,7 @@ def test_options_struct_is_the_c_struct():
             opts.quantized_path) == (0, 0, _lib.H3_DEVICE_AUTO, 0, 0, 0, None)
     assert (opts.transformer_path, opts.text_encoder_path, opts.video_vae_path, opts.audio_vae_path,
             opts.tokenizer_dir) == (None,) * 5
-    assert _lib.DEVICES == {"auto": 0, "cpu": 1, "cuda": 2}
+    assert _lib.DEVICES == {"auto": 0, "cpu": 1, "cuda": 2, "metal": 3}  # h3.h H3_DEVICE_*
     assert _lib.PRECISIONS == {"default": 0, "bf16": 0, "fp8": 1, "int8": 2}
 
 
@@ -148,7 +148,7 @@ def test_cuda_where_there_is_none_is_one_line(no_cuda):
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, got 'gpu'"),
+    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, metal, got 'gpu'"),
     ({"device": None}, "device must be one of"),
     ({"device": "CPU"}, "device must be one of"),
     ({"device_index": -1}, "device_index must be a GPU number >= 0, got -1"),

@@ -25,9 +25,10 @@ def _run_make():
 def test_metal_kernels_in_emulation():
     rc, out = _run_make()
     assert rc == 0, out[-6000:]
-    # the emulator's checks, then the kernels'
+    # the emulator's checks, then the kernels', then (where GNU Objective-C is) the host against the Metal test
+    # double (tests/test_metal_double.py checks that one in detail)
     sums = re.findall(r"^(\d+) checks, (\d+) failures$", out, re.M)
-    assert len(sums) == 2 and all(f == "0" for _, f in sums), out[-3000:]
+    assert len(sums) in (2, 3) and all(f == "0" for _, f in sums), out[-3000:]
     assert int(sums[0][0]) >= 30 and int(sums[1][0]) >= 280, sums
     for fault in ("barrier under if (tid < 16)", "a thread returns before a barrier",
                   "simd_sum / simd_max in divergent branches", "simdgroup_load with half the lanes"):

@@ -12,7 +12,7 @@ struct h3_ctx {
     h3_runtime rt;       /* pool, backends, tokenizer, prompt cache, transformer, request */
     int threads;
     unsigned flags;      /* H3_OPT_* after the environment overrides */
-    int device;          /* H3_DEVICE_CPU or H3_DEVICE_CUDA once resolved */
+    int device;          /* H3_DEVICE_CPU, H3_DEVICE_CUDA or H3_DEVICE_METAL once resolved */
     int device_index;
     char *info_json;
     char *mem_json;

@@ -39,9 +39,27 @@ H3_API void h3_options_default(h3_options *o)
     o->device = H3_DEVICE_AUTO;
 }
 
-/* Resolve the device: CUDA opens its backend now, so a missing GPU is reported by h3_init. */
+/* Resolve the device: a GPU backend opens now, so a missing GPU is reported by h3_init. AUTO
+   tries Metal on a Mac (where it is built), CUDA elsewhere, and falls back to the CPU. */
 static int open_device(h3_ctx *ctx, int device, int index)
 {
+#if defined(__APPLE__)
+    const bool auto_metal = device == H3_DEVICE_AUTO && h3_backend_metal_built();
+#else
+    const bool auto_metal = false; /* the Linux library is the test double's: asked for by name only */
+#endif
+    if (device == H3_DEVICE_METAL || auto_metal) {
+        int rc = h3_backend_metal_open(&ctx->rt.gpu);
+        if (rc && auto_metal) {
+            h3_err_clear(); /* auto falls back to the CPU; h3_backends_json says why */
+            ctx->device = H3_DEVICE_CPU;
+            return 0;
+        }
+        if (rc) return rc;
+        ctx->device = H3_DEVICE_METAL;
+        snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s", ctx->rt.gpu->desc);
+        return 0;
+    }
     if (device == H3_DEVICE_CPU || (device == H3_DEVICE_AUTO && !h3_backend_cuda_built())) {
         ctx->device = H3_DEVICE_CPU;
         return 0;
@@ -58,14 +76,23 @@ static int open_device(h3_ctx *ctx, int device, int index)
     return 0;
 }
 
+/* The context's device by name ("cpu", "cuda", "metal"). */
+static const char *device_word(int device)
+{
+    return device == H3_DEVICE_CUDA ? "cuda" : device == H3_DEVICE_METAL ? "metal" : "cpu";
+}
+
 /* Refuse a weight precision, or fp8 attention, that the context's backend cannot run, before any work. */
 static int check_precision(h3_ctx *ctx, int precision)
 {
     ctx->rt.precision = precision;
     if (precision == H3_PRECISION_FP8) {
         if (ctx->device != H3_DEVICE_CUDA)
-            return h3_err(H3_E_UNSUPPORTED, "precision fp8 runs on the CUDA backend only (this context runs on the "
-                                            "CPU: use int8 there, or a GPU)");
+            return ctx->device == H3_DEVICE_METAL
+                       ? h3_err(H3_E_UNSUPPORTED, "precision fp8 runs on the CUDA backend only (this context runs on "
+                                                  "metal)")
+                       : h3_err(H3_E_UNSUPPORTED, "precision fp8 runs on the CUDA backend only (this context runs on "
+                                                  "the CPU: use int8 there, or a GPU)");
         if (ctx->rt.gpu->compute_capability < 89)
             return h3_err(H3_E_UNSUPPORTED,
                           "precision fp8 needs a GPU of compute capability 8.9 or newer (fp8 tensor cores); "
@@ -74,8 +101,8 @@ static int check_precision(h3_ctx *ctx, int precision)
     }
     if (ctx->flags & H3_OPT_FP8_ATTENTION) {
         if (ctx->device != H3_DEVICE_CUDA)
-            return h3_err(H3_E_UNSUPPORTED, "fp8 attention runs on the CUDA backend only (this context runs on the "
-                                            "CPU)");
+            return h3_err(H3_E_UNSUPPORTED, "fp8 attention runs on the CUDA backend only (this context runs on %s)",
+                          ctx->device == H3_DEVICE_METAL ? "metal" : "the CPU");
         if (ctx->rt.gpu->attn_fp8_why[0])
             return h3_err(H3_E_UNSUPPORTED, "fp8 attention: %s", ctx->rt.gpu->attn_fp8_why);
     }
@@ -150,9 +177,9 @@ H3_API h3_ctx *h3_init(const char *model_dir, const h3_options *options)
         h3_err(H3_E_INVALID, "threads must be between 0 (all cores) and 1024, got %d", o.threads);
         return NULL;
     }
-    if (o.device < H3_DEVICE_AUTO || o.device > H3_DEVICE_CUDA) {
-        h3_err(H3_E_INVALID, "device must be %d (auto), %d (cpu) or %d (cuda), got %d", H3_DEVICE_AUTO,
-               H3_DEVICE_CPU, H3_DEVICE_CUDA, o.device);
+    if (o.device < H3_DEVICE_AUTO || o.device > H3_DEVICE_METAL) {
+        h3_err(H3_E_INVALID, "device must be %d (auto), %d (cpu), %d (cuda) or %d (metal), got %d", H3_DEVICE_AUTO,
+               H3_DEVICE_CPU, H3_DEVICE_CUDA, H3_DEVICE_METAL, o.device);
         return NULL;
     }
     if (o.device_index < 0) {
@@ -235,7 +262,7 @@ H3_API const char *h3_device_name(h3_ctx *ctx)
         h3_err(H3_E_INVALID, "NULL context");
         return NULL;
     }
-    return ctx->device == H3_DEVICE_CUDA ? "cuda" : "cpu";
+    return device_word(ctx->device);
 }
 
 H3_API const char *h3_stages_device(h3_ctx *ctx)
@@ -245,7 +272,7 @@ H3_API const char *h3_stages_device(h3_ctx *ctx)
         return NULL;
     }
     /* The rule of h3_rt_stage_backend. */
-    return ctx->device == H3_DEVICE_CUDA && !(ctx->flags & H3_OPT_STAGES_CPU) ? "cuda" : "cpu";
+    return ctx->device != H3_DEVICE_CPU && !(ctx->flags & H3_OPT_STAGES_CPU) ? device_word(ctx->device) : "cpu";
 }
 
 H3_API const char *h3_device_description(h3_ctx *ctx)
@@ -254,7 +281,7 @@ H3_API const char *h3_device_description(h3_ctx *ctx)
         h3_err(H3_E_INVALID, "NULL context");
         return NULL;
     }
-    if (ctx->device != H3_DEVICE_CUDA)
+    if (ctx->device == H3_DEVICE_CPU)
         snprintf(ctx->device_desc, sizeof ctx->device_desc, "cpu (%s kernels, %d threads)", h3_kernels_variant(),
                  ctx->threads);
     return ctx->device_desc;
@@ -272,7 +299,7 @@ H3_API int h3_device_memory_peak(h3_ctx *ctx, int reset, uint64_t *peak_bytes)
 
 H3_API const char *h3_backends_json(void)
 {
-    static char buf[1024];
+    static char buf[2048];
     h3_buf b = {0};
     h3_buf_printf(&b, "{\"cpu\": {\"available\": true, \"kernels\": \"%s\", \"features\": ", h3_kernels_variant());
     h3_buf_json_str(&b, h3_cpu_features());
@@ -296,6 +323,24 @@ H3_API const char *h3_backends_json(void)
             h3_buf_printf(&b, ", \"fp8_attention_reason\": ");
             h3_buf_json_str(&b, be->attn_fp8_why);
         }
+        h3_backend_destroy(be);
+    } else {
+        h3_buf_printf(&b, ", \"available\": false, \"reason\": ");
+        h3_buf_json_str(&b, h3_last_error());
+        h3_err_clear();
+    }
+    /* Metal: the GPU, its family and memory in the description; not yet run on Apple hardware
+       (docs/metal.md), which the description and "verified_on_hardware" say until a recorded Mac
+       run exists. */
+    h3_buf_printf(&b, "}, \"metal\": {\"built\": %s", h3_backend_metal_built() ? "true" : "false");
+    be = NULL;
+    rc = h3_backend_metal_open(&be);
+    if (rc == 0) {
+        uint64_t fr = 0, tot = 0;
+        be->mem->mem_info(be, &fr, &tot);
+        h3_buf_printf(&b, ", \"available\": true, \"device\": ");
+        h3_buf_json_str(&b, be->desc);
+        h3_buf_printf(&b, ", \"memory_bytes\": %llu, \"verified_on_hardware\": false", (unsigned long long)tot);
         h3_backend_destroy(be);
     } else {
         h3_buf_printf(&b, ", \"available\": false, \"reason\": ");

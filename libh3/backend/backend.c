@@ -193,11 +193,10 @@ static void h3_note_line(const char *line)
 }
 
 #ifndef H3_NO_DLOPEN
-/* Path of the CUDA backend library: H3_CUDA_LIB if set (tests, unusual installs), else the
-   folder libh3 itself was loaded from. */
-static int cuda_lib_path(char *out, size_t cap)
+/* Path of a backend library: `env` if set (tests, unusual installs), else `file` in the folder
+   libh3 itself was loaded from. */
+static int lib_path(const char *env, const char *file, char *out, size_t cap)
 {
-    const char *env = h3_env_cuda_lib();
     if (env[0]) {
         snprintf(out, cap, "%s", env);
         return 0;
@@ -206,10 +205,67 @@ static int cuda_lib_path(char *out, size_t cap)
     if (!dladdr((void *)&h3_backend_cuda_open, &info) || !info.dli_fname) return -1;
     const char *slash = strrchr(info.dli_fname, '/');
     size_t dir = slash ? (size_t)(slash - info.dli_fname + 1) : 0;
-    if (dir + strlen(H3_BACKEND_CUDA_LIB_ELF) + 1 > cap) return -1;
+    if (dir + strlen(file) + 1 > cap) return -1;
     memcpy(out, info.dli_fname, dir);
-    strcpy(out + dir, H3_BACKEND_CUDA_LIB_ELF);
+    strcpy(out + dir, file);
     return 0;
+}
+static int cuda_lib_path(char *out, size_t cap) { return lib_path(h3_env_cuda_lib(), H3_BACKEND_CUDA_LIB_ELF, out, cap); }
+static int metal_lib_path(char *out, size_t cap) { return lib_path(h3_env_metal_lib(), H3_BACKEND_METAL_LIB, out, cap); }
+
+/* One loadable backend library: where it is kept open, and how to name it in errors. */
+typedef struct lib_slot {
+    const char *tag;      /* "cuda" */
+    const char *abi_sym;  /* H3_BACKEND_ABI_ENTRY */
+    const char *make_sym; /* H3_BACKEND_ENTRY */
+    const char *rebuild;  /* "`make cuda`" */
+    void *handle;
+    char path[4096];
+} lib_slot;
+
+/* Load (once per path), check the ABI, create. */
+static int open_lib(lib_slot *L, const char *path, const h3_backend_host *host, int device_ordinal, h3_backend **out)
+{
+    /* RTLD_LOCAL: its symbols (cuBLASLt's, the CUDA runtime's) stay out of the process's global
+       namespace. The handle is kept for the process's lifetime: unloading CUDA is not safe. */
+    /* One library per path (H3_CUDA_LIB may name another one later in the process). */
+    if (!L->handle || strcmp(L->path, path)) {
+        L->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        snprintf(L->path, sizeof L->path, "%s", L->handle ? path : "");
+    }
+    if (!L->handle) {
+        const char *why = dlerror();
+        return h3_err(H3_E_UNSUPPORTED, "%s: cannot load %s: %s", L->tag, path, why ? why : "unknown reason");
+    }
+    /* The ABI first: a library built from other headers lays its tables out differently, and
+       calling into it (even its create function, whose arguments may differ) is not safe. */
+    h3_backend_abi_fn abi;
+    void *sym = dlsym(L->handle, L->abi_sym);
+    memcpy(&abi, &sym, sizeof abi); /* object -> function pointer without a cast warning */
+    if (!abi)
+        return h3_err(H3_E_UNSUPPORTED,
+                      "%s: %s predates backend ABI versions (it exports no %s); this libh3 needs ABI %u: rebuild "
+                      "it with %s, or reinstall h3ctl",
+                      L->tag, path, L->abi_sym, (unsigned)H3_BACKEND_ABI, L->rebuild);
+    const uint32_t have = abi();
+    if (have != H3_BACKEND_ABI)
+        return h3_err(H3_E_UNSUPPORTED,
+                      "%s: %s has backend ABI %u, this libh3 needs ABI %u: rebuild it with %s, or "
+                      "reinstall h3ctl",
+                      L->tag, path, (unsigned)have, (unsigned)H3_BACKEND_ABI, L->rebuild);
+    h3_backend_create_fn create;
+    sym = dlsym(L->handle, L->make_sym);
+    memcpy(&create, &sym, sizeof create);
+    if (!create) return h3_err(H3_E_UNSUPPORTED, "%s: %s does not export %s", L->tag, path, L->make_sym);
+    if (device_ordinal < 0) return h3_err(H3_E_INVALID, "%s: device index %d is negative", L->tag, device_ordinal);
+    int rc = create(host, device_ordinal, out);
+    if (rc == 0 && !*out) rc = h3_err(H3_E_UNSUPPORTED, "%s: the backend returned no device", L->tag);
+    if (rc == 0 && (rc = h3_backend_check(*out)) != 0) {
+        /* The destroy function is only trusted when the tables were complete enough to hold it. */
+        if ((*out)->abi_version == H3_BACKEND_ABI && (*out)->destroy) (*out)->destroy(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 #endif
 
@@ -224,9 +280,8 @@ bool h3_backend_cuda_built(void)
 }
 
 #ifndef H3_NO_DLOPEN
-/* The CUDA backend library last loaded (h3_backend_cuda_open), for its other entry points. */
-static void *g_cuda_handle;
-static char g_cuda_handle_path[4096];
+/* The CUDA backend library last loaded (h3_backend_cuda_open), also for its other entry points (NCCL). */
+static lib_slot g_cuda_slot = {"cuda", H3_BACKEND_ABI_ENTRY, H3_BACKEND_ENTRY, "`make cuda`", NULL, ""};
 #endif
 
 int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **out)
@@ -240,41 +295,8 @@ int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **ou
     char path[4096];
     if (cuda_lib_path(path, sizeof path) || !h3_is_file(path))
         return h3_err(H3_E_UNSUPPORTED,
-                      "cuda: the CUDA backend is not built in this installation (reinstall h3ctl where nvcc is "
-                      "found, or run `make cuda`)");
-    /* RTLD_LOCAL: its symbols (cuBLASLt's, the CUDA runtime's) stay out of the process's global
-       namespace. The handle is kept for the process's lifetime: unloading CUDA is not safe. */
-    /* One library per path (H3_CUDA_LIB may name another one later in the process). */
-    void *handle = g_cuda_handle;
-    char *handle_path = g_cuda_handle_path;
-    if (!handle || strcmp(handle_path, path)) {
-        handle = g_cuda_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        snprintf(handle_path, sizeof g_cuda_handle_path, "%s", handle ? path : "");
-    }
-    if (!handle) {
-        const char *why = dlerror();
-        return h3_err(H3_E_UNSUPPORTED, "cuda: cannot load %s: %s", path, why ? why : "unknown reason");
-    }
-    /* The ABI first: a library built from other headers lays its tables out differently, and
-       calling into it (even its create function, whose arguments may differ) is not safe. */
-    h3_backend_abi_fn abi;
-    void *sym = dlsym(handle, H3_BACKEND_ABI_ENTRY);
-    memcpy(&abi, &sym, sizeof abi); /* object -> function pointer without a cast warning */
-    if (!abi)
-        return h3_err(H3_E_UNSUPPORTED,
-                      "cuda: %s predates backend ABI versions (it exports no %s); this libh3 needs ABI %u: rebuild "
-                      "it with `make cuda`, or reinstall h3ctl",
-                      path, H3_BACKEND_ABI_ENTRY, (unsigned)H3_BACKEND_ABI);
-    const uint32_t have = abi();
-    if (have != H3_BACKEND_ABI)
-        return h3_err(H3_E_UNSUPPORTED,
-                      "cuda: %s has backend ABI %u, this libh3 needs ABI %u: rebuild it with `make cuda`, or "
-                      "reinstall h3ctl",
-                      path, (unsigned)have, (unsigned)H3_BACKEND_ABI);
-    h3_backend_create_fn create;
-    sym = dlsym(handle, H3_BACKEND_ENTRY);
-    memcpy(&create, &sym, sizeof create);
-    if (!create) return h3_err(H3_E_UNSUPPORTED, "cuda: %s does not export %s", path, H3_BACKEND_ENTRY);
+                      "cuda: the CUDA backend is not built in this installation (reinstall h3ctl with a C++ compiler "
+                      "present, or run `make cuda`)");
     h3_tuning now; /* no context's knobs given: the environment as it is now */
     if (!t) {
         h3_tuning_read(&now);
@@ -283,15 +305,46 @@ int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **ou
     const h3_backend_host host = {sizeof(h3_backend_host), host_err, h3_noise, t->cuda_attention, t->cuda_rows,
                                   t->cudnn_lib, t->libcuda, t->nvrtc_lib, t->cublaslt_lib, t->kernel_cache,
                                   h3_note_line, g_cuda_warmup};
-    if (device_ordinal < 0) return h3_err(H3_E_INVALID, "cuda: device index %d is negative", device_ordinal);
-    int rc = create(&host, device_ordinal, out);
-    if (rc == 0 && !*out) rc = h3_err(H3_E_UNSUPPORTED, "cuda: the backend returned no device");
-    if (rc == 0 && (rc = h3_backend_check(*out)) != 0) {
-        /* The destroy function is only trusted when the tables were complete enough to hold it. */
-        if ((*out)->abi_version == H3_BACKEND_ABI && (*out)->destroy) (*out)->destroy(*out);
-        *out = NULL;
-    }
-    return rc;
+    return open_lib(&g_cuda_slot, path, &host, device_ordinal, out);
+#endif
+}
+
+bool h3_backend_metal_built(void)
+{
+#ifdef H3_NO_DLOPEN
+    return false;
+#else
+    char path[4096];
+    return metal_lib_path(path, sizeof path) == 0 && h3_is_file(path);
+#endif
+}
+
+int h3_backend_metal_open(h3_backend **out)
+{
+    *out = NULL;
+#ifdef H3_NO_DLOPEN
+    return h3_err(H3_E_UNSUPPORTED, "metal: this build of libh3 cannot load backends");
+#else
+    char path[4096];
+    if (metal_lib_path(path, sizeof path) || !h3_is_file(path))
+        return h3_err(H3_E_UNSUPPORTED,
+#if defined(__APPLE__)
+                      "metal: the Metal backend is not built in this installation (reinstall h3ctl, or run "
+                      "`make metal`)"
+#else
+                      "metal: the Metal backend runs on Apple silicon; this installation has no Metal library (on "
+                      "Linux only the test double build, `make metal-double`, provides one)"
+#endif
+        );
+    static lib_slot slot = {"metal", H3_BACKEND_METAL_ABI_ENTRY, H3_BACKEND_METAL_ENTRY,
+#if defined(__APPLE__)
+                            "`make metal`",
+#else
+                            "`make metal-double`",
+#endif
+                            NULL, ""};
+    const h3_backend_host host = {sizeof(h3_backend_host), host_err, h3_noise, NULL, NULL, NULL};
+    return open_lib(&slot, path, &host, 0, out);
 #endif
 }
 
@@ -323,18 +376,18 @@ int h3_backend_cuda_comm(h3_backend *be, const h3_tuning *t, h3_comm **out, void
     (void)t;
     return h3_err(H3_E_UNSUPPORTED, "cuda: this build of libh3 cannot load backends");
 #else
-    if (!g_cuda_handle || !be || strcmp(be->name, "cuda") != 0)
+    if (!g_cuda_slot.handle || !be || strcmp(be->name, "cuda") != 0)
         return h3_err(H3_E_UNSUPPORTED, "sequence parallel over NCCL needs the cuda backend");
     h3_comm_nccl_create_fn create;
     h3_backend_cuda_stream_fn stream_of;
-    void *sym = dlsym(g_cuda_handle, H3_COMM_NCCL_ENTRY);
+    void *sym = dlsym(g_cuda_slot.handle, H3_COMM_NCCL_ENTRY);
     memcpy(&create, &sym, sizeof create);
-    sym = dlsym(g_cuda_handle, H3_BACKEND_CUDA_STREAM_ENTRY);
+    sym = dlsym(g_cuda_slot.handle, H3_BACKEND_CUDA_STREAM_ENTRY);
     memcpy(&stream_of, &sym, sizeof stream_of);
     if (!create || !stream_of)
         return h3_err(H3_E_UNSUPPORTED,
                       "cuda: %s has no NCCL communicator (it exports no %s): this build cannot split a render over "
-                      "GPUs", g_cuda_handle_path, !create ? H3_COMM_NCCL_ENTRY : H3_BACKEND_CUDA_STREAM_ENTRY);
+                      "GPUs", g_cuda_slot.path, !create ? H3_COMM_NCCL_ENTRY : H3_BACKEND_CUDA_STREAM_ENTRY);
     /* the barrier's word per rank, device memory */
     if (!(*scratch = be->mem->alloc(be, sizeof(int32_t) * (size_t)t->world_size))) return -H3_E_NOMEM;
     const h3_nccl_opts o = {sizeof(h3_nccl_opts), t->rank, t->world_size, t->rendezvous, t->nccl_lib, 0,

@@ -571,6 +571,14 @@ typedef int (*h3_backend_create_fn)(const h3_backend_host *host, int device_ordi
 typedef uint32_t (*h3_backend_abi_fn)(void);
 #define H3_BACKEND_ABI_ENTRY "h3_backend_cuda_abi"
 #define H3_BACKEND_CUDA_LIB_ELF "libh3_cuda.so"
+/* The Metal backend library (libh3/backend/metal/): the same protocol under its own names. */
+#define H3_BACKEND_METAL_ENTRY "h3_backend_metal_create"
+#define H3_BACKEND_METAL_ABI_ENTRY "h3_backend_metal_abi"
+#if defined(__APPLE__)
+#define H3_BACKEND_METAL_LIB "libh3_metal.dylib"
+#else
+#define H3_BACKEND_METAL_LIB "libh3_metal.so" /* Linux: built against the Metal test double */
+#endif
 
 /* ---- host side (backend.c) ---- */
 
@@ -593,6 +601,11 @@ typedef void *(*h3_backend_cuda_stream_fn)(h3_backend *be);
 #define H3_BACKEND_CUDA_STREAM_ENTRY "h3_backend_cuda_stream"
 /* Whether the CUDA backend library is present next to libh3 (does not touch the GPU). */
 H3_INTERNAL bool h3_backend_cuda_built(void);
+/* Load and create the Metal backend (libh3_metal next to libh3, or H3_METAL_LIB). Errors: not
+   built, no Metal device, a GPU family older than the kernels need, a shader compile failure. */
+H3_INTERNAL int h3_backend_metal_open(h3_backend **out);
+/* Whether the Metal backend library is present next to libh3 (does not touch the GPU). */
+H3_INTERNAL bool h3_backend_metal_built(void);
 H3_INTERNAL void h3_backend_destroy(h3_backend *be);
 
 /* Allocate and upload a host array in one go (NULL + error on failure). */

@@ -37,6 +37,15 @@ const char *h3_env_cuda_lib(void)
     return g_cuda_lib;
 }
 
+static char g_metal_lib[4096];
+static pthread_once_t g_metal_lib_once = PTHREAD_ONCE_INIT;
+static void read_metal_lib(void) { copy(g_metal_lib, sizeof g_metal_lib, env("H3_METAL_LIB")); }
+const char *h3_env_metal_lib(void)
+{
+    pthread_once(&g_metal_lib_once, read_metal_lib);
+    return g_metal_lib;
+}
+
 /* TMPDIR is the platform's, not a knob: read where a temporary file is made (no copy kept, so a
    caller that changes it between opens is followed, as mkstemp's other users would be). */
 const char *h3_env_tmpdir(void)

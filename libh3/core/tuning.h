@@ -58,6 +58,8 @@ H3_INTERNAL void h3_tuning_read(h3_tuning *t);
 H3_INTERNAL bool h3_env_no_simd(void);
 /* H3_CUDA_LIB, "" when unset; read once per process. */
 H3_INTERNAL const char *h3_env_cuda_lib(void);
+/* H3_METAL_LIB (where the Metal backend library is), "" when unset; read once per process. */
+H3_INTERNAL const char *h3_env_metal_lib(void);
 /* The folder for temporary files: $TMPDIR when set and not empty, else /tmp (read at each call). */
 H3_INTERNAL const char *h3_env_tmpdir(void);
 /* The tuning in effect as a JSON object, keyed by variable: null where unset (the default holds). */

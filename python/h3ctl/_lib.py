@@ -68,7 +68,8 @@ H3_OPT_FP8_ATTENTION = 64
 H3_DEVICE_AUTO = 0
 H3_DEVICE_CPU = 1
 H3_DEVICE_CUDA = 2
-DEVICES = {"auto": H3_DEVICE_AUTO, "cpu": H3_DEVICE_CPU, "cuda": H3_DEVICE_CUDA}
+H3_DEVICE_METAL = 3  # an Apple GPU (libh3_metal; on Linux only the Metal test double's build has one)
+DEVICES = {"auto": H3_DEVICE_AUTO, "cpu": H3_DEVICE_CPU, "cuda": H3_DEVICE_CUDA, "metal": H3_DEVICE_METAL}
 
 
 class H3Parity(ctypes.Structure):
@@ -378,7 +379,7 @@ def precision_code(precision: str) -> int:
 
 
 def device_code(device: str) -> int:
-    """H3_DEVICE_* for "auto", "cpu" or "cuda" (H3Error naming the choices otherwise)."""
+    """H3_DEVICE_* for "auto", "cpu", "cuda" or "metal" (H3Error naming the choices otherwise)."""
     code = DEVICES.get(device) if isinstance(device, str) else None
     if code is None:
         raise H3Error(f"device must be one of {', '.join(DEVICES)}, got {device!r}")

@@ -13,7 +13,8 @@ from ._lib import H3Error
 
 class Context:
     """`device` picks where the transformer and the sampler run: "auto" (CUDA when the backend is built and a
-    GPU answers, else the CPU), "cpu" or "cuda" (H3Error with the reason when CUDA cannot be used);
+    GPU answers, on a Mac Metal, else the CPU), "cpu", "cuda" or "metal" (H3Error with the reason when that GPU
+    cannot be used);
     `device_index` is the GPU ordinal. `flags` adds H3_OPT_* bits (the exact slow paths). `precision` is how the
     transformer's block weights are held: "default" (= "bf16": the exact path), "fp8" (CUDA, compute capability
     8.9+) or "int8" (the CPU); H3Error when the device cannot run it. `vram`: GiB the transformer's GEMM weights may
@@ -66,7 +67,7 @@ class Context:
 
     @property
     def device(self) -> str:
-        """The backend the transformer runs on: "cpu" or "cuda"."""
+        """The backend the transformer runs on: "cpu", "cuda" or "metal"."""
         raw = _lib.lib().h3_device_name(self.ptr)
         return raw.decode("utf-8", "replace") if raw else ""
 

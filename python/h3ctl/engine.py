@@ -121,8 +121,8 @@ class Engine:
                  config_dir=None):
         """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`; a
         component folder Ref2VA/ lacks is FL2VA's (h3-tiny's shared-weight Ref2VA keeps only its transformer).
-        `device`: "auto" (the GPU when libh3's CUDA backend is built and one answers, else the CPU), "cpu" or
-        "cuda"; `device_index`: the GPU ordinal. `precision`: the transformer blocks' weights, "default" (= "bf16",
+        `device`: "auto" (the GPU when libh3's CUDA backend, or on a Mac its Metal backend, is built and one answers,
+        else the CPU), "cpu", "cuda" or "metal"; `device_index`: the GPU ordinal. `precision`: the transformer blocks' weights, "default" (= "bf16",
         exact), "fp8" (CUDA) or "int8" (CPU); refused with the reason where the device cannot run it. `vram`: GiB
         the transformer's GEMM weights may hold (None or 0: auto, resident when they fit); the blocks that do not fit
         stream from host memory through two slots, with byte-identical results. `fp8_attention`: the main blocks'
@@ -279,7 +279,7 @@ class Engine:
 
     @property
     def device(self) -> str:
-        """Where the transformer runs: "cpu" or "cuda"."""
+        """Where the transformer runs: "cpu", "cuda" or "metal"."""
         with self._guard("device"):
             return self._ctx.device
 

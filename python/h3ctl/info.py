@@ -128,6 +128,14 @@ def backend_lines(backends: dict) -> list[str]:
     else:
         built = "built" if cuda.get("built") else "not built"
         lines.append(f"cuda: not available ({built}): {cuda.get('reason') or 'no reason given'}")
+    metal = backends.get("metal", {})
+    if metal.get("available"):
+        # the description names the GPU, its Apple family and memory, and that no Mac run is recorded yet
+        mem = f", {human_bytes(metal['memory_bytes'])}" if metal.get("memory_bytes") else ""
+        lines.append(f"metal: available: {metal.get('device', 'an Apple GPU')}{mem}")
+    elif metal:
+        built = "built" if metal.get("built") else "not built"
+        lines.append(f"metal: not available ({built}): {metal.get('reason') or 'no reason given'}")
     return lines
 
 

@@ -150,9 +150,10 @@ def add_vram_argument(p) -> None:
 
 def add_device_arguments(p) -> None:
     """--device / --device-index, shared by every command that opens a model."""
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where the model runs: auto (a GPU when the CUDA backend is built and one answers, "
-                        "else the CPU), cpu, or cuda (fails when there is none). The transformer, the text encoder "
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "metal"], default="auto",
+                   help="where the model runs: auto (a GPU when the CUDA backend, or on a Mac the Metal backend, is "
+                        "built and one answers, else the CPU), cpu, cuda or metal (fails when there is none). The "
+                        "transformer, the text encoder "
                         "and both decoders run on that device (H3_STAGES_CPU=1 keeps the text encoder and the "
                         "decoders on the CPU)")
     p.add_argument("--device-index", type=int, default=0, metavar="N", help="GPU number for --device cuda/auto")

@@ -14,6 +14,7 @@
  *                                         variables H3_API_SEQ_SEED / H3_API_SEQ_COUNT also work)
  *
  * H3_API_SEQ_PROFILE=1 prints the time spent per kind of call (the test must stay fast under ASan);
+ * H3_API_SEQ_DEVICE=metal opens the contexts on the Metal backend instead of the CPU;
  * H3_API_SEQ_KEEP=1 keeps the model directory it writes and prints its path.
  *
  * A failure prints the seed, the sequence number and the calls of that sequence; the run is
@@ -1043,7 +1044,8 @@ static void call_misc(shadow *s)
         EXPECT(h3_threads(s->ctx) >= 1 && h3_threads(NULL) == 0, "h3_threads");
         EXPECT(!strcmp(h3_version(), "0.1.0") && h3_cpu_features()[0], "version / cpu features");
         const char *dev = h3_device_name(s->ctx), *desc = h3_device_description(s->ctx);
-        EXPECT(dev && (!strcmp(dev, "cpu") || !strcmp(dev, "cuda")) && desc && desc[0], "device %s: %s",
+        EXPECT(dev && (!strcmp(dev, "cpu") || !strcmp(dev, "cuda") || !strcmp(dev, "metal")) && desc && desc[0],
+               "device %s: %s",
                dev ? dev : "NULL", desc ? desc : "NULL");
         break;
     }
@@ -1099,7 +1101,10 @@ static h3_ctx *open_ctx(int threads, bool older_options)
     h3_options o;
     h3_options_default(&o);
     o.threads = threads;
-    o.device = H3_DEVICE_CPU; /* the same engine on every machine (an older caller's struct gets AUTO) */
+    /* the same engine on every machine (an older caller's struct gets AUTO); H3_API_SEQ_DEVICE=metal runs the
+       sequences on the Metal backend (on Linux its test double: tests/test_metal_double.py) */
+    const char *dv = getenv("H3_API_SEQ_DEVICE");
+    o.device = dv && !strcmp(dv, "metal") ? H3_DEVICE_METAL : H3_DEVICE_CPU;
     h3_err_clear();
     h3_ctx *c;
     if (older_options) {
@@ -1114,6 +1119,8 @@ static h3_ctx *open_ctx(int threads, bool older_options)
         c = h3_init(g_root, &o);
     }
     CHECK_MSG(c != NULL, "h3_init(%s): %s", g_root, h3_last_error());
+    if (c && o.device == H3_DEVICE_METAL && !older_options)
+        CHECK_MSG(!strcmp(h3_device_name(c), "metal"), "asked for metal, got %s", h3_device_name(c));
     if (c) g_stat[S_CONTEXTS]++;
     return c;
 }

@@ -3,7 +3,9 @@
  * reference computed here, on random inputs (never zeros) of odd sizes, with outputs poisoned (NaN
  * bytes) before each run and strided views where the op takes them. The CPU backend always runs;
  * the CUDA backend runs when h3_backend_cuda_open succeeds (python/h3ctl/libh3_cuda.so is used
- * when H3_CUDA_LIB is not set), otherwise the test says why it was skipped.
+ * when H3_CUDA_LIB is not set), otherwise the test says why it was skipped; so does the Metal
+ * backend (python/h3ctl/libh3_metal.*, or H3_METAL_LIB; on Linux the build against the Metal test
+ * double), held to the CPU's f32 tolerances.
  *
  * Tolerances are relative L2 errors: 1e-5 for f32 paths (the CPU backend everywhere; CUDA ops whose
  * operands and outputs are all f32), 4e-3 for CUDA's bf16 paths (the rounding of bf16 outputs alone
@@ -1202,9 +1204,11 @@ static void bench(bk *b)
             for (int64_t i = 0; i < N * K; i++) w[i] = h3_f32_to_bf16(rnd(0.05f));
             gemm_ctx g;
             int rc = b->be->weights->weight_load(b->be, w, H3_DT_BF16, N, K, &g.W);
-            free(w);
             CHECK_MSG(rc == 0, "%s: weight_load: %s", b->name, h3_last_error());
-            if (rc) continue;
+            if (rc) {
+                free(w);
+                continue;
+            }
             g.X = h3_bt_make(bench_bf16(b, L * K, 1.0f), H3_DT_BF16, L, K, K);
             g.Y = h3_bt_make(dnew(b, (size_t)(L * N) * 2), H3_DT_BF16, L, N, N);
             const double tg = best_time(b, run_gemm, &g, 5);
@@ -1216,6 +1220,7 @@ static void bench(bk *b)
             b->be->mem->release(b->be, g.X.data);
             b->be->mem->release(b->be, g.Y.data);
             b->be->weights->weight_free(b->be, &g.W);
+            free(w); /* a host-memory backend (Metal) computes on the host data: kept until weight_free */
         }
         printf("%-5s %-13s L %-6lld the block's four GEMMs           %8.3f ms  %6.1f TFLOP/s\n", b->name, "linear",
                (long long)L, total * 1e3, total > 0 ? total_fl / total * 1e-12 : 0.0);
@@ -1580,6 +1585,41 @@ int main(void)
         h3_backend_destroy(gpu);
     } else {
         printf("cuda: skipped (%s)\n", h3_last_error());
+    }
+#endif
+#ifdef UNDER_ASAN
+    printf("metal: skipped (the Metal test double's emulator switches fiber stacks, which AddressSanitizer does "
+           "not follow)\n");
+#else
+    /* The Metal backend: on a Mac the real GPU; on Linux the build against the Metal test double
+       (`make metal-double`), whose dispatches run the kernels in the MSL emulator. Its activations
+       are f32 and its weights used as stored, so it is held to the CPU's tolerances. */
+    const char *mlib = "python/h3ctl/libh3_metal."
+#if defined(__APPLE__)
+                       "dylib";
+#else
+                       "so";
+#endif
+    if (!getenv("H3_METAL_LIB")) {
+        FILE *f = fopen(mlib, "rb");
+        if (f) {
+            fclose(f);
+            setenv("H3_METAL_LIB", mlib, 0);
+        }
+    }
+    h3_backend *mtl = NULL;
+    rc = h3_backend_metal_open(&mtl);
+    if (rc == 0 && mtl) {
+        bk b = {"metal", mtl, false};
+        CHECK(mtl->act_dtype == H3_DT_F32 && strcmp(mtl->name, "metal") == 0 && mtl->is_host);
+        run_all(&b);
+        run_audio_enc_ops(&b);
+        /* On a Mac (tests/metal/run_mac.sh): a released-width block's attention and GEMMs, timed. */
+        const char *bn = getenv("H3_BENCH");
+        if (bn && bn[0] && strcmp(bn, "0") != 0) bench(&b);
+        h3_backend_destroy(mtl);
+    } else {
+        printf("metal: skipped (%s)\n", h3_last_error());
     }
 #endif
     h3_pool_destroy(pool);

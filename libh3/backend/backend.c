@@ -343,7 +343,8 @@ int h3_backend_metal_open(h3_backend **out)
                             "`make metal-double`",
 #endif
                             NULL, ""};
-    const h3_backend_host host = {sizeof(h3_backend_host), host_err, h3_noise, NULL, NULL, NULL};
+    const h3_backend_host host = {sizeof(h3_backend_host), host_err, h3_noise, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                  h3_note_line, 0};
     return open_lib(&slot, path, &host, 0, out);
 #endif
 }

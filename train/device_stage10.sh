@@ -7,16 +7,16 @@
 #    distill.log, stage10.tar (eval sheets and the per-run eval JSON).
 # Carry: .carry/diffusers.tar.xz (tests/gpu/make_carry.sh); the tree holds the shipped model.
 # Usage: bash train/device_stage10.sh            (the lead runs it with $OUT set)
-# Env: END (390: s after the start by which everything is written), TRAIN_S (200), PROMPTS (4000), ANCHORED (3000),
+# Env: END (390: s after the start by which everything is written), TRAIN_S (200), PROMPTS (8000), ANCHORED (4000),
 #      DRAWS (1), SUBSTEPS (6), RANK (12), LR (5e-4), BATCH (256), RUNS (train/runs), OUT (/tmp/out);
 #      SMOKE=1: the same chain on the CPU with tiny settings.
 set -u
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-train/runs}; D=$RUNS/distill10; M=python/h3ctl/models/h3-tiny/FL2VA
 END=${END:-390}; TRAIN_S=${TRAIN_S:-200}
-PROMPTS=${PROMPTS:-4000}; ANCHORED=${ANCHORED:-3000}; DRAWS=${DRAWS:-1}; SUBSTEPS=${SUBSTEPS:-6}
+PROMPTS=${PROMPTS:-8000}; ANCHORED=${ANCHORED:-4000}; DRAWS=${DRAWS:-1}; SUBSTEPS=${SUBSTEPS:-6}
 RANK=${RANK:-12}; LR=${LR:-5e-4}; BATCH=${BATCH:-256}
-XTRA=(--workers 14 --eval-n 27); DEV=()
+XTRA=(--workers 14 --eval-n 27 --base-eval 4); DEV=()
 # phase deadlines (s after the start): teacher trajectories, training, evaluation; the rest is for writing out
 T_TEACH=${T_TEACH:-150}; T_TRAIN=${T_TRAIN:-290}; T_EVAL=$((END - 15))
 if [ "${SMOKE:-0}" = 1 ]; then

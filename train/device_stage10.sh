@@ -3,7 +3,8 @@
 # ONE H200 in one call of at most 7 minutes wall, everything included (train/distill_fewstep.py: teacher trajectories
 # of the base model, 48 Euler evaluations each; a rank-12 LoRA trained so that one step from each point of the
 # 4-evaluation h3 grid lands on the teacher's state at the next one; diffusers' sampling checks at 4 / 2 / 8 evaluations).
-# -> $OUT: h3-tiny-fast.safetensors (EMA LoRA, < 850,000 bytes), h3-tiny-fast-raw.safetensors, distill.json,
+# -> $OUT: h3-tiny-fast.safetensors (EMA LoRA, < 850,000 bytes), h3-tiny-fast-raw.safetensors (no EMA),
+#    h3-tiny-fast-mid.safetensors (EMA half-way through the training time), distill.json,
 #    distill.log, stage10.tar (eval sheets and the per-run eval JSON).
 # Carry: .carry/diffusers.tar.xz (tests/gpu/make_carry.sh); the tree holds the shipped model.
 # Usage: bash train/device_stage10.sh            (the lead runs it with $OUT set)

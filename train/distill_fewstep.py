@@ -318,7 +318,9 @@ def teacher(model, groups: list, substeps: int, seed: int, dev, deadline: float,
 # Student training
 # ---------------------------------------------------------------------------------------------------------------------
 
-def train_student(model, loras: dict, groups: list, args, dev, deadline: float, log) -> tuple[dict, dict]:
+def train_student(model, loras: dict, groups: list, args, dev, deadline: float, log, mid=None) -> tuple[dict, dict]:
+    """AdamW on the LoRA halves with an EMA; ``mid(ema, step)`` is called once, half-way through the time budget (an
+    earlier snapshot to fall back on)."""
     cuda = dev.type == "cuda"
     params = [p for m in loras.values() for p in (m.A, m.B)]
     names = [f"{k}.{h}" for k in loras for h in "AB"]
@@ -342,10 +344,14 @@ def train_student(model, loras: dict, groups: list, args, dev, deadline: float, 
     per_fam = {f: [0.0, 0] for f in ("4", "8", "2")}
     fam_of = torch.tensor([{4: 0, 8: 1, 2: 2}[fam] for fam, p in zip((4, 8, 2), fam_p) for _ in INTERVALS[fam]
                            if p > 0], device=dev)
+    half = min(seconds, deadline - t0) / 2
     while True:
         el = time.time() - t0
         if el >= seconds or time.time() >= deadline or (args.max_steps and step >= args.max_steps):
             break
+        if mid is not None and el >= half and step > 0:
+            mid(ema, step)
+            mid = None
         g = groups[int(rng.choice(len(groups), p=sizes / sizes.sum()))]
         B = min(args.batch, g.n)
         idx = torch.randperm(g.n, device=dev, generator=gen)[:B]
@@ -502,7 +508,13 @@ def main(argv=None) -> int:
         f"({time.time() - T0:.1f}s)")
 
     model.train()
-    ema, stats = train_student(model, loras, groups, args, dev, deadline, log)
+    base_meta = {"h3ctl_schedule": "h3", "rank": args.rank, "targets": ",".join(TARGETS)}
+
+    def mid(ema_now, step):
+        n = save_lora(lora_state(loras, ema_now), out / "h3-tiny-fast-mid.safetensors", dict(base_meta, train_steps=step))
+        log(f"step {step}: wrote h3-tiny-fast-mid.safetensors ({n} bytes, EMA half-way)")
+
+    ema, stats = train_student(model, loras, groups, args, dev, deadline, log, mid)
     model.eval()
     meta = {"h3ctl_schedule": "h3", "h3ctl_student": "h3-tiny few-step (trajectory distillation)",
             "base_model": "h3-tiny FL2VA transformer", "rank": args.rank, "targets": ",".join(TARGETS),

@@ -196,7 +196,7 @@ def bench_libh3(root: Path, shapes: list[dict], args, frames: dict | None = None
                 prompt = PROMPTS[(len(runs_by_shape) * RENDERS + i) % len(PROMPTS)]  # never a prompt-cache hit
                 t0 = time.perf_counter()
                 r = eng.render(prompt, g["width"], g["height"], g["frames"], steps=args.steps, seed=i,
-                               profile=True)
+                               profile=True, **({"schedule": args.schedule} if args.schedule else {}))
                 wall = time.perf_counter() - t0
                 write_s = None
                 if i == RENDERS - 1:  # the MP4 once per shape (ffmpeg on the CPU: the same every time)
@@ -256,7 +256,7 @@ def extrapolate_libh3(run: dict, args, text_s: float | None = None) -> dict:
     fwd, stack, n = tp["forward_ms_min"] / 1e3, tp["stack_ms_min"] / 1e3, tp["forwards"]
     block = stack / args.blocks
     outside = max(0.0, wall("denoise") - tp["transformer_ms"] / 1e3)
-    denoise = outside + (FULL_STEPS - 1) * (fwd - stack + FULL_BLOCKS * block)
+    denoise = outside + (args.full_steps - 1) * (fwd - stack + FULL_BLOCKS * block)
     out = {"text_s": text, "text_encode_s": enc, "denoise_s": denoise, "audio_decode_s": wall("decode audio"),
            "video_decode_s": wall("decode video"), "block_ms": block * 1e3, "forward_fixed_ms": (fwd - stack) * 1e3,
            "forwards_measured": n, "load_transformer_s_measured": wall("load transformer"),
@@ -322,11 +322,11 @@ def extrapolate_diffusers(r: dict, args) -> dict:
     t = r["transformer"]
     fixed = t["forward_ms"] - args.blocks * t["eager_block_ms"]
     out = {"text_s": r["text_ms_per_layer"] * args.full_text_layers / 1e3,
-           "denoise_s": (FULL_STEPS - 1) * (fixed + FULL_BLOCKS * t["eager_block_ms"]) / 1e3,
+           "denoise_s": (args.full_steps - 1) * (fixed + FULL_BLOCKS * t["eager_block_ms"]) / 1e3,
            "video_decode_s": r["video_decode_ms"] / 1e3, "audio_decode_s": r["audio_decode_ms"] / 1e3,
            "block_ms": t["eager_block_ms"], "forward_fixed_ms": fixed}
     if t.get("compiled_block_ms"):
-        out["denoise_compiled_s"] = (FULL_STEPS - 1) * (fixed + FULL_BLOCKS * t["compiled_block_ms"]) / 1e3
+        out["denoise_compiled_s"] = (args.full_steps - 1) * (fixed + FULL_BLOCKS * t["compiled_block_ms"]) / 1e3
     out["total_s"] = out["text_s"] + out["denoise_s"] + out["video_decode_s"] + out["audio_decode_s"]
     if "denoise_compiled_s" in out:
         out["total_compiled_s"] = out["total_s"] - out["denoise_s"] + out["denoise_compiled_s"]
@@ -343,7 +343,8 @@ def table(res: dict, args) -> str:
         comp = dif.get("total_compiled_s")
         cold = ex["libh3_cold"]
         lines += [f"\n{spec}: extrapolated to {FULL_BLOCKS} blocks, {args.full_text_layers} text layers, "
-                  f"{FULL_STEPS} steps ({FULL_STEPS - 1} forwards); libh3 = the warm render",
+                  f"{args.full_steps} steps ({args.full_steps - 1} forwards"
+                  + (f", schedule {args.schedule}" if getattr(args, "schedule", None) else "") + "); libh3 = the warm render",
                   f"| phase | libh3 | diffusers bf16 | note |", "|" + " --- |" * 4,
                   f"| text encoder | {ours['text_s']:.2f} s | {dif['text_s']:.2f} s | libh3: the layers the cold render "
                   f"kept on the GPU (streamed in the cold render: {cold['text_s']:.2f} s); diffusers resident |",
@@ -378,6 +379,11 @@ def main() -> int:
     ap.add_argument("--full-text-layers", type=int, default=50,
                     help="the release's conditioning layer: text layers a full render runs (default 50)")
     ap.add_argument("--steps", type=int, default=3, help="libh3 grid points per render (steps - 1 forwards)")
+    ap.add_argument("--full-steps", type=int, default=FULL_STEPS,
+                    help="grid points of the render the tables extrapolate to (default 20 = 19 forwards; 5 = the "
+                         "4-evaluation few-step render of issue #26: then give --steps 5 too, measured = reported)")
+    ap.add_argument("--schedule", default=None, help="the sigma grid by name (h3ctl.schedules, e.g. turbo-544p for "
+                    "a 4-step Turbo render); speed does not depend on it, the frames do")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per diffusers measurement (median)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile of a diffusers block")
     ap.add_argument("--threads", type=int, default=8, help="libh3 CPU threads")
@@ -393,11 +399,13 @@ def main() -> int:
     if args.report:
         res = json.loads(Path(args.report).read_text())
         for k, v in res["config"].items():
-            if k in ("blocks", "text_layers", "full_text_layers", "steps"):
+            if k in ("blocks", "text_layers", "full_text_layers", "steps", "full_steps", "schedule"):
                 setattr(args, k, v)
         return report(res, [geometry(s) for s in res["diffusers"]], args)
-    if args.blocks < 1 or args.text_layers < 1 or args.steps < 2 or args.repeats < 1 or args.full_text_layers < 1:
-        ap.error("--blocks, --text-layers, --full-text-layers and --repeats must be >= 1, --steps >= 2")
+    if args.blocks < 1 or args.text_layers < 1 or args.steps < 2 or args.repeats < 1 or args.full_text_layers < 1 \
+            or args.full_steps < 2:
+        ap.error("--blocks, --text-layers, --full-text-layers and --repeats must be >= 1, --steps and --full-steps "
+                 ">= 2")
     global DEV
     DEV = "cpu" if args.dry_run else "cuda"
     bdit.DEV = bst.DEV = DEV
@@ -425,7 +433,8 @@ def main() -> int:
                        "torch": torch.__version__, "diffusers": __import__("diffusers").__version__,
                        "python": platform.python_version()},
            "config": {"blocks": args.blocks, "text_layers": args.text_layers, "full_blocks": FULL_BLOCKS,
-                      "full_text_layers": args.full_text_layers, "full_steps": FULL_STEPS, "steps": args.steps}}
+                      "full_text_layers": args.full_text_layers, "full_steps": args.full_steps, "steps": args.steps,
+                      "schedule": args.schedule}}
     try:
         models = build_and_write(torch, root, args)
         res["checkpoint"] = models.pop("timings")

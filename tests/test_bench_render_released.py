@@ -64,3 +64,30 @@ def test_extrapolation_is_the_stated_arithmetic(dry_run):
     assert dx["denoise_s"] == pytest.approx(19 * (t["forward_ms"] - 4 * t["eager_block_ms"]
                                                   + 50 * t["eager_block_ms"]) / 1e3, rel=1e-9)
     assert dx["text_s"] == pytest.approx(d["text_ms"] / (cfg["text_layers"] + 1) * 50 / 1e3, rel=1e-9)
+
+
+def test_few_step_run_extrapolates_to_its_own_step_count(tmp_path):
+    """--steps 5 --full-steps 5 --schedule turbo-544p (issue #26's 4-evaluation render): 4 forwards measured, the
+    tables extrapolate to 4 forwards, not 19, and the schedule is the one asked for."""
+    pytest.importorskip("diffusers")
+    out = tmp_path / "render4.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_render_released.py"), "--dry-run", "--repeats",
+                           "1", "--threads", "2", "--steps", "5", "--full-steps", "5", "--schedule", "turbo-544p",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["config"]["full_steps"] == 5 and res["config"]["schedule"] == "turbo-544p"
+    run = res["libh3"]["64x64x22"][-1]
+    tp, ph = run["transformer"], run["phases"]
+    assert tp["forwards"] == 4
+    block = tp["stack_ms_min"] / 1e3 / res["config"]["blocks"]
+    fixed = (tp["forward_ms_min"] - tp["stack_ms_min"]) / 1e3
+    outside = max(0.0, ph["denoise"]["wall_s"] - tp["transformer_ms"] / 1e3)
+    assert res["extrapolated"]["64x64x22"]["libh3"]["denoise_s"] == pytest.approx(outside + 4 * (fixed + 50 * block),
+                                                                                 rel=1e-9)
+    assert "5 steps (4 forwards, schedule turbo-544p)" in proc.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_render_released.py"), "--dry-run",
+                          "--full-steps", "1"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert bad.returncode == 2 and "--full-steps" in bad.stderr

@@ -30,7 +30,7 @@
 #           estimate table from a CUDA context (bench-memory-table.log: the fp8_scaled rows from its codes)
 #
 # Logs go to $OUT when it is set, else ./gpu-out. Python packages the machine lacks (diffusers) are installed from
-# wheels in ./.whl when that folder exists (tests/gpu/make_carry.sh packs diffusers and the cudnn-frontend headers for
+# wheels in ./.whl when that folder exists (tests/gpu/make_carry.sh packs diffusers and hatchling for
 # a machine without network, and says how to unpack them). A failing stage does not stop the later ones (except the build, which
 # they all need); the exit status is non-zero when any stage failed, and summary.txt lists them.
 set -o pipefail
@@ -44,32 +44,10 @@ STAGES=("$@")
 PY="${PYTHON:-python3}"
 JOBS="$(nproc 2>/dev/null || echo 4)"
 
-# The CUDA backend links cuBLASLt by soname without an rpath: the loader must find it at run time.
-CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-export LD_LIBRARY_PATH="$CUDA_HOME/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The CUDA backend needs nothing from NVIDIA at build time (g++ over our own declarations); at run time it opens
+# libcuda.so.1 (the driver), NVRTC, cuBLASLt and cuDNN. h3ctl's Python finds the wheels' copies itself; the C tests
+# get them through these variables.
 MAKE_CUBLAS=()
-if [ ! -f "$CUDA_HOME/include/cublasLt.h" ] || ! ls "$CUDA_HOME"/lib64/libcublasLt.so.* >/dev/null 2>&1; then
-    # No cuBLAS in the toolkit: use the one torch's nvidia-cublas wheel carries.
-    read -r CUBLAS_INC CUBLAS_LIBDIR < <("$PY" - <<'EOF'
-import glob, os, site
-inc = lib = ""
-for root in site.getsitepackages():
-    inc = inc or next((os.path.dirname(p) for p in glob.glob(f"{root}/nvidia/**/cublasLt.h", recursive=True)), "")
-    lib = lib or next((os.path.dirname(p) for p in glob.glob(f"{root}/nvidia/**/libcublasLt.so.*", recursive=True)), "")
-print(inc or "-", lib or "-")
-EOF
-)
-    if [ "$CUBLAS_INC" != "-" ] && [ "$CUBLAS_LIBDIR" != "-" ]; then
-        MAKE_CUBLAS=("CUBLAS_INC=$CUBLAS_INC" "CUBLAS_LIBDIR=$CUBLAS_LIBDIR")
-        export LD_LIBRARY_PATH="$CUBLAS_LIBDIR:$LD_LIBRARY_PATH"
-    fi
-fi
-
-# cuDNN's fused attention: the frontend headers (header-only; the GPU image lacks them, so a caller carries them
-# to build/cudnn-fe/include, a folder named include as the headers' own includes expect, or sets CUDNN_FE_INC) and cuDNN itself from torch's nvidia-cudnn wheel, which the
-# backend opens through H3_CUDNN_LIB. Without them the backend runs its own attention kernel.
-CUDNN_FE_INC="${CUDNN_FE_INC:-build/cudnn-fe/include}"
-[ -f "$CUDNN_FE_INC/cudnn_frontend.h" ] && MAKE_CUBLAS+=("CUDNN_FE_INC=$CUDNN_FE_INC")
 if [ -z "${H3_CUDNN_LIB:-}" ]; then
     H3_CUDNN_LIB="$("$PY" -c 'import glob, site; print(next(iter(sorted(p for r in site.getsitepackages() for p in glob.glob(r + "/nvidia/cudnn/lib/libcudnn.so.9"))), ""))' 2>/dev/null)"
     [ -n "$H3_CUDNN_LIB" ] && export H3_CUDNN_LIB

@@ -46,7 +46,6 @@ if [ ! -f "$CUDA_HOME/include/cublasLt.h" ] && [ "$CUBLAS_INC" != "-" ]; then
     MAKE_ARGS=("CUBLAS_INC=$CUBLAS_INC" "CUBLAS_LIBDIR=$CUBLAS_LIBDIR")
     export LD_LIBRARY_PATH="$CUBLAS_LIBDIR:$LD_LIBRARY_PATH"
 fi
-[ -f build/cudnn-fe/include/cudnn_frontend.h ] && MAKE_ARGS+=("CUDNN_FE_INC=build/cudnn-fe/include")
 [ -z "${H3_CUDNN_LIB:-}" ] && [ "$CUDNN_LIB" != "-" ] && export H3_CUDNN_LIB="$CUDNN_LIB"
 [ -z "${H3_NCCL_LIB:-}" ] && [ "$NCCL_LIB" != "-" ] && export H3_NCCL_LIB="$NCCL_LIB"
 export PYTHONPATH="$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -95,6 +95,8 @@ build/tests-asan/%: tests/c/%.c $(ASAN_OBJ) tests/c/ctest.h | check-layers
 
 # test_backend_ops.c includes the decoders' op checks.
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_decoders.inc
+# test_dit.c and test_sp.c share the tiny checkpoint writer.
+build/tests/test_dit build/tests-asan/test_dit build/tests/test_sp build/tests-asan/test_sp: tests/c/dit_checkpoint.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_int8.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_audio_enc.inc
 build/tests/test_backend_ops build/tests-asan/test_backend_ops: tests/c/backend_ops_fp8.inc

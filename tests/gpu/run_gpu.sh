@@ -45,44 +45,15 @@ PY="${PYTHON:-python3}"
 JOBS="$(nproc 2>/dev/null || echo 4)"
 
 # The CUDA backend needs nothing from NVIDIA at build time (g++ over our own declarations); at run time it opens
-# libcuda.so.1 (the driver), NVRTC, cuBLASLt and cuDNN. h3ctl's Python finds the wheels' copies itself; the C tests
-# get them through these variables.
+# libcuda.so.1 (the driver), NVRTC, cuBLASLt and cuDNN.
 MAKE_CUBLAS=()
-if [ -z "${H3_CUDNN_LIB:-}" ]; then
-    H3_CUDNN_LIB="$("$PY" -c 'import glob, site; print(next(iter(sorted(p for r in site.getsitepackages() for p in glob.glob(r + "/nvidia/cudnn/lib/libcudnn.so.9"))), ""))' 2>/dev/null)"
-    [ -n "$H3_CUDNN_LIB" ] && export H3_CUDNN_LIB
-fi
-# The CUDA backend opens NVRTC and cuBLASLt at run time (no nvcc, no CUDA header at build time): the wheels' copies
-# for the C tests, which do not go through h3ctl's Python (that sets the same variables itself).
-for pair in "H3_NVRTC_LIB:cu13/lib/libnvrtc.so.13" "H3_CUBLASLT_LIB:cu13/lib/libcublasLt.so.13"; do
-    var="${pair%%:*}"; rel="${pair#*:}"
-    if [ -z "${!var:-}" ]; then
-        val="$("$PY" -c 'import glob, site, sys; print(next(iter(sorted(p for r in site.getsitepackages() for p in glob.glob(r + "/nvidia/" + sys.argv[1]))), ""))' "$rel" 2>/dev/null)"
-        [ -n "$val" ] && export "$var=$val"
-    fi
-done
-
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "installing the carried wheels in .whl failed"; exit 2; }
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-: >"$LOG/summary.txt"
-FAILED=0
-note() { echo "$*" | tee -a "$LOG/summary.txt"; }
-# run NAME COMMAND...: the command's output goes to the terminal and NAME.log; the result goes to summary.txt.
-run() {
-    local name=$1 t0=$SECONDS rc
-    shift
-    echo "==== $name: $*"
-    "$@" 2>&1 | tee "$LOG/$name.log"
-    rc=$?
-    note "$name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s"
-    [ $rc -eq 0 ] || FAILED=1
-    return $rc
-}
+# shellcheck source=tests/gpu/gpu_env.sh
+. tests/gpu/gpu_env.sh
 
 note "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"
 for stage in "${STAGES[@]}"; do

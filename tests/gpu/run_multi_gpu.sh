@@ -25,44 +25,9 @@ STAGES=("$@")
 PY="${PYTHON:-python3}"
 JOBS="$(nproc 2>/dev/null || echo 4)"
 
-# The libraries as tests/gpu/run_gpu.sh finds them: cuBLASLt and cuDNN from the toolkit or torch's wheels.
-CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-export LD_LIBRARY_PATH="$CUDA_HOME/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-read -r CUBLAS_INC CUBLAS_LIBDIR NCCL_LIB CUDNN_LIB < <("$PY" - <<'PYEOF'
-import glob, os, site
-def find(pat):
-    for root in site.getsitepackages():
-        hits = sorted(glob.glob(f"{root}/{pat}", recursive=True))
-        if hits:
-            return hits[0]
-    return ""
-inc, lib = find("nvidia/**/cublasLt.h"), find("nvidia/**/libcublasLt.so.*")
-print(os.path.dirname(inc) or "-", os.path.dirname(lib) or "-", find("nvidia/nccl/lib/libnccl.so.2") or "-",
-      find("nvidia/cudnn/lib/libcudnn.so.9") or "-")
-PYEOF
-)
 MAKE_ARGS=()
-if [ ! -f "$CUDA_HOME/include/cublasLt.h" ] && [ "$CUBLAS_INC" != "-" ]; then
-    MAKE_ARGS=("CUBLAS_INC=$CUBLAS_INC" "CUBLAS_LIBDIR=$CUBLAS_LIBDIR")
-    export LD_LIBRARY_PATH="$CUBLAS_LIBDIR:$LD_LIBRARY_PATH"
-fi
-[ -z "${H3_CUDNN_LIB:-}" ] && [ "$CUDNN_LIB" != "-" ] && export H3_CUDNN_LIB="$CUDNN_LIB"
-[ -z "${H3_NCCL_LIB:-}" ] && [ "$NCCL_LIB" != "-" ] && export H3_NCCL_LIB="$NCCL_LIB"
-export PYTHONPATH="$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-: >"$LOG/summary.txt"
-FAILED=0
-note() { echo "$*" | tee -a "$LOG/summary.txt"; }
-run() {
-    local name=$1 t0=$SECONDS rc
-    shift
-    echo "==== $name: $*"
-    "$@" 2>&1 | tee "$LOG/$name.log"
-    rc=$?
-    note "$name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s"
-    [ $rc -eq 0 ] || FAILED=1
-    return $rc
-}
+# shellcheck source=tests/gpu/gpu_env.sh
+. tests/gpu/gpu_env.sh
 
 note "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sort | uniq -c | tr -s ' ')"
 note "nccl: ${H3_NCCL_LIB:-libnccl.so.2 by the loader search}"

@@ -231,8 +231,8 @@ int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **ou
     char path[4096];
     if (cuda_lib_path(path, sizeof path) || !h3_is_file(path))
         return h3_err(H3_E_UNSUPPORTED,
-                      "cuda: the CUDA backend is not built in this installation (reinstall h3ctl where nvcc is "
-                      "found, or run `make cuda`)");
+                      "cuda: the CUDA backend is not built in this installation (reinstall h3ctl on Linux with a C++ "
+                      "compiler, g++ or clang++, present; or run `make cuda`)");
     /* RTLD_LOCAL: its symbols (cuBLASLt's, the CUDA runtime's) stay out of the process's global
        namespace. The handle is kept for the process's lifetime: unloading CUDA is not safe. */
     /* One library per path (H3_CUDA_LIB may name another one later in the process). */

@@ -522,6 +522,12 @@ struct h3_backend {
     int attn_precision;
     /* Why this backend cannot run fp8 attention ("" when it can): set at creation. */
     char attn_fp8_why[200];
+    /* ABI 3, for h3ctl info (h3_backends_json): whether bf16 attention runs on cuDNN, and the cuDNN
+       path's own line (its version and library, or why it is not used); the driver's CUDA version
+       (cuDriverGetVersion, 13000 for 13.0). Zero / "" on the CPU. */
+    bool attn_cudnn;
+    char attn_cudnn_info[300];
+    int driver_version;
 };
 
 /* Host services handed to a backend built as its own shared library (it cannot see libh3's

@@ -82,6 +82,17 @@ static const char *device_word(int device)
     return device == H3_DEVICE_CUDA ? "cuda" : device == H3_DEVICE_METAL ? "metal" : "cpu";
 }
 
+/* fp8 weights (H3_PRECISION_FP8) run on fp8 tensor cores: a GPU backend of compute capability 8.9 or
+   newer. Otherwise false with the reason ("needs ..."). The one copy of the rule: h3_init and
+   h3_backends_json both ask here. */
+static bool fp8_weights_ok(const h3_backend *g, char *why, size_t cap)
+{
+    if (g->compute_capability >= 89) return true;
+    snprintf(why, cap, "needs a GPU of compute capability 8.9 or newer (fp8 tensor cores); this one is %d.%d",
+             g->compute_capability / 10, g->compute_capability % 10);
+    return false;
+}
+
 /* Refuse a weight precision, or fp8 attention, that the context's backend cannot run, before any work. */
 static int check_precision(h3_ctx *ctx, int precision)
 {
@@ -93,11 +104,8 @@ static int check_precision(h3_ctx *ctx, int precision)
                                                   "metal)")
                        : h3_err(H3_E_UNSUPPORTED, "precision fp8 runs on the CUDA backend only (this context runs on "
                                                   "the CPU: use int8 there, or a GPU)");
-        if (ctx->rt.gpu->compute_capability < 89)
-            return h3_err(H3_E_UNSUPPORTED,
-                          "precision fp8 needs a GPU of compute capability 8.9 or newer (fp8 tensor cores); "
-                          "this one is %d.%d",
-                          ctx->rt.gpu->compute_capability / 10, ctx->rt.gpu->compute_capability % 10);
+        char why[160];
+        if (!fp8_weights_ok(ctx->rt.gpu, why, sizeof why)) return h3_err(H3_E_UNSUPPORTED, "precision fp8 %s", why);
     }
     if (ctx->flags & H3_OPT_FP8_ATTENTION) {
         if (ctx->device != H3_DEVICE_CUDA)
@@ -299,7 +307,8 @@ H3_API int h3_device_memory_peak(h3_ctx *ctx, int reset, uint64_t *peak_bytes)
 
 H3_API const char *h3_backends_json(void)
 {
-    static char buf[2048];
+    /* Paths (the kernel cache folder, cuDNN's library) make it long: sized for a few of 4096. */
+    static char buf[16384];
     h3_buf b = {0};
     h3_buf_printf(&b, "{\"cpu\": {\"available\": true, \"kernels\": \"%s\", \"features\": ", h3_kernels_variant());
     h3_buf_json_str(&b, h3_cpu_features());
@@ -308,7 +317,6 @@ H3_API const char *h3_backends_json(void)
     h3_tuning *t = h3_malloc(sizeof *t); /* no context here: the environment as it is now */
     if (t) h3_tuning_read(t);
     int rc = t ? h3_backend_cuda_open(0, t, &be) : -H3_E_NOMEM;
-    free(t);
     if (rc == 0) {
         uint64_t fr = 0, tot = 0;
         be->mem->mem_info(be, &fr, &tot);
@@ -317,7 +325,18 @@ H3_API const char *h3_backends_json(void)
         h3_buf_printf(&b, ", \"compute_capability\": \"%d.%d\", \"memory_bytes\": %llu, \"free_bytes\": %llu",
                       be->compute_capability / 10, be->compute_capability % 10, (unsigned long long)tot,
                       (unsigned long long)fr);
-        /* fp8 attention (H3_OPT_FP8_ATTENTION): what h3_init would say when asked for it. */
+        h3_buf_printf(&b, ", \"driver_cuda\": \"%d.%d\"", be->driver_version / 1000, be->driver_version % 1000 / 10);
+        /* bf16 attention: cuDNN's (its version and library) or the own kernel (and why). */
+        h3_buf_printf(&b, ", \"cudnn_attention\": %s, \"cudnn\": ", be->attn_cudnn ? "true" : "false");
+        h3_buf_json_str(&b, be->attn_cudnn_info);
+        /* fp8 weights (H3_PRECISION_FP8) and fp8 attention (H3_OPT_FP8_ATTENTION): what h3_init would say. */
+        char why[160];
+        const bool fp8 = fp8_weights_ok(be, why, sizeof why);
+        h3_buf_printf(&b, ", \"fp8_weights\": %s", fp8 ? "true" : "false");
+        if (!fp8) {
+            h3_buf_printf(&b, ", \"fp8_weights_reason\": ");
+            h3_buf_json_str(&b, why);
+        }
         h3_buf_printf(&b, ", \"fp8_attention\": %s", be->attn_fp8_why[0] ? "false" : "true");
         if (be->attn_fp8_why[0]) {
             h3_buf_printf(&b, ", \"fp8_attention_reason\": ");
@@ -329,6 +348,13 @@ H3_API const char *h3_backends_json(void)
         h3_buf_json_str(&b, h3_last_error());
         h3_err_clear();
     }
+    /* Where compiled kernels are kept (H3_KERNEL_CACHE, else the user's cache folder); null: none. */
+    h3_buf_printf(&b, ", \"kernel_cache\": ");
+    if (t && t->kernel_cache[0])
+        h3_buf_json_str(&b, t->kernel_cache);
+    else
+        h3_buf_printf(&b, "null");
+    free(t);
     /* Metal: the GPU, its family and memory in the description; not yet run on Apple hardware
        (docs/metal.md), which the description and "verified_on_hardware" say until a recorded Mac
        run exists. */

@@ -295,8 +295,8 @@ int h3_backend_cuda_open(int device_ordinal, const h3_tuning *t, h3_backend **ou
     char path[4096];
     if (cuda_lib_path(path, sizeof path) || !h3_is_file(path))
         return h3_err(H3_E_UNSUPPORTED,
-                      "cuda: the CUDA backend is not built in this installation (reinstall h3ctl with a C++ compiler "
-                      "present, or run `make cuda`)");
+                      "cuda: the CUDA backend is not built in this installation (reinstall h3ctl on Linux with a C++ "
+                      "compiler, g++ or clang++, present; or run `make cuda`)");
     h3_tuning now; /* no context's knobs given: the environment as it is now */
     if (!t) {
         h3_tuning_read(&now);

@@ -535,6 +535,12 @@ struct h3_backend {
        never read from its shorter struct, and the tables' initialisers stay complete. */
     int (*weight_load_i8)(h3_backend *be, const int8_t *q, const float *scale, int group, int64_t rows, int64_t cols,
                           h3_bw *out);
+    /* ABI 3, for h3ctl info (h3_backends_json): whether bf16 attention runs on cuDNN, and the cuDNN
+       path's own line (its version and library, or why it is not used); the driver's CUDA version
+       (cuDriverGetVersion, 13000 for 13.0). Zero / "" on the CPU. */
+    bool attn_cudnn;
+    char attn_cudnn_info[300];
+    int driver_version;
 };
 
 /* Host services handed to a backend built as its own shared library (it cannot see libh3's

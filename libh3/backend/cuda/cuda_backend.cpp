@@ -860,6 +860,10 @@ static int create(Backend *b, int ord)
     else if (!(cudnn || h3_cudnn_sdpa_available(&b->cudnn, why8, sizeof why8)))
         snprintf(b->base.attn_fp8_why, sizeof b->base.attn_fp8_why, "it runs on cuDNN, and %.170s",
                  why[0] ? why : why8);
+    b->base.attn_cudnn = cudnn;
+    snprintf(b->base.attn_cudnn_info, sizeof b->base.attn_cudnn_info, "%s",
+             why[0] ? why : why8[0] ? why8 : "not asked (H3_CUDA_ATTENTION=own)");
+    b->base.driver_version = drv;
     snprintf(b->base.desc, sizeof b->base.desc, "cuda (%.60s, sm_%d%d, %.1f GiB, %s attention)", b->name, major,
              minor, (double)total / (1024.0 * 1024.0 * 1024.0), cudnn ? "cuDNN" : "own");
     b->base.name = "cuda";

@@ -72,7 +72,8 @@ int load_driver(const char *path, char *why, size_t cap)
     std::call_once(g_cuda.once, [path] {
         void *h = open_lib(path, "libcuda.so.1", &g_cuda.why);
         if (!h) {
-            g_cuda.why = "no NVIDIA driver (libcuda.so.1 cannot be loaded: " + g_cuda.why + ")";
+            g_cuda.why = "no NVIDIA driver (libcuda.so.1 cannot be loaded: " + g_cuda.why +
+                         "): install NVIDIA's driver for this GPU";
             return;
         }
         std::string w;

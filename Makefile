@@ -245,10 +245,8 @@ CUDA_CXX      ?= $(or $(shell command -v g++ 2>/dev/null),$(shell command -v cla
 CUDA_CXXFLAGS ?= -O2 -g
 CUDA_WERROR   ?=
 CUDA_BASE      = -std=c++17 -fPIC -fvisibility=hidden -Wall -Wextra $(CUDA_WERROR) -Ilibh3
-# Every .cpp of the folder (the cuDNN path, NCCL, ...); the cuDNN stand-in only while the real
-# cuDNN path (cuda_sdpa_cudnn.cpp) is absent.
-CUDA_SRC      := $(sort $(wildcard libh3/backend/cuda/*.cpp)) \
-                 $(if $(wildcard libh3/backend/cuda/cuda_sdpa_cudnn.cpp),,libh3/backend/cuda/cudnn_absent/cudnn_absent.cpp)
+# Every .cpp of the folder (the cuDNN path, NCCL, ...).
+CUDA_SRC      := $(sort $(wildcard libh3/backend/cuda/*.cpp))
 CUDA_HDR      := $(wildcard libh3/backend/cuda/*.h) libh3/backend/cuda/kernels/h3k.h libh3/backend/backend.h \
                  libh3/core/internal.h libh3/core/wpack.h libh3/h3.h libh3/h3_stages.h
 CUDA_KERNELS  := $(sort $(wildcard libh3/backend/cuda/kernels/*.cu libh3/backend/cuda/kernels/*.h))

@@ -11,8 +11,8 @@
 #
 # The install is the README's `pip install -e ".[cuda]"` where an index is reachable. A GPU machine without network
 # (the lent one) installs the same way offline: `--no-build-isolation --no-deps` over the NVIDIA wheels already in
-# site-packages, with hatchling (the build backend) from ./.carry/hatch/*.whl when python3 lacks it
-# (`pip download -d .carry/hatch hatchling` where an index is reachable).
+# site-packages, with hatchling (the build backend) and editables (its editable installs) from ./.carry/hatch/*.whl when
+# python3 lacks them (tests/gpu/make_carry.sh downloads them where an index is reachable).
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 2
 LOG="${OUT:-./gpu-out}/fresh"
@@ -38,17 +38,17 @@ V="$WORK/venv/bin"
 rm -rf build/cuda python/h3ctl/libh3.so python/h3ctl/libh3_cuda.so   # nothing left from an earlier build
 if "$V/python" -m pip download -q --retries 0 --timeout 5 --no-deps -d "$WORK/probe" hatchling >/dev/null 2>&1; then
     say 'install (online): pip install -e ".[cuda]"'
-    t0=$SECONDS; "$V/pip" install -q -e ".[cuda]" 2>&1 | tail -5; rc=$?
+    t0=$SECONDS; "$V/pip" install -q -e ".[cuda]" >"$LOG/install.log" 2>&1; rc=$?
 else
-    if ! "$V/python" -c 'import hatchling' 2>/dev/null; then
+    if ! "$V/python" -c 'import hatchling, editables' 2>/dev/null; then
         ls .carry/hatch/*.whl >/dev/null 2>&1 || { echo "no network and no hatchling: carry .carry/hatch/*.whl"; exit 2; }
         "$V/pip" install -q --no-index --no-deps .carry/hatch/*.whl || exit 1
     fi
     say "install (offline): pip install --no-build-isolation --no-deps -e ."
-    t0=$SECONDS; "$V/pip" install -q --no-build-isolation --no-deps -e . 2>&1 | tail -5; rc=$?
+    t0=$SECONDS; "$V/pip" install -q --no-build-isolation --no-deps -e . >"$LOG/install.log" 2>&1; rc=$?
 fi
 say "install: exit $rc in $((SECONDS - t0)) s; built: $(ls python/h3ctl/libh3*.so 2>/dev/null | tr '\n' ' ')"
-[ "$rc" -eq 0 ] || exit 1
+[ "$rc" -eq 0 ] || { tail -30 "$LOG/install.log"; exit 1; }
 [ -f python/h3ctl/libh3_cuda.so ] || { echo "FAILED: the install built no CUDA backend"; exit 1; }
 
 cd "$WORK" || exit 2   # away from the checkout, so the installed h3ctl is the one that runs

@@ -21,6 +21,6 @@ unzip -q "$tmp"/whl/diffusers-*.whl -d "$tmp/site"
 grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >>.git/info/exclude
 mkdir -p .carry
 rm -rf .carry/hatch
-python3 -m pip download -q --only-binary=:all: --python-version "$GPU_PYTHON" -d .carry/hatch hatchling
+python3 -m pip download -q --only-binary=:all: --python-version "$GPU_PYTHON" -d .carry/hatch hatchling editables
 tar -cJf .carry/diffusers.tar.xz -C "$tmp/site" .
 ls -l .carry .carry/hatch

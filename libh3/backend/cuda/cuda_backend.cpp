@@ -11,7 +11,7 @@
  * found through the loader's normal search path: LD_LIBRARY_PATH or ld.so.conf), so the only
  * thing a machine needs besides the driver is cuBLAS of the CUDA major version it was built for.
  */
-#include "backend/cuda/cuda_cudnn_host.h"
+#include "backend/cuda/cuda_sdpa.h"
 #include "backend/cuda/cuda_kernels.h"
 
 #include <stdarg.h>
@@ -654,7 +654,12 @@ static void release_all(Backend *b)
         if (b->stage_dev[s]) cu_free(b->stage_dev[s]);
         if (b->stage_done[s]) cuEventDestroy(b->stage_done[s]);
     }
-    if (b->stream) cuStreamDestroy(b->stream);
+    if (b->stream) {
+        /* Drained above or here; the shared cuDNN state must not wait on it once it is gone. */
+        (void)cuStreamSynchronize(b->stream);
+        h3_cudnn_forget_stream(&b->cudnn, b->stream);
+        cuStreamDestroy(b->stream);
+    }
     cuDevicePrimaryCtxRelease(b->cudev);
     free(b);
 }

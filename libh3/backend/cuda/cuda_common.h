@@ -14,7 +14,7 @@
 
 #include "backend/backend.h"
 
-#include "backend/cuda/cuda_cudnn_host.h"
+#include "backend/cuda/cuda_sdpa.h"
 #include "backend/cuda/cuda_driver.h"
 
 #include <stddef.h>

@@ -66,6 +66,11 @@ int h3_cudnn_sdpa_available(const struct h3_cudnn_host *host, char *why, size_t 
    an engine for the shape is still looked for at the first call. */
 int h3_cudnn_sdpa_fp8_available(const struct h3_cudnn_host *host, char *why, size_t cap);
 
+/* The backend is about to destroy `stream` (after draining it): the cuDNN path stops remembering it as
+   the workspace's or a graph's last stream, so no later call waits on a stream that no longer exists
+   (several backends of one device share the workspace and the graph cache). */
+void h3_cudnn_forget_stream(const struct h3_cudnn_host *host, void *stream);
+
 /* Where to try libcudnn.so.9 first (H3_CUDNN_LIB as libh3 read it; NULL or "": the loader's search
    only). cuDNN is loaded once per process, so only a path given before the first load counts. */
 void h3_cudnn_set_lib(const char *path);

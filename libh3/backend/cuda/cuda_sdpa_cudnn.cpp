@@ -1096,6 +1096,23 @@ extern "C" int h3_cudnn_sdpa_available(const struct h3_cudnn_host *host, char *w
     return 0;
 }
 
+extern "C" void h3_cudnn_forget_stream(const struct h3_cudnn_host *host, void *stream)
+{
+    if (!host || !stream) return;
+    State &st = state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.devices.find(host->device);
+    if (it != st.devices.end() && it->second.ws_stream == stream) {
+        it->second.ws_pending = false;
+        it->second.ws_stream = nullptr;
+    }
+    for (auto &kv : st.cache)
+        if (kv.second.last_stream == stream) {
+            kv.second.ran = false;
+            kv.second.last_stream = nullptr;
+        }
+}
+
 extern "C" int h3_cudnn_sdpa_fp8_available(const struct h3_cudnn_host *host, char *why, size_t cap)
 {
     char base[512];

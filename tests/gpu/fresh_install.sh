@@ -35,6 +35,9 @@ say "nvcc on PATH: $(command -v nvcc || echo none); CUDA_HOME: ${CUDA_HOME:-unse
 say "venv (--system-site-packages) from $("$PY" --version 2>&1)"
 "$PY" -m venv --system-site-packages "$WORK/venv" || exit 1
 V="$WORK/venv/bin"
+# A venv made from another venv's python sees only the base interpreter's site-packages: point it at the invoking
+# python's too, where the machine's NVIDIA wheels (and numpy) are.
+"$PY" -c 'import site; print("\n".join(site.getsitepackages()))' >"$("$V/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine-site.pth"
 rm -rf build/cuda python/h3ctl/libh3.so python/h3ctl/libh3_cuda.so   # nothing left from an earlier build
 if "$V/python" -m pip download -q --retries 0 --timeout 5 --no-deps -d "$WORK/probe" hatchling >/dev/null 2>&1; then
     say 'install (online): pip install -e ".[cuda]"'

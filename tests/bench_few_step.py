@@ -6,8 +6,8 @@ and (with --lora) a few-step student.
 
 Each cell renders the held-out prompts of train/world.py with libh3 on the CPU (128 x 128 x 22, seeds 42 + k) and
 scores them with train/evaluate.py's checks (colour, motion, pitch, pan, clicks); time is the mean wall time of one
-render, encode to decode, on this machine. `student` is the base model with the --lora file (train/distill_fewstep.py's
-output; none is shipped yet). With --anchored N, the first N anchored held-out
+render, encode to decode, on this machine. `student` is the base model with the --lora file (the shipped few-step
+LoRA of the tiny-fast preset by default, when it is installed). With --anchored N, the first N anchored held-out
 cases (world.heldout_anchor_cases: first / last / both frames) too, scored by evaluate.check_anchored: the anchor
 checks (PSNR >= 25 dB, colour, place per anchor) and the text checks apart. With --fidelity, the mean PSNR of the
 text-only renders' frames against the base model's 20-evaluation render of the same prompt and seed (the ODE solution the
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", default=None, help="base, student or both (default: base, and student when a LoRA "
                     "is given or installed)")
-    ap.add_argument("--lora", default=None, help="the student's LoRA (train/distill_fewstep.py's output)")
+    ap.add_argument("--lora", default=None, help="the student's LoRA (default: the tiny-fast preset's)")
     ap.add_argument("--anchored", type=int, default=0, help="anchored held-out cases to score too (0..27)")
     ap.add_argument("--fidelity", action="store_true", help="PSNR of the frames against the base 20-evaluation "
                     "render of the same prompt and seed")
@@ -45,12 +45,12 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from h3ctl import Engine
+    from h3ctl import Engine, presets
     from tests import quality
     from tests import semantic_run as S
     from train import evaluate, world
 
-    lora = args.lora
+    lora = args.lora or (presets.student_lora() if os.path.isfile(presets.student_lora()) else None)
     models = args.models.split(",") if args.models else (["base", "student"] if lora else ["base"])
     if "student" in models and not lora:
         ap.error("--models student needs --lora FILE (no few-step LoRA is installed)")

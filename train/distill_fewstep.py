@@ -366,7 +366,7 @@ def train_student(model, loras: dict, groups: list, args, dev, deadline: float, 
         lr = lr_at(args.lr, min(1.0, el / seconds), step, warmup=args.warmup)
         for grp in opt.param_groups:
             grp["lr"] = lr
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda and args.amp):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bool(cuda and args.amp)):
             pv, pa = dit_core.batched_forward(model, inp, x_a, g.text[idx], 1 - sv9[j0], 1 - sa9[j0], g.lay)
         pv = pv[:, g.lay.num_cond_rows:].float()
         e_v = (pv - tgt_v).pow(2).mean((1, 2))

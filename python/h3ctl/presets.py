@@ -16,7 +16,8 @@ The few-step presets (turbo4, turbo8) are for step-distilled models (a Turbo che
 LoRA): the evaluation count those were distilled for, the grid the model or its LoRA declares (else the lightx2v
 Turbo grid of the canvas: shifts 6 / 3 from a 768-pixel short edge, 12 / 3 below), and the fp8 weights on a GPU
 that runs them. On the release without such a LoRA they are just few steps. No distilled model could be measured
-here, so their quality columns say "not measured".
+here, so their quality columns say "not measured". `tiny-fast` is h3-tiny's own few-step student: 4 evaluations on
+the h3 grid with the LoRA train/distill_fewstep.py distilled (shipped beside the model; it fits h3-tiny only).
 
 A preset is a set of these (`render_scale` stands for a render size of that fraction of the output, rounded
 down to a valid canvas of the same aspect). The `measured` numbers of each preset come from
@@ -47,6 +48,14 @@ class Preset:
     measured: dict = field(default_factory=dict)
 
 
+STUDENT_LORA = "h3-tiny-fast.safetensors"
+
+
+def student_lora() -> str:
+    """The path of h3-tiny's few-step LoRA (train/distill_fewstep.py; docs/few-step.md), shipped beside the model."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "h3-tiny", "lora", STUDENT_LORA)
+
+
 PRESETS: dict[str, Preset] = {
     "reference": Preset("reference", "every knob off: the exact render", {}, {
         "speedup": 1.0, "wall_speedup": 1.0, "ssim": 1.0, "psnr": math.inf, "lsd_db": 0.0, "semantic": 0.935}),
@@ -63,6 +72,8 @@ PRESETS: dict[str, Preset] = {
                      {"steps": 5, "auto_schedule": True, "gpu_precision": "fp8"}, {}),
     "turbo8": Preset("turbo8", "8 evaluations on the distilled grid, for step-distilled models (not measured)",
                      {"steps": 9, "auto_schedule": True, "gpu_precision": "fp8"}, {}),
+    "tiny-fast": Preset("tiny-fast", "h3-tiny's few-step student: 4 evaluations with its distilled LoRA (h3-tiny only)",
+                        {"steps": 5, "lora": [student_lora()]}, {}),
 }
 
 # The preset `h3ctl render` uses when none is given: `balanced` costs nothing the measures can see (SSIM 0.996,
@@ -133,6 +144,8 @@ def resolve(preset: str | None = None, **given) -> dict:
     if unknown:
         raise TypeError(f"unknown knob(s): {', '.join(unknown)}")
     knobs = dict(get(preset).knobs) if preset is not None else {}
+    if preset == "tiny-fast" and given.get("lora") is None and not os.path.isfile(student_lora()):
+        raise H3Error(f"preset tiny-fast: its LoRA {STUDENT_LORA} is not installed (expected at {student_lora()})")
     for k, v in given.items():
         if v is not None:
             knobs[k] = v

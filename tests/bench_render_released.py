@@ -379,9 +379,11 @@ def main() -> int:
     ap.add_argument("--full-text-layers", type=int, default=50,
                     help="the release's conditioning layer: text layers a full render runs (default 50)")
     ap.add_argument("--steps", type=int, default=3, help="libh3 grid points per render (steps - 1 forwards)")
-    ap.add_argument("--full-steps", type=int, default=FULL_STEPS,
+    ap.add_argument("--full-steps", type=int, default=None,
                     help="grid points of the render the tables extrapolate to (default 20 = 19 forwards; 5 = the "
-                         "4-evaluation few-step render of issue #26: then give --steps 5 too, measured = reported)")
+                         "4-evaluation few-step render of issue #26: then give --steps 5 too, measured = reported); "
+                         "with --report it replaces the saved run's (9 = an 8-evaluation render from the same "
+                         "measurements)")
     ap.add_argument("--schedule", default=None, help="the sigma grid by name (h3ctl.schedules, e.g. turbo-544p for "
                     "a 4-step Turbo render); speed does not depend on it, the frames do")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per diffusers measurement (median)")
@@ -399,9 +401,13 @@ def main() -> int:
     if args.report:
         res = json.loads(Path(args.report).read_text())
         for k, v in res["config"].items():
-            if k in ("blocks", "text_layers", "full_text_layers", "steps", "full_steps", "schedule"):
+            if k in ("blocks", "text_layers", "full_text_layers", "steps", "full_steps", "schedule") \
+                    and not (k == "full_steps" and args.full_steps is not None):
                 setattr(args, k, v)
+        args.full_steps = args.full_steps or FULL_STEPS
         return report(res, [geometry(s) for s in res["diffusers"]], args)
+    if args.full_steps is None:
+        args.full_steps = FULL_STEPS
     if args.blocks < 1 or args.text_layers < 1 or args.steps < 2 or args.repeats < 1 or args.full_text_layers < 1 \
             or args.full_steps < 2:
         ap.error("--blocks, --text-layers, --full-text-layers and --repeats must be >= 1, --steps and --full-steps "

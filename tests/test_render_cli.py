@@ -87,6 +87,32 @@ def test_unwritable_and_bad_paths(tiny_ckpt, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
+def test_missing_ffmpeg_is_said_before_the_render(tiny_ckpt, tmp_path):
+    """An install without imageio-ffmpeg (an offline --no-deps install), or an H3_FFMPEG that is not a program:
+    one line before any work (no render, so no progress and no time spent), nothing written; --wav still works."""
+    import os
+
+    block = tmp_path / "block" / "imageio_ffmpeg"
+    block.mkdir(parents=True)
+    (block / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(block.parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("H3_FFMPEG", None)
+    out = tmp_path / "out"
+    out.mkdir()
+    t0 = time.monotonic()
+    line = assert_clean_error(run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "-o", out / "x.mp4", env=env),
+                              "imageio-ffmpeg is not installed", "pip install imageio-ffmpeg")
+    assert "Traceback" not in line and time.monotonic() - t0 < 30
+    env2 = dict(os.environ, H3_FFMPEG=str(tmp_path / "no-ffmpeg"))
+    assert_clean_error(run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "-o", out / "x.mp4", env=env2),
+                       "H3_FFMPEG=", "not an executable file")
+    assert list(out.iterdir()) == []
+    proc = run("render", "-d", tiny_ckpt.parent, "-p", PROMPT, "-o", "", "--wav", out / "a.wav", "--steps", "2", "-q",
+               env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in out.iterdir()] == ["a.wav"]
+
+
 def test_ctrl_c_stops_cleanly(tmp_path):
     """SIGINT during denoising: exit 130, one line, no output and no temporary file left."""
     from tests.fixtures import make_checkpoint

@@ -28,11 +28,14 @@ FPS = 24
 def ffmpeg_exe() -> str:
     env = os.environ.get("H3_FFMPEG")
     if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise H3Error(f"H3_FFMPEG={env}: not an executable file")
         return env
     try:
         import imageio_ffmpeg
-    except ImportError:  # pragma: no cover - a runtime dependency
-        raise H3Error("imageio-ffmpeg is not installed (it provides the bundled ffmpeg)") from None
+    except ImportError:  # a runtime dependency an offline --no-deps install can lack
+        raise H3Error("imageio-ffmpeg is not installed (it provides the bundled ffmpeg for MP4s): pip install "
+                      "imageio-ffmpeg, or write only --wav / --frames-dir") from None
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 

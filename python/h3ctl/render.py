@@ -208,6 +208,10 @@ def main(args) -> int:
         outputs.append(outs.check_target(args.wav, args.overwrite))
     if not (out or args.wav or args.frames_dir):
         raise H3Error("nothing to write: give -o, --wav or --frames-dir")
+    if out:
+        from .media import ffmpeg_exe
+
+        ffmpeg_exe()  # the MP4 writer's ffmpeg is missing: say so now, not after the render
     if len({str(Path(p).resolve()) for p in outputs}) != len(outputs):
         raise H3Error("the MP4 and the WAV must be different files")
     # Every output is reserved before any work: its temporary is created now (an unwritable folder fails

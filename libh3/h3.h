@@ -175,6 +175,15 @@ typedef struct h3_options {
  * older GPU, no cuDNN). The refiner, the text encoder and the decoders keep their attention.
  */
 #define H3_OPT_FP8_ATTENTION 64u
+/*
+ * fp8 video decoder (a speed switch, not an exact path; environment: H3_FP8_DECODER=1/0): the video
+ * VAE decoder's layer GEMM weights (qkv, out and both MLP weights of every layer) quantised to e4m3
+ * with one f32 scale per output channel at load, the activations per row, as precision fp8 does for
+ * the transformer; proj_in, proj_out, the norms, the attention and the blending are unchanged.
+ * Independent of h3_options.precision. CUDA on compute capability 8.9+ only: refused at h3_init, with
+ * the reason, elsewhere. Off (the default) the decoder is the exact bf16 one.
+ */
+#define H3_OPT_FP8_DECODER 128u
 
 /*
  * Devices. AUTO runs on CUDA when the CUDA backend was built (libh3_cuda next to libh3) and a

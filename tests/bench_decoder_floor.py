@@ -284,14 +284,16 @@ def floor(torch, vae, passes: list, args) -> dict:
 # ---- libh3 --------------------------------------------------------------------------------------------------------
 
 
-def libh3_decode(part: Path, lat, args) -> dict:
+def libh3_decode(part: Path, lat, args, fp8: bool = False) -> dict:
+    """`fp8`: the context with H3_OPT_FP8_DECODER (the decoder layers' GEMMs with fp8 weights)."""
+    from h3ctl import _lib
     from h3ctl.context import Context
     from h3ctl.parity import vae_video as PV
 
     device = "cpu" if args.dry_run else "cuda"
     import numpy as np
 
-    with Context(part, threads=args.threads, device=device) as ctx:
+    with Context(part, threads=args.threads, device=device, flags=_lib.H3_OPT_FP8_DECODER if fp8 else 0) as ctx:
         small = np.random.default_rng(0).standard_normal((24, 3, 2, 2)).astype(np.float32)  # one 32 px tile
         one_s, _ = bst.best_s(lambda: PV.decode(ctx, small, want_pixels=False), args.repeats)
         stamps: list = []
@@ -304,7 +306,8 @@ def libh3_decode(part: Path, lat, args) -> dict:
         stamps.clear()
         PV.decode(ctx, lat, want_pixels=False, progress=prog)
         steps = [b[0] - a[0] for a, b in zip(stamps, stamps[1:])]
-        return {"device": ctx.device_description if hasattr(ctx, "device_description") else device,
+        rgb, _ = PV.decode(ctx, lat, want_pixels=False)
+        return {"rgb": rgb,"device": ctx.device_description if hasattr(ctx, "device_description") else device,
                 "decode_s": full_s, "one_tile_s": one_s, "decode_less_load_s": max(0.0, full_s - one_s),
                 "progress_steps": len(steps),
                 "progress_step_median_ms": statistics.median(steps) * 1e3 if steps else None}
@@ -344,6 +347,11 @@ def report(res: dict) -> str:
         if h:
             lines += [f"| **libh3** | h3_video_decode {h['decode_s'] * 1e3:.0f} ms, one-tile call {h['one_tile_s'] * 1e3:.0f} ms"
                       f" -> {h['decode_less_load_s'] * 1e3:.0f} ms without the load | | |"]
+        h8 = r.get("libh3_fp8")
+        if h8:
+            lines += [f"| **libh3, fp8 decoder** | h3_video_decode {h8['decode_s'] * 1e3:.0f} ms -> "
+                      f"{h8['decode_less_load_s'] * 1e3:.0f} ms without the load | frames vs bf16 decoder "
+                      f"{h8['psnr_db']:.1f} dB PSNR, SSIM {h8['ssim']:.4f} | |"]
     return "\n".join(lines)
 
 
@@ -409,9 +417,19 @@ def main() -> int:
                 if DEV == "cuda":
                     torch.cuda.empty_cache()
                 r["libh3"] = libh3_decode(part, lat.numpy(), args)
-                vae.to(DEV)
                 print(f"{spec}: libh3 {r['libh3']['decode_s']:.2f} s (one-tile call {r['libh3']['one_tile_s']:.2f} s)",
                       flush=True)
+                if fp8_linear(torch) is not None:  # the fp8 decoder (--fp8-decoder) where the GPU has fp8
+                    from tests import quality
+
+                    f8 = r["libh3_fp8"] = libh3_decode(part, lat.numpy(), args, fp8=True)
+                    f8["psnr_db"] = quality.psnr(r["libh3"]["rgb"], f8["rgb"])
+                    f8["ssim"] = quality.ssim(r["libh3"]["rgb"], f8["rgb"])
+                    print(f"{spec}: libh3 fp8 decoder {f8['decode_s']:.2f} s (one-tile call {f8['one_tile_s']:.2f} s);"
+                          f" frames vs the bf16 decoder {f8['psnr_db']:.1f} dB PSNR, SSIM {f8['ssim']:.4f}", flush=True)
+                    del f8["rgb"]
+                del r["libh3"]["rgb"]
+                vae.to(DEV)
             res["shapes"][spec] = r
     finally:
         if tmp:

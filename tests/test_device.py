@@ -476,6 +476,22 @@ def test_fp8_attention_where_it_cannot_run_is_refused_before_any_work(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_fp8_decoder_where_it_cannot_run_is_refused_before_any_work(tmp_path):
+    """The fp8 video decoder (H3_OPT_FP8_DECODER) needs CUDA's fp8 GEMMs: a CPU context refuses it at h3_init with the
+    reason, from the Engine, the environment (H3_FP8_DECODER=1) or the CLI, which writes nothing."""
+    with pytest.raises(H3Error, match="the fp8 video decoder runs on the CUDA backend only"):
+        Engine(device="cpu", fp8_decoder=True)
+    env = dict(os.environ, H3_FP8_DECODER="1", PYTHONPATH=str(ROOT / "python"))
+    code = "from h3ctl import Engine\ntry:\n    Engine(device='cpu')\nexcept Exception as e:\n    print(e)\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "the fp8 video decoder runs on the CUDA backend only (this context runs on the CPU)" in proc.stdout, (
+        proc.stdout, proc.stderr)
+    out = tmp_path / "x.mp4"
+    assert_clean_error(run("render", "-p", PROMPT, "--device", "cpu", "--fp8-decoder", "-o", out, "-q"),
+                       "the fp8 video decoder runs on the CUDA backend only")
+    assert not list(tmp_path.iterdir())
+
+
 def test_precision_the_backend_cannot_run_is_refused_at_init():
     """fp8 weights need the CUDA backend (compute capability 8.9+): on a CPU context h3_init refuses them with the
     reason, before any work; an unknown precision is refused by the binding and by h3_init."""

@@ -114,6 +114,17 @@ static int check_precision(h3_ctx *ctx, int precision)
         if (ctx->rt.gpu->attn_fp8_why[0])
             return h3_err(H3_E_UNSUPPORTED, "fp8 attention: %s", ctx->rt.gpu->attn_fp8_why);
     }
+    if (ctx->flags & H3_OPT_FP8_DECODER) {
+        if (ctx->device != H3_DEVICE_CUDA)
+            return h3_err(H3_E_UNSUPPORTED, "the fp8 video decoder runs on the CUDA backend only (this context runs "
+                          "on %s)", ctx->device == H3_DEVICE_METAL ? "metal" : "the CPU");
+        if (ctx->flags & H3_OPT_STAGES_CPU)
+            return h3_err(H3_E_UNSUPPORTED, "the fp8 video decoder runs on the GPU, and H3_STAGES_CPU keeps the "
+                                            "decoders on the CPU: drop one of them");
+        char why[160];
+        if (!fp8_weights_ok(ctx->rt.gpu, why, sizeof why))
+            return h3_err(H3_E_UNSUPPORTED, "the fp8 video decoder %s", why);
+    }
     if (precision == H3_PRECISION_INT8 && ctx->device != H3_DEVICE_CPU)
         return h3_err(H3_E_UNSUPPORTED, "precision int8 runs on the CPU backend only (use fp8 on a GPU, or "
                                         "--device cpu)");

@@ -65,7 +65,8 @@ static const struct {
                    {"H3_TEXT_PREFETCH", H3_OPT_NO_TEXT_PREFETCH, true},
                    {"H3_DROP_PAGE_CACHE", H3_OPT_DROP_PAGE_CACHE, false},
                    {"H3_STAGES_CPU", H3_OPT_STAGES_CPU, false},
-                   {"H3_FP8_ATTENTION", H3_OPT_FP8_ATTENTION, false}};
+                   {"H3_FP8_ATTENTION", H3_OPT_FP8_ATTENTION, false},
+                   {"H3_FP8_DECODER", H3_OPT_FP8_DECODER, false}};
 #define N_FLAG_VARS (sizeof k_flag_vars / sizeof *k_flag_vars)
 
 /* "0" -> 0, "1" -> 1, anything else (or unset) -> -1: the tri-state switches of the text encoder. */

@@ -260,6 +260,7 @@ typedef struct {
     int nowned;
     h3_store *store;
     uint64_t dev_bytes; /* backend bytes of the weights (matrices as the backend holds them + vectors) */
+    int precision;      /* h3_vvae_request.precision it was loaded with */
 } vv_model;
 
 struct h3_vvae_keep {
@@ -342,7 +343,9 @@ static int vv_mat(vv_model *M, const char *name, int ndim, const int64_t *shape,
         M->owned[M->nowned++] = copy;
         src = copy;
     }
-    return M->be->weights->weight_load(M->be, src, dt, shape[0], shape[1], out);
+    int rc = M->be->weights->weight_load(M->be, src, dt, shape[0], shape[1], out);
+    if (!rc && out->dtype == H3_DT_F8_E4M3) M->dev_bytes -= (uint64_t)n; /* one byte a value, not bf16's two */
+    return rc;
 }
 
 /* The vectors' pointers moved from the host arena to its backend copy. */
@@ -351,10 +354,11 @@ static const float *on_backend(const vv_model *M, const float *host)
     return host ? M->barena + (host - M->arena) : NULL;
 }
 
-static int vv_load(h3_model *m, h3_backend *be, vv_model *M)
+static int vv_load(h3_model *m, h3_backend *be, vv_model *M, int precision)
 {
     memset(M, 0, sizeof *M);
     M->be = be;
+    M->precision = precision;
     int rc;
     if ((rc = h3_vvae_cfg_load(m, &M->cfg)) || (rc = h3_model_headers(m, H3_COMP_VIDEO_VAE))) return rc;
     const h3_vvae_cfg *c = &M->cfg;
@@ -404,18 +408,22 @@ static int vv_load(h3_model *m, h3_backend *be, vv_model *M)
         !(M->nout_b = vv_vec1(M, "decoder.norm_out.bias", D)) ||
         !(M->proj_b = vv_vec1(M, "decoder.proj_out.bias", M->pix)))
         goto fail;
+    /* fp8 (h3_vvae_request.precision) for the layers' GEMMs only: proj_in / proj_out / post_quant_conv
+       are a sliver of the work and proj_in's 24 latent channels are no fp8 width. */
+    const int keep_precision = be->weight_precision;
+    be->weight_precision = precision;
     for (int i = 0; i < M->nlayers; i++) {
         vv_layer *l = &M->layers[i];
         char n[160];
 #define NAME(suffix) (snprintf(n, sizeof n, "decoder.transformer_blocks.%d.%s", i, suffix), n)
         s2[0] = 3 * D, s2[1] = D;
-        if ((rc = vv_mat(M, NAME("attn.to_qkv.weight"), 2, s2, &l->qkv))) goto fail;
+        if ((rc = vv_mat(M, NAME("attn.to_qkv.weight"), 2, s2, &l->qkv))) goto fail_layers;
         s2[0] = D, s2[1] = D;
-        if ((rc = vv_mat(M, NAME("attn.to_out.weight"), 2, s2, &l->out))) goto fail;
+        if ((rc = vv_mat(M, NAME("attn.to_out.weight"), 2, s2, &l->out))) goto fail_layers;
         s2[0] = 2 * I, s2[1] = D;
-        if ((rc = vv_mat(M, NAME("ff.w1.weight"), 2, s2, &l->w1))) goto fail;
+        if ((rc = vv_mat(M, NAME("ff.w1.weight"), 2, s2, &l->w1))) goto fail_layers;
         s2[0] = D, s2[1] = I;
-        if ((rc = vv_mat(M, NAME("ff.w2.weight"), 2, s2, &l->w2))) goto fail;
+        if ((rc = vv_mat(M, NAME("ff.w2.weight"), 2, s2, &l->w2))) goto fail_layers;
         rc = -H3_E_SCHEMA;
         if (!(l->qkv_b = vv_vec1(M, NAME("attn.to_qkv.bias"), 3 * D)) ||
             !(l->out_b = vv_vec1(M, NAME("attn.to_out.bias"), D)) ||
@@ -425,9 +433,10 @@ static int vv_load(h3_model *m, h3_backend *be, vv_model *M)
             !(l->norm2 = vv_vec1(M, NAME("norm2.weight"), D)) ||
             !(l->scale1 = vv_vec1(M, NAME("scale1"), D)) ||
             !(l->scale2 = vv_vec1(M, NAME("scale2"), D)))
-            goto fail;
+            goto fail_layers;
 #undef NAME
     }
+    be->weight_precision = keep_precision;
     /* Every vector to the backend in one upload; the host arena goes. */
     if (!(M->barena = h3_backend_dup(be, M->arena, (M->arena_n ? M->arena_n : 1) * sizeof(float)))) {
         rc = -H3_E_NOMEM;
@@ -445,6 +454,8 @@ static int vv_load(h3_model *m, h3_backend *be, vv_model *M)
     h3_free_aligned(M->arena);
     M->arena = NULL;
     return 0;
+fail_layers:
+    be->weight_precision = keep_precision;
 fail:
     h3_err_prefix("video VAE decoder");
     vv_model_free(M);
@@ -677,7 +688,7 @@ int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
        decoder of the release is 9.7 GB of f32 on disk, seconds of conversion and upload per call.
        A host-memory backend (the CPU) computes on views of the mapping: nothing to keep there. */
     const bool keep = rq->keep && !be->is_host;
-    if (keep && *rq->keep && (*rq->keep)->M.be != be) {
+    if (keep && *rq->keep && ((*rq->keep)->M.be != be || (*rq->keep)->M.precision != rq->precision)) {
         h3_vvae_keep_free(*rq->keep);
         *rq->keep = NULL;
     }
@@ -686,7 +697,7 @@ int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
     } else if (keep) {
         h3_vvae_keep *k = h3_calloc(1, sizeof *k);
         if (!k) rc = -H3_E_NOMEM;
-        else if ((rc = vv_load(m, be, &k->M)) == 0) {
+        else if ((rc = vv_load(m, be, &k->M, rq->precision)) == 0) {
             /* Everything now lives on the backend: the mapping and its page cache can go. */
             h3_store_release(k->M.store);
             k->M.store = NULL;
@@ -697,7 +708,7 @@ int h3_vvae_run(h3_model *m, h3_backend *be, const h3_vvae_request *rq)
         }
     } else {
         vv_model M;
-        if ((rc = vv_load(m, be, &M)) == 0) {
+        if ((rc = vv_load(m, be, &M, rq->precision)) == 0) {
             rc = run_decode(&M, be, &plan, rq);
             vv_model_free(&M); /* releases the mapping: the weights live for this phase only */
         }

@@ -76,6 +76,11 @@ typedef struct h3_vvae_request {
        it with h3_vvae_keep_free). NULL, or a backend that computes on the mapping (the CPU): loaded
        and released in the call. */
     struct h3_vvae_keep **keep;
+    /* H3_PRECISION_DEFAULT (the exact decoder: bf16 GEMM weights on a GPU, f32 on the CPU) or
+       H3_PRECISION_FP8: the decoder layers' four GEMM weights (qkv, out, w1, w2) quantised to e4m3 per
+       output channel at load, as the transformer's fp8 weights are (the caller checked the backend
+       can; H3_OPT_FP8_DECODER). A kept decoder of the other precision is reloaded. */
+    int precision;
 } h3_vvae_request;
 
 /* Device copies of the video decoder's weights (h3_vvae_request.keep). NULL is ignored. */

@@ -116,7 +116,7 @@ class Engine:
 
     def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None, device: str = "auto",
                  device_index: int = 0, precision: str = "default", ref2va: bool = False, vram=None,
-                 fp8_attention: bool = False, quantized: str | os.PathLike | None = None,
+                 fp8_attention: bool = False, fp8_decoder: bool = False, quantized: str | os.PathLike | None = None,
                  transformer=None, text_encoder=None, video_vae=None, audio_vae=None, tokenizer=None,
                  config_dir=None):
         """`ref2va`: open the model's Ref2VA/ partition (its transformer), which renders with `references`; a
@@ -127,6 +127,7 @@ class Engine:
         the transformer's GEMM weights may hold (None or 0: auto, resident when they fit); the blocks that do not fit
         stream from host memory through two slots, with byte-identical results. `fp8_attention`: the main blocks'
         self-attention as cuDNN's fp8 SDPA (CUDA on Hopper or newer; faster, not exact; any `precision`).
+        `fp8_decoder`: the video decoder's layer GEMMs with fp8 weights (CUDA sm_89+; faster, not exact).
         `quantized`: with precision "fp8", the file `h3ctl quantize` wrote from this model (h3ctl.quantize), read
         instead of quantising at load (the same bytes); refused with the reason when it was made from another
         checkpoint or is incomplete. `transformer` / `text_encoder` / `video_vae` / `audio_vae`: single files
@@ -150,7 +151,8 @@ class Engine:
             raise H3Error(f"{self.model_dir}: the embedded model is missing from this installation")
         self._ctx = Context(self.model_dir, threads=threads or 0, device=device, device_index=device_index,
                             precision=precision, ref2va=ref2va, vram=vram, quantized=quantized,
-                            flags=_lib.H3_OPT_FP8_ATTENTION if fp8_attention else 0, files=self.files)
+                            flags=(_lib.H3_OPT_FP8_ATTENTION if fp8_attention else 0)
+                            | (_lib.H3_OPT_FP8_DECODER if fp8_decoder else 0), files=self.files)
         self._progress: ProgressFn | None = None
         try:
             self.defaults = self._model_defaults()

@@ -79,6 +79,9 @@ def add_arguments(p) -> None:
     p.add_argument("--fp8-attention", action="store_true",
                    help="the transformer blocks' self-attention in fp8 (cuDNN's fp8 attention, CUDA on Hopper or "
                         "newer): faster at long clips, not exact; combines with any --precision")
+    p.add_argument("--fp8-decoder", action="store_true",
+                   help="the video decoder's layer GEMMs with fp8 weights (CUDA, compute capability 8.9+): a faster "
+                        "decode, not exact (docs/few-step.md has its PSNR against the bf16 decoder)")
     p.add_argument("--quantized", metavar="FILE",
                    help="with --precision fp8: the fp8 weights `h3ctl quantize` wrote from this model (with --ref2va "
                         "for renders with references), read instead of quantising at load; the output is the same "
@@ -270,6 +273,7 @@ def _render(args, width, height, out, reserved, sig, quiet_summary: bool = False
     engine = Engine(args.model_dir, threads=args.threads, device=args.device, device_index=args.device_index,
                     precision=precision, ref2va=bool(refs),
                     vram=getattr(args, "vram", None), fp8_attention=getattr(args, "fp8_attention", False),
+                    fp8_decoder=getattr(args, "fp8_decoder", False),
                     quantized=getattr(args, "quantized", None), **parts)
     from .context import cpu_fallback_note
 

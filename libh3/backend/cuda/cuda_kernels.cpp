@@ -97,6 +97,17 @@ std::string module_source(int mod)
     return s;
 }
 
+/* The headers of kernels/, in embedding order: every one is offered to every module's program. */
+std::vector<const EmbeddedFile *> headers()
+{
+    std::vector<const EmbeddedFile *> h;
+    for (int i = 0; i < h3_embedded_kernels_count; i++) {
+        const size_t l = strlen(h3_embedded_kernels[i].name);
+        if (l > 2 && !strcmp(h3_embedded_kernels[i].name + l - 2, ".h")) h.push_back(&h3_embedded_kernels[i]);
+    }
+    return h;
+}
+
 uint64_t fnv(const void *p, size_t n, uint64_t h = 1469598103934665603ull)
 {
     const unsigned char *c = (const unsigned char *)p;
@@ -130,13 +141,9 @@ int kernel_module_compile(int mod, int arch, std::string *cubin, std::string *lo
         return -1;
     }
     std::vector<const char *> hdr, hname;
-    for (int i = 0; i < h3_embedded_kernels_count; i++) {
-        const char *n = h3_embedded_kernels[i].name;
-        size_t l = strlen(n);
-        if (l > 2 && !strcmp(n + l - 2, ".h")) {
-            hdr.push_back(h3_embedded_kernels[i].text);
-            hname.push_back(n);
-        }
+    for (const EmbeddedFile *f : headers()) {
+        hdr.push_back(f->text);
+        hname.push_back(f->name);
     }
     nvrtcProgram prog = NULL;
     const std::string fname = std::string(m.name) + ".cu";
@@ -194,7 +201,12 @@ std::string cache_key(Backend *b, int mod, int arch)
 {
     int maj = 0, min = 0;
     nvrtcVersion(&maj, &min);
-    const std::string src = module_source(mod);
+    /* The headers too, by name and text: a change to h3k.h must not load a cubin built before it. */
+    std::string src = module_source(mod);
+    for (const EmbeddedFile *f : headers()) {
+        src += std::string("\n#header ") + f->name + "\n";
+        src.append(f->text, f->len);
+    }
     std::string k = "module=" + std::string(mod_table()[mod].name);
     char h[40];
     snprintf(h, sizeof h, "%016llx%016llx", (unsigned long long)fnv(src.data(), src.size()),

@@ -49,15 +49,52 @@ void *open_lib(const char *path, const char *soname, std::string *why)
     return h;
 }
 
-template <class F> bool sym(void *h, const char *name, F *out, std::string *why)
+/* One library's entry points (cuda_driver.h's lists): each symbol's name and the function pointer it
+   fills (dlsym gives a void *; POSIX makes it the size of a function pointer). */
+struct Sym {
+    const char *name;
+    void *slot;
+};
+static_assert(sizeof(void *) == sizeof(void (*)(void)), "dlsym's result must fit a function pointer");
+#define H3_SYM(ret, name, s, params) {s, (void *)&name},
+const Sym cu_syms[] = {H3_CU_FUNCS(H3_SYM)};
+const Sym nvrtc_syms[] = {H3_NVRTC_FUNCS(H3_SYM)};
+const Sym lt_syms[] = {H3_LT_FUNCS(H3_SYM)};
+#undef H3_SYM
+
+/* A library: its soname, the reason when it cannot be opened (absent + the loader's words + fix)
+   or lacks a symbol (old + "missing symbol NAME"), and its symbols. */
+struct LibSpec {
+    const char *soname, *absent, *fix, *old;
+    const Sym *syms;
+    size_t count;
+};
+const LibSpec CUDA_LIB = {"libcuda.so.1", "no NVIDIA driver (libcuda.so.1 cannot be loaded: ",
+                          "): install NVIDIA's driver for this GPU", "libcuda.so.1 is too old: ", cu_syms,
+                          sizeof cu_syms / sizeof cu_syms[0]};
+const LibSpec NVRTC_LIB = {"libnvrtc.so.13", "NVRTC missing (libnvrtc.so.13: ", "): pip install \"h3ctl[cuda]\"",
+                           "libnvrtc.so.13: ", nvrtc_syms, sizeof nvrtc_syms / sizeof nvrtc_syms[0]};
+const LibSpec LT_LIB = {"libcublasLt.so.13", "cuBLASLt missing (libcublasLt.so.13: ", "): pip install \"h3ctl[cuda]\"",
+                        "libcublasLt.so.13: ", lt_syms, sizeof lt_syms / sizeof lt_syms[0]};
+
+/* Opens the library and fills its function pointers in table order (those before a missing one
+   stay filled); the handle, or NULL with the reason in l.why. */
+void *open_resolved(const LibSpec &spec, const char *path, Lib &l)
 {
-    void *p = dlsym(h, name);
-    if (!p) {
-        *why = std::string("missing symbol ") + name;
-        return false;
+    void *h = open_lib(path, spec.soname, &l.why);
+    if (!h) {
+        l.why = spec.absent + l.why + spec.fix;
+        return NULL;
     }
-    *out = reinterpret_cast<F>(p);
-    return true;
+    for (size_t i = 0; i < spec.count; i++) {
+        void *p = dlsym(h, spec.syms[i].name);
+        if (!p) {
+            l.why = std::string(spec.old) + "missing symbol " + spec.syms[i].name;
+            return NULL;
+        }
+        memcpy(spec.syms[i].slot, &p, sizeof p);
+    }
+    return h;
 }
 
 void say(const Lib &l, char *why, size_t cap)
@@ -70,20 +107,7 @@ void say(const Lib &l, char *why, size_t cap)
 int load_driver(const char *path, char *why, size_t cap)
 {
     std::call_once(g_cuda.once, [path] {
-        void *h = open_lib(path, "libcuda.so.1", &g_cuda.why);
-        if (!h) {
-            g_cuda.why = "no NVIDIA driver (libcuda.so.1 cannot be loaded: " + g_cuda.why +
-                         "): install NVIDIA's driver for this GPU";
-            return;
-        }
-        std::string w;
-#define H3_LOAD(ret, name, s, params) \
-    if (!sym(h, s, &name, &w)) {      \
-        g_cuda.why = "libcuda.so.1 is too old: " + w; \
-        return;                       \
-    }
-        H3_CU_FUNCS(H3_LOAD)
-#undef H3_LOAD
+        if (!open_resolved(CUDA_LIB, path, g_cuda)) return;
         CUresult e = cuInit(0);
         if (e == CUDA_ERROR_NO_DEVICE) {
             g_cuda.why = "no CUDA-capable GPU found";
@@ -116,19 +140,7 @@ int load_nvrtc(const char *path, char *why, size_t cap)
             for (const char *b : builtins)
                 if (dlopen((dir + "/" + b).c_str(), RTLD_NOW | RTLD_LOCAL)) break;
         }
-        void *h = open_lib(path, "libnvrtc.so.13", &g_nvrtc.why);
-        if (!h) {
-            g_nvrtc.why = "NVRTC missing (libnvrtc.so.13: " + g_nvrtc.why + "): pip install \"h3ctl[cuda]\"";
-            return;
-        }
-        std::string w;
-#define H3_LOAD(ret, name, s, params) \
-    if (!sym(h, s, &name, &w)) {      \
-        g_nvrtc.why = "libnvrtc.so.13: " + w; \
-        return;                       \
-    }
-        H3_NVRTC_FUNCS(H3_LOAD)
-#undef H3_LOAD
+        if (!open_resolved(NVRTC_LIB, path, g_nvrtc)) return;
         g_nvrtc.rc = 0;
     });
     if (g_nvrtc.rc) say(g_nvrtc, why, cap);
@@ -138,19 +150,7 @@ int load_nvrtc(const char *path, char *why, size_t cap)
 int load_cublaslt(const char *path, char *why, size_t cap)
 {
     std::call_once(g_lt.once, [path] {
-        void *h = open_lib(path, "libcublasLt.so.13", &g_lt.why);
-        if (!h) {
-            g_lt.why = "cuBLASLt missing (libcublasLt.so.13: " + g_lt.why + "): pip install \"h3ctl[cuda]\"";
-            return;
-        }
-        std::string w;
-#define H3_LOAD(ret, name, s, params) \
-    if (!sym(h, s, &name, &w)) {      \
-        g_lt.why = "libcublasLt.so.13: " + w; \
-        return;                       \
-    }
-        H3_LT_FUNCS(H3_LOAD)
-#undef H3_LOAD
+        if (!open_resolved(LT_LIB, path, g_lt)) return;
         g_lt.rc = 0;
     });
     if (g_lt.rc) say(g_lt, why, cap);

@@ -74,6 +74,29 @@ static int norm4_launch(Backend *b, const NormArgs &a, const AddArgs &ad, int64_
     return 1;
 }
 
+/* norm_mod_kernel's and norm4_kernel's arguments: y[k] = norm(x[rows ? rows[k] : k]) * w, modulated. */
+static NormArgs norm_args(const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod, float eps,
+                          const h3_bt *y)
+{
+    NormArgs a;
+    memset(&a, 0, sizeof a);
+    a.x = x->data;
+    a.ldx = x->ld;
+    a.rows = rows;
+    a.w = w;
+    a.tab = mod ? mod->tab : nullptr;
+    a.entry = mod ? mod->row_entry : nullptr;
+    a.stride = mod ? mod->stride : 0;
+    a.slot = mod ? mod->slot : 0;
+    a.y = y->data;
+    a.ldy = y->ld;
+    a.n = x->cols;
+    a.eps = eps;
+    a.x_bf16 = x->dtype == H3_DT_BF16;
+    a.y_bf16 = y->dtype == H3_DT_BF16;
+    return a;
+}
+
 int norm_mod(Backend *b, const h3_bt *x, const int64_t *rows, const float *w, const h3_bmod *mod, float eps,
              const h3_bt *y)
 {
@@ -89,21 +112,7 @@ int norm_mod(Backend *b, const h3_bt *x, const int64_t *rows, const float *w, co
         return fail(b, H3_E_INVALID, "cuda: norm_mod: a modulation table without row entries");
     if (y->rows == 0 || x->cols == 0) return 0;
     if (y->rows > 0x7fffffffLL) return fail(b, H3_E_UNSUPPORTED, "cuda: norm_mod: too many rows");
-    NormArgs a;
-    a.x = x->data;
-    a.ldx = x->ld;
-    a.rows = rows;
-    a.w = w;
-    a.tab = mod ? mod->tab : nullptr;
-    a.entry = mod ? mod->row_entry : nullptr;
-    a.stride = mod ? mod->stride : 0;
-    a.slot = mod ? mod->slot : 0;
-    a.y = y->data;
-    a.ldy = y->ld;
-    a.n = x->cols;
-    a.eps = eps;
-    a.x_bf16 = x->dtype == H3_DT_BF16;
-    a.y_bf16 = y->dtype == H3_DT_BF16;
+    const NormArgs a = norm_args(x, rows, w, mod, eps, y);
     AddArgs none;
     memset(&none, 0, sizeof none);
     if (norm4_launch(b, a, none, y->rows, &rc)) return rc;
@@ -241,20 +250,7 @@ int gated_add_norm(Backend *b, const h3_bt *x, const h3_bt *y, const h3_bmod *ga
         return fail(b, H3_E_INVALID, "cuda: gated_add_norm: a modulation table without row entries");
     if (x->rows == 0 || x->cols == 0) return 0;
     if (x->rows > 0x7fffffffLL) return fail(b, H3_E_UNSUPPORTED, "cuda: gated_add_norm: too many rows");
-    NormArgs a;
-    memset(&a, 0, sizeof a);
-    a.x = x->data;
-    a.ldx = x->ld;
-    a.w = w;
-    a.tab = mod ? mod->tab : nullptr;
-    a.entry = mod ? mod->row_entry : nullptr;
-    a.stride = mod ? mod->stride : 0;
-    a.slot = mod ? mod->slot : 0;
-    a.y = out->data;
-    a.ldy = out->ld;
-    a.n = x->cols;
-    a.eps = eps;
-    a.y_bf16 = out->dtype == H3_DT_BF16;
+    const NormArgs a = norm_args(x, nullptr, w, mod, eps, out);
     AddArgs ad;
     memset(&ad, 0, sizeof ad);
     ad.y = y->data;

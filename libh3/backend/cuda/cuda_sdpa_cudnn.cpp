@@ -70,6 +70,7 @@
 
 #include <array>
 #include <exception>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -417,6 +418,35 @@ class Builder {
         return t;
     }
 
+    /* A descriptor whose first attribute is its f32 compute type (matmul, reduction). */
+    cudnnBackendDescriptor_t f32_desc(cudnnBackendDescriptorType_t type, cudnnBackendAttributeName_t comp,
+                                      const char *what)
+    {
+        cudnnBackendDescriptor_t d = make(type, what);
+        const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+        set(d, comp, CUDNN_TYPE_DATA_TYPE, 1, &f32, what);
+        return d;
+    }
+
+    /* An operation and its tensors and descriptors, set in the order given (null ones left out:
+       the optional inputs). */
+    cudnnBackendDescriptor_t operation(
+        cudnnBackendDescriptorType_t type, const char *what,
+        std::initializer_list<std::pair<cudnnBackendAttributeName_t, cudnnBackendDescriptor_t>> in)
+    {
+        cudnnBackendDescriptor_t op = make(type, what);
+        for (const auto &a : in)
+            if (a.second) set(op, a.first, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a.second, what);
+        return op;
+    }
+
+    /* Finalizes an operation and appends it to the graph's list. */
+    void append(cudnnBackendDescriptor_t op, const char *what)
+    {
+        finalize(op, what);
+        ops_.push_back(op);
+    }
+
     /* A pointwise operation y = mode(x[, b][, t]) computed in `prec`; `axis` for GEN_INDEX. */
     void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
                    cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t t = nullptr,
@@ -427,18 +457,16 @@ class Builder {
         set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise descriptor");
         if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise descriptor");
         finalize(pw, "pointwise descriptor");
-        cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation");
+        cudnnBackendDescriptor_t op = operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation",
+                                                {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw},
+                                                 {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
+                                                 {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b},
+                                                 {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y},
+                                                 {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t}});
         const float one = 1.0f;
-        set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw,
-            "pointwise operation");
-        set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "pointwise operation");
-        if (b) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "pointwise operation");
-        set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "pointwise operation");
-        if (t) set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, "pointwise operation");
         set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, "pointwise operation");
         set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, "pointwise operation");
-        finalize(op, "pointwise operation");
-        ops_.push_back(op);
+        append(op, "pointwise operation");
     }
 
     /* y = reduce(x) over the dimensions where y has extent 1, in f32. The frontend states
@@ -446,51 +474,46 @@ class Builder {
     void reduction(cudnnReduceTensorOp_t red, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
                    size_t version)
     {
-        cudnnBackendDescriptor_t rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction descriptor");
-        const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-        set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction descriptor");
+        cudnnBackendDescriptor_t rd =
+            f32_desc(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, CUDNN_ATTR_REDUCTION_COMP_TYPE, "reduction descriptor");
         set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red, "reduction descriptor");
         if (version >= 91100) {
             const bool no = false;
             set(rd, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &no, "reduction descriptor");
         }
         finalize(rd, "reduction descriptor");
-        cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation");
-        set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "reduction operation");
-        set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "reduction operation");
-        set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, "reduction operation");
-        finalize(op, "reduction operation");
-        ops_.push_back(op);
+        append(operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation",
+                         {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
+                          {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y},
+                          {CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd}}),
+               "reduction operation");
     }
 
     /* c = a b (batched over the leading dimensions, broadcasting kv heads), f32 accumulation. */
     void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
     {
-        cudnnBackendDescriptor_t md = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul descriptor");
-        const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-        set(md, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul descriptor");
+        cudnnBackendDescriptor_t md =
+            f32_desc(CUDNN_BACKEND_MATMUL_DESCRIPTOR, CUDNN_ATTR_MATMUL_COMP_TYPE, "matmul descriptor");
         finalize(md, "matmul descriptor");
-        cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation");
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "matmul operation");
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "matmul operation");
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "matmul operation");
-        set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &md, "matmul operation");
-        finalize(op, "matmul operation");
-        ops_.push_back(op);
+        append(operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation",
+                         {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+                          {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+                          {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
+                          {CUDNN_ATTR_OPERATION_MATMUL_DESC, md}}),
+               "matmul operation");
     }
 
     /* The fused SDPA operation of cuDNN 9.13.1+ (no statistics output). */
     void sdpa_fwd(cudnnBackendDescriptor_t q, cudnnBackendDescriptor_t k, cudnnBackendDescriptor_t v,
                   cudnnBackendDescriptor_t o, cudnnBackendDescriptor_t scale)
     {
-        cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, "SDPA operation");
-        set(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &q, "SDPA operation");
-        set(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k, "SDPA operation");
-        set(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, "SDPA operation");
-        set(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o, "SDPA operation");
-        set(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &scale, "SDPA operation");
-        finalize(op, "SDPA operation");
-        ops_.push_back(op);
+        append(operation(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, "SDPA operation",
+                         {{CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, q},
+                          {CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, k},
+                          {CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, v},
+                          {CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, o},
+                          {CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale}}),
+               "SDPA operation");
     }
 
     /* The operation graph of the operations so far, in order. */
@@ -570,15 +593,19 @@ cudnnBackendDescriptor_t lay_out(Builder &b, Entry &en, const Shape &s, size_t v
     const cudnnDataType_t io = s.fp8 ? CUDNN_DATA_FP8_E4M3 : CUDNN_DATA_BFLOAT16;
     const cudnnDataType_t F = CUDNN_DATA_FLOAT, I32 = CUDNN_DATA_INT32, B8 = CUDNN_DATA_BOOLEAN;
     const int64_t h = s.h, kvh = s.kvh, Lq = s.Lq, Lk = s.Lk, D = s.D;
-    /* libh3's rows in place: one batch, head h at element offset h*D of a row, rows ld apart. */
-    cudnnBackendDescriptor_t q = b.tensor(UID_Q, io, {1, h, Lq, D}, {Lq * s.ldq, D, s.ldq, 1});
+    /* libh3's rows in place (Q, K, V, O): one batch, head n at element offset n*D of a row, rows ld
+       apart. */
+    auto rows = [&](int64_t u, int64_t heads, int64_t L, int64_t ld) {
+        return b.tensor(u, io, {1, heads, L, D}, {L * ld, D, ld, 1});
+    };
+    cudnnBackendDescriptor_t q = rows(UID_Q, h, Lq, s.ldq);
     en.attn_scale = s.scale;
     en.host_args.emplace_back(UID_ATTN_SCALE, &en.attn_scale);
 
     if (!s.fp8 && !s.causal && eff >= 91301) {
-        cudnnBackendDescriptor_t k = b.tensor(UID_K, io, {1, kvh, Lk, D}, {Lk * s.ldk, D, s.ldk, 1});
-        cudnnBackendDescriptor_t v = b.tensor(UID_V, io, {1, kvh, Lk, D}, {Lk * s.ldv, D, s.ldv, 1});
-        cudnnBackendDescriptor_t o = b.tensor(UID_O, io, {1, h, Lq, D}, {Lq * s.ldo, D, s.ldo, 1});
+        cudnnBackendDescriptor_t k = rows(UID_K, kvh, Lk, s.ldk);
+        cudnnBackendDescriptor_t v = rows(UID_V, kvh, Lk, s.ldv);
+        cudnnBackendDescriptor_t o = rows(UID_O, h, Lq, s.ldo);
         cudnnBackendDescriptor_t sc = b.tensor(UID_ATTN_SCALE, F, {1}, {1}, false, true);
         b.sdpa_fwd(q, k, v, o, sc);
         return b.graph(handle);
@@ -600,23 +627,29 @@ cudnnBackendDescriptor_t lay_out(Builder &b, Entry &en, const Shape &s, size_t v
     const std::vector<int64_t> one = {1, 1, 1, 1};
     auto vfull = [&](int64_t u, cudnnDataType_t dt) { return b.tensor(u, dt, full, full_st, true); };
     auto vrow = [&](int64_t u) { return b.tensor(u, F, row, row_st, true); };
+    /* A scalar: a device tensor, or a host value passed by value. */
+    auto scalar = [&](int64_t u, cudnnDataType_t dt, bool by_value) {
+        return b.tensor(u, dt, one, one, false, by_value);
+    };
+    /* out = in * by (pointwise, f32); out is made before the operation, as the frontend orders them. */
+    auto mul = [&](cudnnBackendDescriptor_t in, cudnnBackendDescriptor_t by, cudnnBackendDescriptor_t out) {
+        b.pointwise(CUDNN_POINTWISE_MUL, F, in, by, out);
+        return out;
+    };
 
     const int64_t u_s = uid(), u_scaled = uid();
     cudnnBackendDescriptor_t kt = b.tensor(UID_K, io, {1, kvh, D, Lk}, {Lk * s.ldk, D, 1, s.ldk}); /* K^T */
     cudnnBackendDescriptor_t S = vfull(u_s, F);
     b.matmul(q, kt, S);
-    cudnnBackendDescriptor_t scale = b.tensor(UID_ATTN_SCALE, F, one, one, false, true);
-    cudnnBackendDescriptor_t x = vfull(u_scaled, F);
-    b.pointwise(CUDNN_POINTWISE_MUL, F, S, scale, x);
+    cudnnBackendDescriptor_t scale = scalar(UID_ATTN_SCALE, F, true);
+    cudnnBackendDescriptor_t x = mul(S, scale, vfull(u_scaled, F));
 
     cudnnBackendDescriptor_t sc[N_SCALES] = {};
     if (s.fp8) {
-        for (int i = 0; i < N_SCALES; i++) sc[i] = b.tensor(UID_SCALE0 + i, F, one, one);
+        for (int i = 0; i < N_SCALES; i++) sc[i] = scalar(UID_SCALE0 + i, F, false);
         const int64_t u_dq = uid(), u_dk = uid();
-        cudnnBackendDescriptor_t y = vfull(u_dq, F);
-        b.pointwise(CUDNN_POINTWISE_MUL, F, x, sc[0], y); /* descale Q */
-        x = vfull(u_dk, F);
-        b.pointwise(CUDNN_POINTWISE_MUL, F, y, sc[1], x); /* descale K */
+        cudnnBackendDescriptor_t y = mul(x, sc[0], vfull(u_dq, F)); /* descale Q */
+        x = mul(y, sc[1], vfull(u_dk, F));                           /* descale K */
     }
     if (s.causal) {
         /* Keep score (i, j) where i + (Lk - Lq) >= j; the offsets are by-value int32 scalars,
@@ -643,10 +676,10 @@ cudnnBackendDescriptor_t lay_out(Builder &b, Entry &en, const Shape &s, size_t v
             en.q_len = (int32_t)Lq;
             en.host_args.emplace_back(u_lk, &en.kv_len);
             en.host_args.emplace_back(u_lq, &en.q_len);
-            cudnnBackendDescriptor_t lk = b.tensor(u_lk, I32, one, one, false, true);
+            cudnnBackendDescriptor_t lk = scalar(u_lk, I32, true);
             cudnnBackendDescriptor_t rk = vfull(u_rowk, I32);
             b.pointwise(CUDNN_POINTWISE_ADD, I32, ri, lk, rk);
-            cudnnBackendDescriptor_t lq = b.tensor(u_lq, I32, one, one, false, true);
+            cudnnBackendDescriptor_t lq = scalar(u_lq, I32, true);
             lhs = vfull(u_rowkq, I32);
             b.pointwise(CUDNN_POINTWISE_SUB, I32, rk, lq, lhs);
         }
@@ -655,7 +688,7 @@ cudnnBackendDescriptor_t lay_out(Builder &b, Entry &en, const Shape &s, size_t v
         /* The frontend masks with -inf, or with the lowest float below cuDNN 9.10, which prefers it. */
         en.neg_inf = ver < 91000 ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity();
         en.host_args.emplace_back(u_ninf, &en.neg_inf);
-        cudnnBackendDescriptor_t ninf = b.tensor(u_ninf, F, one, one, false, true);
+        cudnnBackendDescriptor_t ninf = scalar(u_ninf, F, true);
         cudnnBackendDescriptor_t masked = vfull(u_masked, F);
         b.pointwise(CUDNN_POINTWISE_BINARY_SELECT, F, x, ninf, masked, mask);
         x = masked;
@@ -679,27 +712,23 @@ cudnnBackendDescriptor_t lay_out(Builder &b, Entry &en, const Shape &s, size_t v
     cudnnBackendDescriptor_t P = vfull(u_p, s.fp8 ? F : io);
     b.pointwise(CUDNN_POINTWISE_DIV, F, ex, sum, P);
 
-    cudnnBackendDescriptor_t v = b.tensor(UID_V, io, {1, kvh, Lk, D}, {Lk * s.ldv, D, s.ldv, 1});
-    cudnnBackendDescriptor_t o = b.tensor(UID_O, io, {1, h, Lq, D}, {Lq * s.ldo, D, s.ldo, 1});
+    cudnnBackendDescriptor_t v = rows(UID_V, kvh, Lk, s.ldv);
+    cudnnBackendDescriptor_t o = rows(UID_O, h, Lq, s.ldo);
     if (!s.fp8) {
         b.matmul(P, v, o);
         return b.graph(handle);
     }
     const std::vector<int64_t> od = {1, h, Lq, D}, od_st = {h * Lq * D, Lq * D, D, 1};
-    cudnnBackendDescriptor_t amax_s = b.tensor(UID_AMAX_S, F, one, one);
-    b.reduction(CUDNN_REDUCE_TENSOR_AMAX, P, amax_s, ver);
+    auto vout = [&](int64_t u) { return b.tensor(u, F, od, od_st, true); };
+    b.reduction(CUDNN_REDUCE_TENSOR_AMAX, P, scalar(UID_AMAX_S, F, false), ver);
     const int64_t u_p8 = uid(), u_o32 = uid(), u_ods = uid(), u_odv = uid();
-    cudnnBackendDescriptor_t p8 = vfull(u_p8, io);
-    b.pointwise(CUDNN_POINTWISE_MUL, F, P, sc[4], p8); /* scale S */
-    cudnnBackendDescriptor_t o32 = b.tensor(u_o32, F, od, od_st, true);
+    cudnnBackendDescriptor_t p8 = mul(P, sc[4], vfull(u_p8, io)); /* scale S */
+    cudnnBackendDescriptor_t o32 = vout(u_o32);
     b.matmul(p8, v, o32);
-    cudnnBackendDescriptor_t ods = b.tensor(u_ods, F, od, od_st, true);
-    b.pointwise(CUDNN_POINTWISE_MUL, F, o32, sc[3], ods); /* descale S */
-    cudnnBackendDescriptor_t odv = b.tensor(u_odv, F, od, od_st, true);
-    b.pointwise(CUDNN_POINTWISE_MUL, F, ods, sc[2], odv); /* descale V */
-    b.pointwise(CUDNN_POINTWISE_MUL, F, odv, sc[5], o);   /* scale O */
-    cudnnBackendDescriptor_t amax_o = b.tensor(UID_AMAX_O, F, one, one);
-    b.reduction(CUDNN_REDUCE_TENSOR_AMAX, odv, amax_o, ver);
+    cudnnBackendDescriptor_t ods = mul(o32, sc[3], vout(u_ods)); /* descale S */
+    cudnnBackendDescriptor_t odv = mul(ods, sc[2], vout(u_odv)); /* descale V */
+    mul(odv, sc[5], o);                                          /* scale O */
+    b.reduction(CUDNN_REDUCE_TENSOR_AMAX, odv, scalar(UID_AMAX_O, F, false), ver);
     return b.graph(handle);
 }
 

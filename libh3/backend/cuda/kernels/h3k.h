@@ -185,6 +185,28 @@ static __device__ __forceinline__ double block_sum(double v, double *sh)
     return t;
 }
 
+/* The row load of the one-block-per-row kernels (NT threads, up to VPT values each in registers):
+   thread t keeps x[xo + t + j NT] in v[j] for j < VPT (0 past n), and returns the sum, in double
+   and in index order, of f(value) over all its elements, those past VPT * NT (read, not kept)
+   included. f: the statistic's term (the value, or its square). */
+template <int NT, int VPT, class F>
+static __device__ __forceinline__ double row_load(const void *x, int x_bf16, int64_t xo, int64_t n, float (&v)[VPT],
+                                                  F f)
+{
+    double s = 0.0;
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+        const int64_t i = threadIdx.x + (int64_t)j * NT;
+        v[j] = 0.0f;
+        if (i < n) {
+            v[j] = ld_elem(x, x_bf16, xo + i);
+            s += f(v[j]);
+        }
+    }
+    for (int64_t i = threadIdx.x + (int64_t)VPT * NT; i < n; i += NT) s += f(ld_elem(x, x_bf16, xo + i));
+    return s;
+}
+
 } /* namespace h3cuda */
 
 #endif /* H3K_H */

@@ -21,17 +21,7 @@ __global__ void __launch_bounds__(NT) layernorm_kernel(LnArgs a)
     __shared__ double sh[NT / 32];
     const int64_t r = blockIdx.x, xo = r * a.ldx, yo = r * a.ldy, n = a.n;
     float v[VPT];
-    double s = 0.0;
-#pragma unroll
-    for (int j = 0; j < VPT; j++) {
-        const int64_t i = threadIdx.x + (int64_t)j * NT;
-        v[j] = 0.0f;
-        if (i < n) {
-            v[j] = ld_elem(a.x, a.x_bf16, xo + i);
-            s += v[j];
-        }
-    }
-    for (int64_t i = threadIdx.x + (int64_t)VPT * NT; i < n; i += NT) s += ld_elem(a.x, a.x_bf16, xo + i);
+    const double s = row_load<NT, VPT>(a.x, a.x_bf16, xo, n, v, [](float t) { return (double)t; });
     const double mean = block_sum<NT>(s, sh) / (double)n;
     double q = 0.0;
 #pragma unroll

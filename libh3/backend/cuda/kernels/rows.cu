@@ -24,20 +24,7 @@ __global__ void __launch_bounds__(NT) norm_mod_kernel(NormArgs a)
     const int64_t r = a.rows ? a.rows[k] : k;
     const int64_t xo = r * a.ldx, n = a.n;
     float v[VPT];
-    double ss = 0.0;
-#pragma unroll
-    for (int j = 0; j < VPT; j++) {
-        const int64_t i = threadIdx.x + (int64_t)j * NT;
-        v[j] = 0.0f;
-        if (i < n) {
-            v[j] = ld_elem(a.x, a.x_bf16, xo + i);
-            ss += (double)v[j] * (double)v[j];
-        }
-    }
-    for (int64_t i = threadIdx.x + (int64_t)VPT * NT; i < n; i += NT) {
-        const double t = ld_elem(a.x, a.x_bf16, xo + i);
-        ss += t * t;
-    }
+    double ss = row_load<NT, VPT>(a.x, a.x_bf16, xo, n, v, [](float t) { return (double)t * (double)t; });
     ss = block_sum<NT>(ss, sh);
     const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)a.eps));
     const float *shift = a.tab ? a.tab + ((int64_t)a.entry[r] * a.stride + a.slot) * n : nullptr;

@@ -380,3 +380,66 @@ def test_cache_off_compiles_every_process(env, tmp_path):
     assert warmup(env)[0] == MODULES
     compiled, _, lines = warmup(env)
     assert compiled == MODULES and not [ln for ln in lines if "warning" in ln or "refused" in ln]
+
+
+# ---- h3ctl info's CUDA lines -------------------------------------------------------------------------------------------
+
+
+def test_info_lines_from_the_backends_json(tmp_path):
+    from h3ctl.info import backend_lines
+
+    cache = tmp_path / "kernels"
+    base = {"built": True, "available": True, "device": "cuda (GPU)", "compute_capability": "9.0",
+            "memory_bytes": 2**30, "driver_cuda": "13.0", "kernel_cache": str(cache)}
+    yes = dict(base, cudnn_attention=True, cudnn="cuDNN 9.19.0 (/x/libcudnn.so.9)", fp8_weights=True,
+               fp8_attention=True)
+    assert backend_lines({"cuda": yes})[1:] == [
+        "cuda: available: cuda (GPU), compute capability 9.0, 1.00 GiB; fp8 attention: yes",
+        "cuda: NVIDIA driver for CUDA 13.0",
+        "cuda: bf16 attention: cuDNN (cuDNN 9.19.0 (/x/libcudnn.so.9))",
+        "cuda: fp8 weights: yes",
+        f"cuda: kernel cache: {cache} (empty: the first GPU render, or `h3ctl warmup`, fills it)"]
+    cache.mkdir()
+    (cache / "rows-0123456789abcdef.cubin").write_bytes(b"x" * 1000)
+    (cache / "gemm-0123456789abcdef.cubin").write_bytes(b"x" * 2072)
+    (cache / "gemm-0123456789abcdef.cubin.tmp.77").write_bytes(b"x" * 5000)  # a writer's temporary: not an entry
+    no = dict(base, cudnn_attention=False, cudnn="cuDNN missing: pip it", fp8_weights=False,
+              fp8_weights_reason="needs 8.9; this one is 8.0", fp8_attention=False, fp8_attention_reason="needs 9.0")
+    assert backend_lines({"cuda": no})[1:] == [
+        "cuda: available: cuda (GPU), compute capability 9.0, 1.00 GiB; fp8 attention: no (needs 9.0)",
+        "cuda: NVIDIA driver for CUDA 13.0",
+        "cuda: bf16 attention: libh3's own kernel, not cuDNN (cuDNN missing: pip it)",
+        "cuda: fp8 weights: no (needs 8.9; this one is 8.0)",
+        f"cuda: kernel cache: {cache}: 2 entries, 3.00 KiB"]
+    off = {"built": True, "available": False, "reason": "cuda: no CUDA-capable GPU found", "kernel_cache": None}
+    assert backend_lines({"cuda": off})[1:] == [
+        "cuda: not available (built): cuda: no CUDA-capable GPU found",
+        "cuda: kernel cache: off (H3_KERNEL_CACHE=off, or no home folder): kernels are compiled in memory by every "
+        "process"]
+    # no CUDA library in this installation: no cache line
+    assert backend_lines({"cuda": {"built": False, "available": False, "reason": "r", "kernel_cache": "/k"}})[1:] == [
+        "cuda: not available (not built): r"]
+
+
+@pytest.mark.parametrize("cc", ["90", "86"])
+def test_info_prints_the_fake_gpu(env, tmp_path, cc):
+    from h3ctl.info import human_bytes
+
+    env["H3_FAKE_CUDA_CC"] = cc
+    warmup(env)
+    proc = h3ctl(env, "info")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("cuda: ")]
+    assert len(lines) == 5, proc.stdout
+    # cuDNN is H3_CUDNN_LIB, a missing file here: its reason starts by naming it
+    cudnn = f"H3_CUDNN_LIB={env['H3_CUDNN_LIB']}: {env['H3_CUDNN_LIB']}: cannot open shared object file"
+    head = (f"cuda: available: cuda (Fake GPU sm_{cc}, sm_{cc}, 80.0 GiB, own attention), compute capability "
+            f"{cc[0]}.{cc[1]}, 80.00 GiB; fp8 attention: no (")
+    assert lines[0].startswith(head + (f"it runs on cuDNN, and H3_CUDNN_LIB={env['H3_CUDNN_LIB']}: " if cc == "90" else
+                                       "cuDNN's fp8 attention needs compute capability 9.0 or newer; this GPU is 8.6)"))
+    assert lines[1] == "cuda: NVIDIA driver for CUDA 13.0"
+    assert lines[2].startswith(f"cuda: bf16 attention: libh3's own kernel, not cuDNN ({cudnn}")
+    assert lines[3] == ("cuda: fp8 weights: yes" if cc == "90" else "cuda: fp8 weights: no (needs a GPU of compute "
+                        "capability 8.9 or newer (fp8 tensor cores); this one is 8.6)")
+    size = sum(p.stat().st_size for p in (tmp_path / "cache").glob("*.cubin"))
+    assert size > 9 * 100 and lines[4] == f"cuda: kernel cache: {tmp_path / 'cache'}: 9 entries, {human_bytes(size)}"

@@ -273,12 +273,17 @@ def test_the_fake_gpu_renders(env, tmp_path):
 
 
 def warmup(env):
-    """`h3ctl warmup` in a fresh process: (modules compiled, modules loaded, stderr lines)."""
+    """`h3ctl warmup` in a fresh process: (modules compiled, modules loaded, stderr lines); its last line says what
+    the cache holds now."""
     for f in ("nvrtc.log", "cuda.log"):
         Path(env["H3_FAKE_NVRTC_LOG"]).with_name(f).unlink(missing_ok=True)
     proc = h3ctl(env, "warmup")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("h3ctl: the CUDA kernels are compiled")
+    from h3ctl.info import kernel_cache_line
+
+    folder = env["H3_KERNEL_CACHE"]
+    assert proc.stdout == ("h3ctl: the CUDA kernels are compiled for this GPU; kernel cache: "
+                           f"{kernel_cache_line(None if folder == 'off' else folder)}\n")
     nv, cu = Path(env["H3_FAKE_NVRTC_LOG"]), Path(env["H3_FAKE_CUDA_LOG"])
     compiled = [ln.split()[1].removesuffix(".cu") for ln in nv.read_text().splitlines()] if nv.exists() else []
     loaded = cu.read_text().splitlines() if cu.exists() else []
@@ -303,6 +308,8 @@ def test_cache_is_written_then_used(env, tmp_path):
         assert b"module=" + mod.encode() + b" " in data and b"nvrtc=13.0 driver=13000" in data
     compiled, loaded, lines = warmup(env)
     assert compiled == [] and loaded == ["load FAKE"] * 9 and lines == []
+    size = sum(p.stat().st_size for p in ent.values())
+    assert h3ctl(env, "warmup").stdout.endswith(f"kernel cache: {cache}: 9 entries, {size / 1024:.2f} KiB\n")
     # another GPU architecture is another key: its own entries beside these
     env["H3_FAKE_CUDA_CC"] = "80"
     compiled, _, _ = warmup(env)
@@ -368,6 +375,9 @@ def test_unwritable_cache_folder_compiles_in_memory_and_warns_once(env, tmp_path
     assert warn == [f"h3ctl: warning: cuda: the kernel cache folder {folder} is not writable ({reason}); kernels are "
                     "compiled in memory for this process only"]
     assert not folder.exists() or list(folder.iterdir()) == []
+    last = h3ctl(env, "warmup").stdout
+    assert last.endswith(f"kernel cache: {folder} (nothing cached yet)\n" if how == "a file in the way" else
+                         f"kernel cache: {folder}: 0 entries, 0 B\n"), last
     # and a render works the same way
     out = tmp_path / "a.mp4"
     proc = h3ctl(env, "render", "-p", PROMPT, *RENDER, "--device", "cuda", "-o", out)
@@ -378,6 +388,8 @@ def test_unwritable_cache_folder_compiles_in_memory_and_warns_once(env, tmp_path
 def test_cache_off_compiles_every_process(env, tmp_path):
     env["H3_KERNEL_CACHE"] = "off"
     assert warmup(env)[0] == MODULES
+    assert h3ctl(env, "warmup").stdout.endswith("kernel cache: off (H3_KERNEL_CACHE=off, or no home folder): kernels "
+                                                "are compiled in memory by every process\n")
     compiled, _, lines = warmup(env)
     assert compiled == MODULES and not [ln for ln in lines if "warning" in ln or "refused" in ln]
 
@@ -398,7 +410,7 @@ def test_info_lines_from_the_backends_json(tmp_path):
         "cuda: NVIDIA driver for CUDA 13.0",
         "cuda: bf16 attention: cuDNN (cuDNN 9.19.0 (/x/libcudnn.so.9))",
         "cuda: fp8 weights: yes",
-        f"cuda: kernel cache: {cache} (empty: the first GPU render, or `h3ctl warmup`, fills it)"]
+        f"cuda: kernel cache: {cache} (nothing cached yet)"]
     cache.mkdir()
     (cache / "rows-0123456789abcdef.cubin").write_bytes(b"x" * 1000)
     (cache / "gemm-0123456789abcdef.cubin").write_bytes(b"x" * 2072)

@@ -117,7 +117,7 @@ def kernel_cache_line(folder: str | None) -> str:
         return "off (H3_KERNEL_CACHE=off, or no home folder): kernels are compiled in memory by every process"
     p = Path(folder)
     if not p.exists():
-        return f"{folder} (empty: the first GPU render, or `h3ctl warmup`, fills it)"
+        return f"{folder} (nothing cached yet)"
     if not p.is_dir():
         return f"{folder} is not a folder: kernels are compiled in memory by every process"
     sizes = []

@@ -199,6 +199,20 @@ def test_no_driver_library(env, tmp_path, cpu_reference):
                            "(`h3ctl info` lists the backends)" if has_driver else None)
 
 
+def test_cudnn_asked_for_and_missing(env, tmp_path):
+    """H3_CUDA_ATTENTION=cudnn where cuDNN cannot be loaded: h3_init refuses, naming cuDNN and how to get it."""
+    env["H3_CUDA_ATTENTION"] = "cudnn"
+    got = probe(env)
+    line = got["init_error"]
+    assert line and line == got["cuda"]["reason"] and "\n" not in line
+    assert line.startswith(f"cuda: H3_CUDA_ATTENTION=cudnn, but H3_CUDNN_LIB={env['H3_CUDNN_LIB']}: "), line
+    assert got["auto"] == "cpu" and line in got["note"]
+    out = tmp_path / "out"
+    out.mkdir()
+    assert error_line(h3ctl(env, "render", "-p", PROMPT, *RENDER, "--device", "cuda", "-o", out / "x.mp4")) == line
+    assert list(out.iterdir()) == []
+
+
 def test_auto_render_falls_back_and_says_why_once(env, tmp_path):
     env["H3_FAKE_CUDA"] = "old_driver"
     out = tmp_path / "a.mp4"

@@ -222,7 +222,11 @@ def main(argv=None) -> int:
             if _lib.lib().h3_cuda_warmup(args.gpu) != 0:
                 print(f"h3ctl: error: {_lib.last_error() or 'the CUDA kernels could not be prepared'}", file=sys.stderr)
                 return 1
-            print("h3ctl: the CUDA kernels are compiled and cached for this GPU")
+            from .info import kernel_cache_line
+
+            # what the cache holds now (off, or an unwritable folder: compiled for this process only, already said)
+            cache = _lib.backends().get("cuda", {}).get("kernel_cache")
+            print(f"h3ctl: the CUDA kernels are compiled for this GPU; kernel cache: {kernel_cache_line(cache)}")
             return 0
         if args.command == "session":
             from . import session

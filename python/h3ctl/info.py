@@ -110,6 +110,26 @@ def collect(model_dir: str, width: int, height: int, frames: int, prompt_tokens:
     return info
 
 
+def kernel_cache_line(folder: str | None) -> str:
+    """The CUDA kernel cache folder (h3_backends_json's kernel_cache: H3_KERNEL_CACHE or the user's cache folder)
+    and what it holds: its entries (<module>-<key hash>.cubin, cuda_kernels.cpp) and their bytes."""
+    if not folder:
+        return "off (H3_KERNEL_CACHE=off, or no home folder): kernels are compiled in memory by every process"
+    p = Path(folder)
+    if not p.exists():
+        return f"{folder} (nothing cached yet)"
+    if not p.is_dir():
+        return f"{folder} is not a folder: kernels are compiled in memory by every process"
+    sizes = []
+    for e in p.glob("*.cubin"):
+        try:
+            if e.is_file():
+                sizes.append(e.stat().st_size)
+        except OSError:  # removed meanwhile
+            pass
+    return f"{folder}: {len(sizes)} {'entry' if len(sizes) == 1 else 'entries'}, {human_bytes(sum(sizes))}"
+
+
 def backend_lines(backends: dict) -> list[str]:
     """One line per backend: what this build of libh3 has and what it found."""
     lines = []
@@ -125,9 +145,19 @@ def backend_lines(backends: dict) -> list[str]:
             fa = ("; fp8 attention: yes" if cuda["fp8_attention"] else
                   f"; fp8 attention: no ({cuda.get('fp8_attention_reason') or 'no reason given'})")
         lines.append(f"cuda: available: {cuda.get('device', 'a GPU')}{cc}{mem}{fa}")
+        if cuda.get("driver_cuda"):
+            lines.append(f"cuda: NVIDIA driver for CUDA {cuda['driver_cuda']}")
+        if "cudnn_attention" in cuda:  # the cuDNN path's own line: its version and library, or why it cannot run
+            how = "cuDNN" if cuda["cudnn_attention"] else "libh3's own kernel, not cuDNN"
+            lines.append(f"cuda: bf16 attention: {how} ({cuda.get('cudnn') or 'no reason given'})")
+        if "fp8_weights" in cuda:  # what --precision fp8 would get
+            lines.append("cuda: fp8 weights: yes" if cuda["fp8_weights"] else
+                         f"cuda: fp8 weights: no ({cuda.get('fp8_weights_reason') or 'no reason given'})")
     else:
         built = "built" if cuda.get("built") else "not built"
         lines.append(f"cuda: not available ({built}): {cuda.get('reason') or 'no reason given'}")
+    if cuda.get("built") and "kernel_cache" in cuda:
+        lines.append(f"cuda: kernel cache: {kernel_cache_line(cuda['kernel_cache'])}")
     metal = backends.get("metal", {})
     if metal.get("available"):
         # the description names the GPU, its Apple family and memory, and that no Mac run is recorded yet

@@ -100,7 +100,7 @@ int check_view(const Backend *b, const char *op, const char *name, const h3_bt *
 static void fmt_bytes(char *out, size_t cap, uint64_t bytes)
 {
     const double gib = (double)bytes / (1024.0 * 1024.0 * 1024.0);
-    if (gib >= 0.01)
+    if (gib >= 1.0)
         snprintf(out, cap, "%.2f GiB", gib);
     else
         snprintf(out, cap, "%.2f MiB", (double)bytes / (1024.0 * 1024.0));
@@ -123,12 +123,13 @@ void *dev_alloc(const Backend *b, size_t bytes, const char *what)
     }
     if (e == CUDA_ERROR_OUT_OF_MEMORY) {
         size_t fr = 0, tot = 0;
-        char ask[32], frs[32];
+        char ask[32], frs[32], tots[32];
         fmt_bytes(ask, sizeof ask, bytes);
         if (cuMemGetInfo(&fr, &tot) == CUDA_SUCCESS) {
             fmt_bytes(frs, sizeof frs, fr);
-            fail(b, H3_E_NOMEM, "cuda: out of device memory allocating %s for %s (%s free of %.1f GiB)", ask, what,
-                 frs, (double)tot / (1024.0 * 1024.0 * 1024.0));
+            fmt_bytes(tots, sizeof tots, tot);
+            fail(b, H3_E_NOMEM, "cuda: out of device memory allocating %s for %s (%s free of %s)", ask, what, frs,
+                 tots);
         } else {
             fail(b, H3_E_NOMEM, "cuda: out of device memory allocating %s for %s", ask, what);
         }

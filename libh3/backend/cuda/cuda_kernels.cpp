@@ -365,8 +365,8 @@ static int module_load(Backend *b, int mod)
         }
     }
     if (!have) {
-        note(b, "cuda: compiling GPU kernels for sm_%d: %s (%zu kernels; once per GPU and version, then cached)",
-             arch, m.name, m.kernels.size());
+        note(b, "cuda: compiling GPU kernels for sm_%d: %s (%zu kernel%s; once per GPU and version, then cached)",
+             arch, m.name, m.kernels.size(), m.kernels.size() == 1 ? "" : "s");
         std::string err;
         if (kernel_module_compile(mod, arch, &cubin, &lowered, &err))
             return fail(b, H3_E_UNSUPPORTED, "cuda: %s", err.c_str());

@@ -19,7 +19,7 @@
 
 typedef struct h3_tuning {
     /* H3_DIT_PRECOMPUTE, H3_DIT_KEEP_ADALN, H3_TEXT_PREFETCH, H3_DROP_PAGE_CACHE, H3_STAGES_CPU,
-       H3_FP8_ATTENTION: the H3_OPT_* bits the environment turns on and off over h3_options.flags. */
+       H3_FP8_ATTENTION, H3_FP8_DECODER: the H3_OPT_* bits the environment turns on and off over h3_options.flags. */
     unsigned flags_on, flags_off;
     int text_stream;  /* H3_TEXT_STREAM: 0 off, 1 on (the CPU too), -1 unset: on where weights are copied */
     int text_readers; /* H3_TEXT_READERS: threads reading a text-encoder layer, 1-16; 0 unset (8 streamed, 1 CPU) */

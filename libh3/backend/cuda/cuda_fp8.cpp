@@ -98,17 +98,13 @@ int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, co
     if (M == 0 || N == 0) return 0;
     const float *wscale = (const float *)W->priv;
     if (!wscale) return fail(b, H3_E_INVALID, "cuda: linear: an fp8 weight without its scales");
-    void *xq = scratch(b, SCR_XF8, (size_t)(M * K));
-    float *xs = xq ? (float *)scratch(b, SCR_XSCALE, sizeof(float) * (size_t)M) : NULL;
-    if (!xs) return -H3_E_NOMEM;
-    int rc = quantize_rows(b, X->data, X->dtype == H3_DT_BF16, X->ld, M, K, xq, K, xs);
-    if (rc) return rc;
     const int y_bf16 = Y->dtype == H3_DT_BF16;
     /* The scales in the GEMM, else after it by the scale pass; for an f32 Y without an f32-output
        kernel, through a bf16 scratch of N-value rows. */
     const bool yb = y_bf16 != 0;
     const int ay = lt_align(Y->data, Y->ld * (y_bf16 ? 2 : 4));
     int mode = FP8_OUTER;
+    int64_t Mg = M; /* the rows the GEMM runs */
     LtPlan *p = lt_plan(b, fp8_key(M, N, K, yb, Y->ld, ay, true));
     if (!p) {
         mode = FP8_POST;
@@ -118,9 +114,27 @@ int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, co
         mode = FP8_POST_BF16;
         p = lt_plan(b, fp8_key(M, N, K, true, N, ay, false));
     }
+    if (!p && M % 16) {
+        /* A row count cuBLASLt offers no fp8 kernel for (the video decoder's small tiles, 33 tokens, met
+           it): the GEMM runs over the rows rounded up to 16, the extra rows zero (codes and scales), into
+           the bf16 scratch, and the scale pass writes the real rows only. Rows are independent in a GEMM. */
+        mode = FP8_POST_BF16;
+        Mg = (M + 15) / 16 * 16;
+        p = lt_plan(b, fp8_key(Mg, N, K, true, N, ay, false));
+    }
     if (!p)
         return fail(b, H3_E_UNSUPPORTED, "cuda: cuBLASLt has no fp8 GEMM for %lld x %lld x %lld (row stride %lld)",
                     (long long)M, (long long)N, (long long)K, (long long)Y->ld);
+    void *xq = scratch(b, SCR_XF8, (size_t)(Mg * K));
+    float *xs = xq ? (float *)scratch(b, SCR_XSCALE, sizeof(float) * (size_t)Mg) : NULL;
+    if (!xs) return -H3_E_NOMEM;
+    int rc = quantize_rows(b, X->data, X->dtype == H3_DT_BF16, X->ld, M, K, xq, K, xs);
+    if (rc) return rc;
+    if (Mg > M) {
+        CUresult e = cu_memset((uint8_t *)xq + (size_t)(M * K), 0, (size_t)((Mg - M) * K), b->stream);
+        if (e == CUDA_SUCCESS) e = cu_memset(xs + M, 0, sizeof(float) * (size_t)(Mg - M), b->stream);
+        if (e != CUDA_SUCCESS) return fail_cuda(b, e, "linear (fp8): zeroing the padding rows");
+    }
     cublasStatus_t st;
     if (mode == FP8_OUTER &&
         ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wscale, sizeof wscale)) ||
@@ -128,7 +142,7 @@ int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, co
         return fail_cublas(b, st, "linear (fp8): setting the scales");
     const float one = 1.0f, zero = 0.0f;
     void *D = Y->data;
-    if (mode == FP8_POST_BF16 && !(D = scratch(b, SCR_YF32, (size_t)(M * N) * 2))) return -H3_E_NOMEM;
+    if (mode == FP8_POST_BF16 && !(D = scratch(b, SCR_YF32, (size_t)(Mg * N) * 2))) return -H3_E_NOMEM;
     st = cublasLtMatmul(b->lt, p->op, &one, W->data, p->la, xq, p->lb, &zero, D, p->ld, D, p->ld, &p->algo, b->lt_ws,
                         b->lt_ws_bytes, b->stream);
     if (st != CUBLAS_STATUS_SUCCESS) return fail_cublas(b, st, "linear (fp8)");

@@ -73,7 +73,9 @@ PRESETS: dict[str, Preset] = {
     "turbo8": Preset("turbo8", "8 evaluations on the distilled grid, for step-distilled models (not measured)",
                      {"steps": 9, "auto_schedule": True, "gpu_precision": "fp8"}, {}),
     "tiny-fast": Preset("tiny-fast", "h3-tiny's few-step student: 4 evaluations with its distilled LoRA (h3-tiny only)",
-                        {"steps": 5, "lora": [student_lora()]}, {}),
+                        {"steps": 5, "lora": [student_lora()]}, {
+                            "speedup": 4.83, "wall_speedup": 2.34, "ssim": 0.978, "psnr": 35.7, "lsd_db": 0.85,
+                            "semantic": 0.946}),
 }
 
 # The preset `h3ctl render` uses when none is given: `balanced` costs nothing the measures can see (SSIM 0.996,

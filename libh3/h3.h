@@ -176,7 +176,8 @@ typedef struct h3_options {
  */
 #define H3_OPT_FP8_ATTENTION 64u
 /*
- * fp8 video decoder (a speed switch, not an exact path; environment: H3_FP8_DECODER=1/0): the video
+ * fp8 video decoder (not an exact path, and measured slower than the bf16 decoder on an H200, see
+ * docs/few-step.md; environment: H3_FP8_DECODER=1/0): the video
  * VAE decoder's layer GEMM weights (qkv, out and both MLP weights of every layer) quantised to e4m3
  * with one f32 scale per output channel at load, the activations per row, as precision fp8 does for
  * the transformer; proj_in, proj_out, the norms, the attention and the blending are unchanged.

@@ -258,10 +258,11 @@ def floor(torch, vae, passes: list, args) -> dict:
                 r = gemm_floor(torch, L, N, K, args.repeats, fp8)
                 row["gemms"][name] = r
                 per_group.setdefault(name, [0.0, 0.0])
+                f8 = r.get("fp8_ms", r["bf16_ms"] if fp8 is not None else float("nan"))
                 per_group[name][0] += r["bf16_ms"] * reps * n
-                per_group[name][1] += r.get("fp8_ms", r["bf16_ms"] if fp8 is not None else float("nan")) * reps * n
+                per_group[name][1] += f8 * reps * n
                 tot["gemm_bf16_ms"] += r["bf16_ms"] * reps * n
-                tot["gemm_fp8_ms"] += r.get("fp8_ms", r["bf16_ms"] if fp8 is not None else float("nan")) * reps * n
+                tot["gemm_fp8_ms"] += f8 * reps * n
         tot["attention_ms"] += row["attention"]["best_ms"] * layers * n
         out["per_L"][L] = row
         windows[L] = n

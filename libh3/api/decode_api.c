@@ -70,7 +70,7 @@ H3_API int h3_video_decode(h3_ctx *ctx, const float *latents, int C, int T, int 
     h3_vvae_request rq = {latents, C, T, h, w, o.tile_px, o.overlap_px, o.flags, rgb, pixels,
                           o.progress ? o.progress : ctx->rt.progress, o.progress ? o.user : ctx->rt.progress_user,
                           &ctx->rt.vvae_keep,
-                          ctx->rt.flags & H3_OPT_FP8_DECODER ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT};
+                          h3_rt_video_decoder_precision(&ctx->rt)};
     rc = h3_vvae_run(&ctx->model, be, &rq);
     if (!rc) h3_err_clear();
     return rc;

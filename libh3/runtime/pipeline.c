@@ -1162,7 +1162,7 @@ int h3_rt_decode(h3_runtime *rt, uint8_t *rgb, float *pixels, float *pcm)
         vq.user = rt->progress_user;
         vq.tile_px = r->vae_tile; /* smaller tiles bound memory tighter; the blend is diffusers' */
         vq.keep = &rt->vvae_keep;  /* on a GPU the weights stay for the next render */
-        vq.precision = rt->flags & H3_OPT_FP8_DECODER ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
+        vq.precision = h3_rt_video_decoder_precision(rt);
         rc = h3_vvae_run(rt->model, be, &vq);
         h3_free_aligned(vlat);
         if (!rc && resize)

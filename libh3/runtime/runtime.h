@@ -60,6 +60,12 @@ H3_INTERNAL int h3_rt_cpu_backend(h3_runtime *rt, h3_backend **out);
 /* The backend the text encoder and the decoders run on: the GPU backend if one is set and
    H3_OPT_STAGES_CPU is not, else the CPU. */
 H3_INTERNAL int h3_rt_stage_backend(h3_runtime *rt, h3_backend **out);
+/* The video decoder's weight precision (h3_vvae_request.precision): fp8 under H3_OPT_FP8_DECODER (h3_init
+   checked the context can run it), else the exact decoder. */
+static inline int h3_rt_video_decoder_precision(const h3_runtime *rt)
+{
+    return rt->flags & H3_OPT_FP8_DECODER ? H3_PRECISION_FP8 : H3_PRECISION_DEFAULT;
+}
 /* The backend the transformer and sampler run on: the GPU backend if one is set, else the CPU. */
 H3_INTERNAL int h3_rt_dit_backend(h3_runtime *rt, h3_backend **out);
 /* The transformer, opened on first use on the transformer's backend. */

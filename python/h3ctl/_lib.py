@@ -63,7 +63,7 @@ H3_OPT_DROP_PAGE_CACHE = 16
 H3_OPT_STAGES_CPU = 32
 # The main blocks' self-attention as cuDNN's fp8 SDPA (Hopper+; a speed switch, not exact; H3_FP8_ATTENTION=1).
 H3_OPT_FP8_ATTENTION = 64
-# The video decoder's layer GEMMs with fp8 weights (CUDA sm_89+; a speed switch, not exact; H3_FP8_DECODER=1).
+# The video decoder's layer GEMMs with fp8 weights (CUDA sm_89+; not exact, measured slower; H3_FP8_DECODER=1).
 H3_OPT_FP8_DECODER = 128
 
 # Where the transformer and the sampler run (h3_options.device).

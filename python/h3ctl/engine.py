@@ -127,7 +127,7 @@ class Engine:
         the transformer's GEMM weights may hold (None or 0: auto, resident when they fit); the blocks that do not fit
         stream from host memory through two slots, with byte-identical results. `fp8_attention`: the main blocks'
         self-attention as cuDNN's fp8 SDPA (CUDA on Hopper or newer; faster, not exact; any `precision`).
-        `fp8_decoder`: the video decoder's layer GEMMs with fp8 weights (CUDA sm_89+; faster, not exact).
+        `fp8_decoder`: the video decoder's layer GEMMs with fp8 weights (CUDA sm_89+; not exact, measured slower).
         `quantized`: with precision "fp8", the file `h3ctl quantize` wrote from this model (h3ctl.quantize), read
         instead of quantising at load (the same bytes); refused with the reason when it was made from another
         checkpoint or is incomplete. `transformer` / `text_encoder` / `video_vae` / `audio_vae`: single files

@@ -80,8 +80,8 @@ def add_arguments(p) -> None:
                    help="the transformer blocks' self-attention in fp8 (cuDNN's fp8 attention, CUDA on Hopper or "
                         "newer): faster at long clips, not exact; combines with any --precision")
     p.add_argument("--fp8-decoder", action="store_true",
-                   help="the video decoder's layer GEMMs with fp8 weights (CUDA, compute capability 8.9+): a faster "
-                        "decode, not exact (docs/few-step.md has its PSNR against the bf16 decoder)")
+                   help="the video decoder's layer GEMMs with fp8 weights (CUDA, compute capability 8.9+); not exact, "
+                        "and measured slower than the bf16 decoder on an H200 (docs/few-step.md has its time and PSNR)")
     p.add_argument("--quantized", metavar="FILE",
                    help="with --precision fp8: the fp8 weights `h3ctl quantize` wrote from this model (with --ref2va "
                         "for renders with references), read instead of quantising at load; the output is the same "

@@ -115,8 +115,8 @@ int linear_fp8(Backend *b, const h3_bt *X, const h3_bw *W, const float *bias, co
         p = lt_plan(b, fp8_key(M, N, K, true, N, ay, false));
     }
     if (!p && M % 16) {
-        /* A row count cuBLASLt offers no fp8 kernel for (the video decoder's small tiles, 33 tokens, met
-           it): the GEMM runs over the rows rounded up to 16, the extra rows zero (codes and scales), into
+        /* A row count cuBLASLt's heuristic offers no fp8 kernel for (some odd ones, as small video-decoder
+           tiles have): the GEMM runs over the rows rounded up to 16, the extra rows zero (codes and scales), into
            the bf16 scratch, and the scale pass writes the real rows only. Rows are independent in a GEMM. */
         mode = FP8_POST_BF16;
         Mg = (M + 15) / 16 * 16;
